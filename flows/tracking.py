@@ -1,0 +1,118 @@
+"""MLflow adapter: one MLflow run per flow run, tagged so any number can be traced back to
+the code (git commit), the data (DVC hash) and the stage that produced it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import yaml
+from mlflow.tracking import MlflowClient
+
+import qpr
+from qpr.config import Settings
+
+
+def git_commit(root: Path) -> tuple[str, bool]:
+    """(commit, dirty) of the work tree; ("unknown", False) outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", False
+    return commit, bool(status.strip())
+
+
+def data_hash(settings: Settings, root: Path) -> str:
+    """The DVC hash of the data when data.dvc tracks it, else a content hash of the file(s)."""
+    data_path = Path(settings.data.path)
+    dvc_file = root / "data.dvc"
+    inside_tracked = not data_path.is_absolute() and data_path.parts[:1] == ("data",)
+    if inside_tracked and dvc_file.is_file():
+        outs = yaml.safe_load(dvc_file.read_text(encoding="utf-8")).get("outs", [])
+        if outs and "md5" in outs[0]:
+            return f"dvc:{outs[0]['md5']}"
+    digest = hashlib.md5(usedforsecurity=False)
+    files = [data_path] if data_path.is_file() else sorted(data_path.rglob("*"))
+    for file in files:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return f"md5:{digest.hexdigest()}"
+
+
+def _ensure_experiment(name: str) -> str:
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifacts = os.environ.get("QPR_MLFLOW_ARTIFACTS")
+    local = mlflow.get_tracking_uri().startswith("sqlite:")
+    return client.create_experiment(name, artifact_location=artifacts if local else None)
+
+
+def _flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+
+        return flow_run.id
+    except Exception:  # outside a flow run, or Prefect not configured
+        return None
+
+
+@contextmanager
+def stage_run(
+    stage: str,
+    settings: Settings,
+    *,
+    root: Path | None = None,
+    extra_params: Mapping[str, Any] = (),
+) -> Iterator[mlflow.ActiveRun]:
+    """Open an MLflow run for one stage, with params, and tags; a failure marks it FAILED."""
+    root = (root or Path.cwd()).resolve()
+    experiment_id = _ensure_experiment(settings.mlflow.experiment)
+    commit, dirty = git_commit(root)
+    tags = {
+        "qpr.stage": stage,
+        "qpr.version": qpr.__version__,
+        "qpr.data_source": settings.data.source,
+        "qpr.data_hash": data_hash(settings, root),
+        "mlflow.source.git.commit": commit,
+        "git.dirty": str(dirty).lower(),
+    }
+    flow_run_id = _flow_run_id()
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = str(flow_run_id)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
+        mlflow.log_params({**settings.flat(), **dict(extra_params)})
+        yield run
+
+
+def log_metrics(metrics: Mapping[str, float | int], step: int | None = None) -> None:
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+
+def log_artifacts(paths: Mapping[str, Path]) -> None:
+    """Log files or directories under the given artifact sub-paths; missing paths are skipped."""
+    for artifact_path, path in paths.items():
+        path = Path(path)
+        if path.is_dir():
+            mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+        elif path.is_file():
+            mlflow.log_artifact(str(path), artifact_path=artifact_path)

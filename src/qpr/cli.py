@@ -1,0 +1,223 @@
+"""The `qpr` command: one sub-command per pipeline stage and per user task.
+
+Stage commands run the stage's Prefect flow (which logs to MLflow), exactly as `dvc repro`
+does; `qpr data ...` works on the raw data without Prefect or MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qpr import environment
+
+app = typer.Typer(
+    name="qpr",
+    help=(
+        "Question paraphrase retrieval: map new, noisy questions onto the questions you "
+        "already answer.\n\nThe pipeline (cluster → train → export → index → evaluate) is "
+        "reproduced by `dvc repro`; each stage is also a sub-command here. Settings come "
+        "from params.yaml."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+data_app = typer.Typer(
+    help="Make, check and version the raw question-answer logs.", no_args_is_help=True
+)
+app.add_typer(data_app, name="data")
+console = Console()
+errors = Console(stderr=True)
+
+ParamsOption = Annotated[
+    Path, typer.Option("--params", "-p", help="Parameter file (the pipeline's knobs).")
+]
+
+
+def _fail(message: str) -> None:
+    errors.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(1)
+
+
+def _run_flow(module: str, flow_name: str, params: Path) -> dict:
+    environment.apply()
+    import importlib
+
+    from flows.common import EXPECTED_ERRORS
+
+    flow = getattr(importlib.import_module(module), flow_name)
+    try:
+        return flow(params=str(params))
+    except EXPECTED_ERRORS as err:
+        _fail(str(err))
+    return {}
+
+
+@data_app.command("synth")
+def data_synth(
+    out: Annotated[Path, typer.Option(help="Directory for the daily JSONL files.")] = Path(
+        "data/logs"
+    ),
+    params: ParamsOption = Path("params.yaml"),
+    days: Annotated[int | None, typer.Option(help="Days of logs (default: params).")] = None,
+    rows_per_day: Annotated[
+        int | None, typer.Option(help="Requests per day; raise it for a larger data set.")
+    ] = None,
+    intents: Annotated[int | None, typer.Option(help="Answer intents (default: params).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Generator seed (default: params).")] = None,
+    day: Annotated[
+        str | None,
+        typer.Option(help="Write only this day (YYYY-MM-DD): the next day's fresh logs."),
+    ] = None,
+) -> None:
+    """Write the embedded synthetic voice-assistant QA logs, one JSONL file per day.
+
+    Deterministic: the same seed and sizes give the same bytes on any machine, and a day's
+    file is the same whether written alone or with the others.
+    """
+    from qpr.config import load_settings
+    from qpr.data.synth import SynthSpec, write_day, write_logs
+
+    synth = load_settings(params).data.synth
+    spec = SynthSpec(
+        seed=synth.seed if seed is None else seed,
+        start=synth.start,
+        days=synth.days if days is None else days,
+        rows_per_day=synth.rows_per_day if rows_per_day is None else rows_per_day,
+        intents=synth.intents if intents is None else intents,
+    )
+    if day is not None:
+        try:
+            the_day = date.fromisoformat(day)
+        except ValueError:
+            _fail(f"--day must be YYYY-MM-DD, got {day!r}")
+        path = write_day(out, the_day, seed=spec.seed, rows=spec.rows_per_day, intents=spec.intents)
+        console.print(f"wrote {path}")
+        return
+    from tqdm import tqdm
+
+    with tqdm(
+        total=spec.days, unit="day", desc="synth logs", disable=not sys.stderr.isatty()
+    ) as bar:
+        files = write_logs(out, spec, progress=lambda done, total: bar.update(1))
+    rows = sum(1 for f in files for _ in f.open(encoding="utf-8"))
+    console.print(f"wrote {len(files)} daily files, {rows:,} rows, to {out}")
+
+
+@data_app.command("check")
+def data_check(
+    path: Annotated[Path, typer.Argument(help="A log file or a directory of log files.")],
+    params: ParamsOption = Path("params.yaml"),
+    report_dir: Annotated[
+        Path | None, typer.Option(help="Where to write the full validation report.")
+    ] = None,
+) -> None:
+    """Validate QA logs with the raw-log gate and show what cleaning would drop, and why."""
+    from qpr.config import load_settings
+    from qpr.data.loaders import DataFormatError, clean_logs, read_logs
+    from qpr.quality.gate import GateFailed, gate
+    from qpr.quality.suites import raw_log_expectations
+
+    quality = load_settings(params).quality
+    try:
+        raw = read_logs(path)
+        result = gate(
+            "raw_logs",
+            {"logs": raw},
+            {
+                "logs": raw_log_expectations(
+                    min_chars=quality.min_question_chars,
+                    max_chars=quality.max_question_chars,
+                    max_bad_fraction=quality.max_drop_fraction,
+                )
+            },
+            report_dir,
+        )
+    except (DataFormatError, GateFailed) as err:
+        _fail(str(err))
+    _, drops = clean_logs(
+        raw, min_chars=quality.min_question_chars, max_chars=quality.max_question_chars
+    )
+    console.print(f"[green]gate passed[/] ({result.evaluated} expectations); {drops.summary()}")
+    for reason, examples in drops.examples.items():
+        console.print(f"  {reason}: e.g. {', '.join(examples)}")
+
+
+@data_app.command("ensure")
+def data_ensure(
+    params: ParamsOption = Path("params.yaml"),
+    dvc_file: Annotated[Path, typer.Option(help="The DVC file that pins data/.")] = Path(
+        "data.dvc"
+    ),
+) -> None:
+    """Make `data/` match what data.dvc pins, offline.
+
+    Checks out from the DVC cache when it has the data, else regenerates the synthetic logs
+    (byte-identical by construction) and caches them. Says so loudly when the result does
+    not match the pinned hash (the generator or its parameters changed).
+    """
+    environment.apply()
+    from qpr.data.versioning import ensure_data
+
+    try:
+        message = ensure_data(Path(params), dvc_file)
+    except RuntimeError as err:
+        _fail(str(err))
+    console.print(message)
+
+
+@app.command("cluster")
+def cluster(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 1: cluster questions (answers or duplicate pairs), filter incoherent clusters,
+    split 80:10:10 by cluster, generate positive pairs. Gated; logged to MLflow."""
+    metrics = _run_flow("flows.cluster", "cluster_flow", params)
+    _print_metrics({"cluster": metrics})
+
+
+@app.command("pipeline")
+def pipeline(
+    force: Annotated[bool, typer.Option(help="Rerun every stage, changed or not.")] = False,
+) -> None:
+    """Run every stage that changed, in order (`dvc repro`), then print the metrics."""
+    environment.apply()
+    command = ["dvc", "repro", *(["--force"] if force else [])]
+    code = subprocess.call(command)
+    if code != 0:
+        _fail(f"`{' '.join(command)}` failed (exit {code}); see the stage output above")
+    metrics()
+
+
+def _print_metrics(groups: dict[str, dict]) -> None:
+    for name, values in groups.items():
+        table = Table(title=name, show_header=True, header_style="bold")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in sorted(values.items()):
+            shown = f"{value:.4f}" if isinstance(value, float) else f"{value:,}"
+            table.add_row(key, shown)
+        console.print(table)
+
+
+@app.command("metrics")
+def metrics(
+    metrics_dir: Annotated[Path, typer.Option(help="Where stages write metrics.")] = Path(
+        "metrics"
+    ),
+) -> None:
+    """Print every stage's metrics (the JSON files `dvc metrics show` reads)."""
+    files = sorted(metrics_dir.glob("*.json"))
+    if not files:
+        _fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
+    _print_metrics({f.stem: json.loads(f.read_text(encoding="utf-8")) for f in files})
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,111 @@
+"""params.yaml → typed settings: the one source of truth for every knob.
+
+Unknown keys and wrong types are errors (with the dotted key named), so a typo in
+params.yaml or in `dvc exp run -S key=value` fails before any work starts.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SynthSettings(_Section):
+    seed: int = 13
+    start: date = date(2026, 10, 1)
+    days: int = Field(14, ge=1)
+    rows_per_day: int = Field(2200, ge=10)
+    intents: int = Field(400, ge=10)
+
+
+class DataSettings(_Section):
+    source: Literal["logs", "quora"] = "logs"
+    path: Path = Path("data/logs")
+    synth: SynthSettings = SynthSettings()
+
+
+class QualitySettings(_Section):
+    min_question_chars: int = Field(2, ge=1)
+    max_question_chars: int = Field(400, ge=10)
+    max_drop_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    split_ratio_tolerance: float = Field(0.05, gt=0.0, lt=1.0)
+
+
+class SplitRatios(_Section):
+    train: float = Field(0.8, gt=0.0)
+    val: float = Field(0.1, ge=0.0)
+    test: float = Field(0.1, ge=0.0)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> SplitRatios:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"split ratios must sum to 1, got {total:.4f}")
+        return self
+
+
+class ClusterSettings(_Section):
+    coherence_threshold: float = Field(0.1, ge=0.0, le=1.0)
+    min_cluster_size: int = Field(2, ge=2)
+    split: SplitRatios = SplitRatios()
+    max_pairs_per_cluster: int = Field(50, ge=1)
+
+
+class MlflowSettings(_Section):
+    experiment: str = "qpr"
+
+
+class Settings(_Section):
+    seed: int = 13
+    data: DataSettings = DataSettings()
+    quality: QualitySettings = QualitySettings()
+    cluster: ClusterSettings = ClusterSettings()
+    mlflow: MlflowSettings = MlflowSettings()
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view (`cluster.split.train`), as logged to MLflow."""
+        return _flatten(self.model_dump(mode="json"))
+
+
+class SettingsError(ValueError):
+    """params.yaml (or an override) does not describe a valid configuration."""
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def settings_from_dict(raw: dict[str, Any]) -> Settings:
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise SettingsError(f"invalid parameters: {problems}") from None
+
+
+def load_settings(path: Path | str = "params.yaml") -> Settings:
+    """Read and validate a params file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SettingsError(f"parameter file not found: {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path} must hold a mapping at the top level")
+    return settings_from_dict(raw)

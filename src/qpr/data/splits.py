@@ -1,0 +1,131 @@
+"""Train / validation / test splits by cluster, the leakage filter, and positive pairs.
+
+Splitting by cluster (never by question) keeps every paraphrase of a test question out of
+training; the leakage filter then removes val/test questions whose normalised text also
+occurs in train (paper section 4.1.1, "a second filter").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+NO_SPLIT = "none"
+DROPPED = "dropped"
+
+
+def filter_clusters(
+    clusters: pd.DataFrame, *, coherence_threshold: float, min_size: int
+) -> pd.DataFrame:
+    """Mark each cluster kept or dropped, with the reason (incoherent / too_small)."""
+    frame = clusters.copy()
+    too_small = frame["size"] < min_size
+    incoherent = ~too_small & (frame["coherence"] < coherence_threshold)
+    frame["kept"] = ~(too_small | incoherent)
+    frame["drop_reason"] = np.select([too_small, incoherent], ["too_small", "incoherent"], "")
+    return frame
+
+
+def assign_splits(
+    clusters: pd.DataFrame, ratios: Mapping[str, float], *, seed: int
+) -> pd.DataFrame:
+    """Add a `split` column: kept clusters shuffled with `seed` and cut by `ratios` (by
+    cluster count); dropped clusters get "dropped". Deterministic for a given cluster set."""
+    frame = clusters.sort_values("cluster_id").reset_index(drop=True)
+    frame["split"] = DROPPED
+    kept = frame.index[frame["kept"]].to_numpy()
+    order = np.random.default_rng(seed).permutation(kept)
+    total = len(order)
+    bounds = np.cumsum([ratios[name] for name in SPLITS])
+    cuts = np.rint(bounds * total).astype(int)
+    cuts[-1] = total
+    start = 0
+    for name, end in zip(SPLITS, cuts, strict=True):
+        frame.loc[order[start:end], "split"] = name
+        start = end
+    return frame
+
+
+def apply_splits(questions: pd.DataFrame, clusters: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Give each question its cluster's split, then remove leakage.
+
+    Returns the questions frame with a `split` column (train/val/test, or "none" for
+    questions in no kept cluster; they stay in the index) and the number of val/test
+    questions moved to "none" because their normalised text also occurs in train.
+    """
+    split_of = dict(zip(clusters["cluster_id"], clusters["split"], strict=True))
+    frame = questions.copy()
+    frame["split"] = frame["cluster_id"].map(split_of).fillna(NO_SPLIT)
+    frame.loc[frame["split"] == DROPPED, "split"] = NO_SPLIT
+    train_keys = set(frame.loc[frame["split"] == "train", "norm_key"])
+    leaked = frame["split"].isin(["val", "test"]) & frame["norm_key"].isin(train_keys)
+    frame.loc[leaked, "split"] = NO_SPLIT
+    # Within val/test, one normalised text may still appear under two qids (Quora):
+    # keep the first so no text is ever a query and its own relevant document.
+    evaluated = frame["split"].isin(["val", "test"])
+    repeated = evaluated & frame.duplicated("norm_key", keep="first")
+    frame.loc[repeated, "split"] = NO_SPLIT
+    return frame, int(leaked.sum() + repeated.sum())
+
+
+def shrink_small_clusters(
+    questions: pd.DataFrame, clusters: pd.DataFrame, *, min_size: int
+) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Clusters left with fewer than `min_size` questions in their split after the leakage
+    filter have no positive pair and no relevant document: drop them (reason
+    "too_small_after_leakage") and move their questions to "none"."""
+    in_split = questions[questions["split"].isin(SPLITS)]
+    remaining = in_split.groupby("cluster_id").size()
+    kept = clusters["kept"].to_numpy()
+    sizes = clusters["cluster_id"].map(remaining).fillna(0).to_numpy()
+    shrunk = kept & (sizes < min_size)
+    clusters = clusters.copy()
+    clusters.loc[shrunk, ["kept", "drop_reason", "split"]] = [
+        False,
+        "too_small_after_leakage",
+        DROPPED,
+    ]
+    gone = set(clusters.loc[shrunk, "cluster_id"])
+    questions = questions.copy()
+    questions.loc[questions["cluster_id"].isin(gone), "split"] = NO_SPLIT
+    return questions, clusters, int(shrunk.sum())
+
+
+def positive_pairs(questions: pd.DataFrame, *, max_per_cluster: int, seed: int) -> pd.DataFrame:
+    """Every within-cluster pair of split questions, at most `max_per_cluster` per cluster
+    (sampled with `seed`, so large clusters do not dominate training).
+
+    Pairs are stored canonically, q1_id < q2_id (a self pair is impossible by
+    construction and the cluster gate checks it); orientation is randomised at training.
+    Columns: q1_id, q2_id, cluster_id (int64), split (str).
+    """
+    rng = np.random.default_rng(seed)
+    in_split = questions[questions["split"].isin(SPLITS)].sort_values(["cluster_id", "question_id"])
+    chunks: list[np.ndarray] = []
+    cluster_col: list[np.ndarray] = []
+    split_col: list[np.ndarray] = []
+    for (cluster_id, split), group in in_split.groupby(["cluster_id", "split"], sort=True):
+        ids = group["question_id"].to_numpy(dtype=np.int64)
+        left, right = np.triu_indices(len(ids), k=1)
+        if len(left) > max_per_cluster:
+            chosen = np.sort(rng.choice(len(left), size=max_per_cluster, replace=False))
+            left, right = left[chosen], right[chosen]
+        chunks.append(np.stack([ids[left], ids[right]], axis=1))
+        cluster_col.append(np.full(len(left), cluster_id, dtype=np.int64))
+        split_col.append(np.full(len(left), split, dtype=object))
+    if not chunks:
+        return pd.DataFrame({"q1_id": [], "q2_id": [], "cluster_id": [], "split": []}).astype(
+            {"q1_id": "int64", "q2_id": "int64", "cluster_id": "int64", "split": "object"}
+        )
+    pairs = np.concatenate(chunks)
+    return pd.DataFrame(
+        {
+            "q1_id": pairs.min(axis=1),
+            "q2_id": pairs.max(axis=1),
+            "cluster_id": np.concatenate(cluster_col),
+            "split": np.concatenate(split_col),
+        }
+    )

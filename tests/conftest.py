@@ -1,0 +1,71 @@
+"""Shared fixtures. Tiny configurations are derived here from the typed defaults (as
+lightning-hydra-template shrinks its configs), never copied from params.yaml."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from qpr import environment
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+QUORA_TSV = REPO_ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
+
+environment.apply(REPO_ROOT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_tracking(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tests never write into the project's own MLflow store."""
+    store = tmp_path_factory.mktemp("mlflow")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
+    os.environ["QPR_MLFLOW_ARTIFACTS"] = (store / "artifacts").as_uri()
+    return store
+
+
+def tiny_overrides(tmp: Path, **sections: dict) -> dict:
+    """A params tree for a run that takes seconds: a few days of a few hundred rows."""
+    tree: dict = {
+        "seed": 7,
+        "data": {
+            "source": "logs",
+            "path": str(tmp / "data" / "logs"),
+            "synth": {"seed": 7, "days": 3, "rows_per_day": 400, "intents": 40},
+        },
+        "cluster": {"max_pairs_per_cluster": 20},
+        "quality": {"split_ratio_tolerance": 0.15},
+        "mlflow": {"experiment": "qpr-tests"},
+    }
+    for name, values in sections.items():
+        tree.setdefault(name, {}).update(values)
+    return tree
+
+
+@pytest.fixture
+def tiny_settings(tmp_path: Path):
+    """Validated Settings for a tiny run on freshly generated synthetic logs."""
+    from qpr.config import settings_from_dict
+    from qpr.data.synth import SynthSpec, write_logs
+
+    settings = settings_from_dict(tiny_overrides(tmp_path))
+    synth = settings.data.synth
+    write_logs(
+        Path(settings.data.path),
+        SynthSpec(
+            seed=synth.seed,
+            start=synth.start,
+            days=synth.days,
+            rows_per_day=synth.rows_per_day,
+            intents=synth.intents,
+        ),
+    )
+    return settings
+
+
+@pytest.fixture(scope="session")
+def quora_tsv() -> Path:
+    if not QUORA_TSV.is_file():
+        pytest.skip(f"real Quora data not present at {QUORA_TSV}")
+    return QUORA_TSV

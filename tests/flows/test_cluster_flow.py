@@ -1,0 +1,58 @@
+"""The cluster stage as a Prefect flow, end to end on tiny synthetic logs, with its MLflow run."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_cluster_flow_writes_outputs_and_logs_an_mlflow_run(prefect_harness, tiny_params_file):
+    from flows.cluster import cluster_flow
+
+    root = tiny_params_file.parent
+    metrics = cluster_flow(params=str(tiny_params_file))
+
+    out = root / "artifacts" / "cluster"
+    questions = pd.read_parquet(out / "questions.parquet")
+    pairs = pd.read_parquet(out / "pairs.parquet")
+    assert metrics["index_size"] == len(questions)
+    assert metrics["pairs_train"] == int((pairs["split"] == "train").sum()) > 0
+    assert metrics["clusters_dropped_incoherent"] > 0  # generic answers are filtered
+    on_disk = json.loads((root / "metrics" / "cluster.json").read_text())
+    assert on_disk == json.loads(json.dumps(metrics))
+    assert (root / "plots" / "cluster" / "coherence.png").stat().st_size > 0
+
+    runs = mlflow.search_runs(experiment_names=["qpr-tests"], output_format="list")
+    run = next(r for r in runs if r.data.tags.get("qpr.stage") == "cluster")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["cluster.coherence_threshold"] == "0.1"
+    assert run.data.metrics["index_size"] == metrics["index_size"]
+    for tag in ("mlflow.source.git.commit", "qpr.data_hash", "prefect.flow_run_id"):
+        assert run.data.tags.get(tag)
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"gates", "metrics", "plots", "cluster"} <= artifacts
+
+
+def test_failing_gate_stops_the_flow_and_writes_nothing(prefect_harness, tiny_params_file):
+    from flows.cluster import cluster_flow
+    from qpr.quality.gate import GateFailed
+
+    root = tiny_params_file.parent
+    # A bad batch: most questions of one day's file blanked out.
+    day = sorted((root / "data" / "logs").glob("*.jsonl"))[0]
+    rows = [json.loads(line) for line in day.read_text().splitlines()]
+    for row in rows:
+        row["question"] = ""
+    day.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    with pytest.raises(GateFailed, match="question"):
+        cluster_flow(params=str(tiny_params_file))
+    assert not (root / "artifacts" / "cluster").exists()
+    assert (root / "reports" / "gates" / "cluster" / "raw_logs.json").is_file()
+    runs = mlflow.search_runs(experiment_names=["qpr-tests"], output_format="list")
+    assert any(r.info.status == "FAILED" for r in runs)

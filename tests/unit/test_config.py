@@ -1,0 +1,42 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qpr.config import Settings, SettingsError, load_settings, settings_from_dict
+
+
+def test_project_params_file_is_valid():
+    settings = load_settings(Path(__file__).resolve().parents[2] / "params.yaml")
+    assert settings.cluster.coherence_threshold == pytest.approx(0.1)  # the paper's c < 0.1
+
+
+def test_typo_in_a_key_is_named(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"coherence_treshold": 0.1}}))
+    with pytest.raises(SettingsError, match=r"cluster\.coherence_treshold"):
+        load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"cluster": {"split": {"train": 0.8, "val": 0.3, "test": 0.1}}}, "sum to 1"),
+        ({"data": {"source": "csv"}}, r"data\.source"),
+        ({"cluster": {"coherence_threshold": 2}}, r"cluster\.coherence_threshold"),
+    ],
+)
+def test_invalid_values_are_rejected(tree, message):
+    with pytest.raises(SettingsError, match=message):
+        settings_from_dict(tree)
+
+
+def test_flat_view_uses_dotted_keys():
+    flat = Settings().flat()
+    assert flat["cluster.split.train"] == 0.8
+    assert "data.synth.seed" in flat
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SettingsError, match="not found"):
+        load_settings(tmp_path / "nope.yaml")
