@@ -91,6 +91,13 @@ def _load_quora(settings: Settings, log: Callable[[str], None]):
     return questions, clusters, counts, drops
 
 
+def coherence_threshold(settings: Settings) -> float:
+    """The coherence filter is for clusters mined from logs, where a generic answer gathers
+    unrelated questions (paper section 4.1.1). Quora clusters come from human duplicate
+    labels, and the paper's Quora protocol keeps them all (section 4.1.2)."""
+    return settings.cluster.coherence_threshold if settings.data.source == "logs" else 0.0
+
+
 def build_clusters(
     settings: Settings, report_dir: Path, log: Callable[[str], None] = print
 ) -> tuple[dict[str, pd.DataFrame], dict[str, float | int], DropReport]:
@@ -101,10 +108,9 @@ def build_clusters(
         questions, clusters, counts, drops = _load_quora(settings, log)
 
     params = settings.cluster
+    threshold = coherence_threshold(settings)
     clusters = filter_clusters(
-        clusters,
-        coherence_threshold=params.coherence_threshold,
-        min_size=params.min_cluster_size,
+        clusters, coherence_threshold=threshold, min_size=params.min_cluster_size
     )
     clusters = assign_splits(clusters, params.split.model_dump(), seed=settings.seed)
     questions, leaked = apply_splits(questions, clusters)
@@ -121,7 +127,7 @@ def build_clusters(
         "clusters",
         cluster_gate_frames(clusters, questions, pairs, params.split.model_dump()),
         cluster_expectations(
-            coherence_threshold=params.coherence_threshold,
+            coherence_threshold=threshold,
             tolerance=settings.quality.split_ratio_tolerance,
             ratios=params.split.model_dump(),
             min_size=params.min_cluster_size,
@@ -206,7 +212,7 @@ def run_cluster(
     report_dir.mkdir(parents=True, exist_ok=True)
     frames, metrics, drops = build_clusters(settings, report_dir, log)
     if plot_path is not None:
-        plot_coherence(frames["clusters"], settings.cluster.coherence_threshold, plot_path)
+        plot_coherence(frames["clusters"], coherence_threshold(settings), plot_path)
     write_outputs(frames, out_dir)
     log(
         f"clusters kept {metrics['clusters_kept']:,} of {metrics['clusters_total']:,} "
