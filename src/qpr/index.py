@@ -1,0 +1,474 @@
+"""FAISS index: build, save, load, search, and the checks a gate runs on it.
+
+Conventions (faiss' own, kept throughout):
+
+- vectors and queries are ``float32 [N, D]`` / ``float32 [Q, D]``, C-contiguous;
+- a *row* is the position of a vector in the matrix the index was built from
+  (``int64``, ``0 <= row < N``); ``-1`` is FAISS's "nothing here" and stays ``-1``;
+- search returns ``(distances float32 [Q, k], rows int64 [Q, k])`` in rank order.
+  For ``metric="l2"`` a distance is a *squared* L2 distance (lower = closer); for
+  ``metric="ip"`` it is an inner product (higher = closer): see `higher_is_better`.
+
+Why rows and a separate `IdMap` instead of ``IndexIDMap`` / ``add_with_ids``: the row is
+what the gate and the self-exclusion need (``vectors[row]``), Flat and HNSW indexes accept
+custom ids only through a wrapper, and a plain ``int64`` ``.npy`` beside the index is
+readable by anything (serving, notebooks) without loading FAISS.
+
+Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+__all__ = [
+    "MIN_POINTS_PER_CENTROID",
+    "IdMap",
+    "build_index",
+    "drop_excluded",
+    "exact_recall_at_k",
+    "fit_factory",
+    "gpu_available",
+    "higher_is_better",
+    "load_index",
+    "save_index",
+    "search",
+    "self_retrieval_rate",
+    "set_nprobe",
+]
+
+# FAISS's k-means warns below 39 training points per centroid (ClusteringParameters
+# min_points_per_centroid): with fewer, centroids are poorly placed and lists unbalanced.
+MIN_POINTS_PER_CENTROID = 39
+
+_METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
+
+# "IVF2000" as a whole component: "IVF2000,Flat", "IVF2000_HNSW32,Flat", "OPQ16,IVF2000,PQ16".
+_IVF = re.compile(r"(?<![A-Za-z0-9])IVF(\d+)(?=[_,(]|$)")
+# "PQ16", "PQ16x8", "PQ16np" as a component (not "OPQ16_64", which is a transform).
+_PQ = re.compile(r"(?:^|,)PQ(\d+)(?:x(\d+))?")
+
+
+# ---------------------------------------------------------------- factory strings
+
+
+def fit_factory(factory: str, n_train: int) -> tuple[str, str | None]:
+    """Rewrite a factory string so that it can be trained on ``n_train`` vectors.
+
+    Rule: an ``IVF{nlist}`` component with ``n_train < 39 * nlist`` becomes
+    ``IVF{max(1, n_train // 39)}``: the largest nlist FAISS trains without its
+    "too few training points" warning, so inverted lists stay as fine as the data allows
+    (IVF2000 with 30,000 vectors → IVF769). Everything else is kept as written.
+
+    Returns ``(factory, note)``; ``note`` is a human sentence when something was changed,
+    else None. Raises ValueError when ``n_train`` is below a PQ codebook's 2**nbits
+    centroids (FAISS cannot train it at all).
+    """
+    factory = ",".join(part.strip() for part in factory.split(","))
+    if not factory:
+        raise ValueError("empty FAISS factory string")
+    if n_train < 1:
+        raise ValueError("cannot build an index from 0 vectors")
+    note = None
+    match = _IVF.search(factory)
+    if match:
+        nlist = int(match.group(1))
+        needed = MIN_POINTS_PER_CENTROID * nlist
+        if nlist < 1:
+            raise ValueError(f"{factory!r}: nlist must be at least 1")
+        if n_train < needed:
+            new_nlist = max(1, n_train // MIN_POINTS_PER_CENTROID)
+            factory = f"{factory[: match.start(1)]}{new_nlist}{factory[match.end(1) :]}"
+            note = (
+                f"IVF{nlist} needs {needed:,} training vectors, have {n_train:,}: "
+                f"using IVF{new_nlist}"
+            )
+    for pq in _PQ.finditer(factory):
+        nbits = int(pq.group(2) or 8)
+        if n_train < 2**nbits:
+            raise ValueError(
+                f"{factory!r}: a PQ codebook of 2**{nbits} centroids needs at least "
+                f"{2**nbits} training vectors, have {n_train}"
+            )
+    return factory, note
+
+
+# ---------------------------------------------------------------- GPU / parameters
+
+
+def gpu_available() -> bool:
+    """True when this faiss build sees a CUDA device (faiss-cpu: always False)."""
+    get = getattr(faiss, "get_num_gpus", None)
+    try:
+        return bool(get and get() > 0)
+    except RuntimeError:  # a GPU build on a machine whose driver is missing
+        return False
+
+
+def _is_gpu_index(index: faiss.Index) -> bool:
+    return type(index).__name__.startswith("GpuIndex") or (
+        hasattr(faiss, "GpuIndex") and isinstance(index, faiss.GpuIndex)
+    )
+
+
+def _to_gpu(index: faiss.Index) -> faiss.Index:
+    res = faiss.StandardGpuResources()
+    gpu_index = faiss.index_cpu_to_gpu(res, 0, index)
+    # The GPU index only borrows `res`: keep it alive as long as the index.
+    refs = list(getattr(gpu_index, "referenced_objects", None) or [])
+    gpu_index.referenced_objects = [*refs, res]
+    return gpu_index
+
+
+def _to_cpu(index: faiss.Index) -> faiss.Index:
+    return faiss.index_gpu_to_cpu(index) if _is_gpu_index(index) else index
+
+
+def higher_is_better(index: faiss.Index) -> bool:
+    """True when the index's search "distances" are similarities (inner product)."""
+    return index.metric_type == faiss.METRIC_INNER_PRODUCT
+
+
+def set_nprobe(index: faiss.Index, nprobe: int) -> bool:
+    """Set nprobe on an IVF index, also inside a pre-transform or on GPU.
+
+    Returns False (and changes nothing) for indexes without inverted lists (Flat, HNSW),
+    so callers can pass the params value unconditionally.
+    """
+    if nprobe < 1:
+        raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+    space = (
+        faiss.GpuParameterSpace()
+        if _is_gpu_index(index) and hasattr(faiss, "GpuParameterSpace")
+        else faiss.ParameterSpace()
+    )
+    try:
+        space.set_index_parameter(index, "nprobe", nprobe)
+    except RuntimeError:  # "could not set parameter nprobe": not an IVF index
+        return False
+    return True
+
+
+def _seed_training(index: faiss.Index, seed: int) -> None:
+    """Seed every k-means FAISS will run while training `index` (IVF and PQ codebooks).
+
+    FAISS's default seed is already fixed (1234); setting it from params makes the
+    seed part of the experiment rather than a library constant.
+    """
+    try:
+        # downcast: extract_index_ivf returns the IndexIVF base, which hides `.pq`
+        target = faiss.downcast_index(faiss.extract_index_ivf(index))
+    except RuntimeError:  # not IVF (Flat, PQ, HNSW) or a GPU index
+        target = index
+    if hasattr(target, "cp"):
+        target.cp.seed = seed
+    pq = getattr(target, "pq", None)
+    if pq is not None:
+        pq.cp.seed = seed
+
+
+# ---------------------------------------------------------------- build / save / load
+
+
+def _as_matrix(x: np.ndarray, name: str, d: int | None = None) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D float32 [n, d], got shape {x.shape}")
+    if d is not None and x.shape[1] != d:
+        raise ValueError(f"{name} have dimension {x.shape[1]}, the index has {d}")
+    return x
+
+
+def build_index(
+    vectors: np.ndarray,
+    factory: str = "IVF2000,Flat",
+    *,
+    nprobe: int,
+    metric: str = "l2",
+    seed: int,
+    use_gpu: bool | None = None,
+    log: Callable[[str], None] = print,
+) -> faiss.Index:
+    """Train an index on ``vectors`` and add them all (row r = ``vectors[r]``).
+
+    Parameters
+    ----------
+    vectors : float32 [N, D]. Must be finite.
+    factory : a FAISS index_factory string ("IVF2000,Flat" as in the paper, "Flat",
+        "IVF256,PQ32", "HNSW32", ...). IVF nlist is lowered when N is too small to train
+        it, see `fit_factory`; the change is logged.
+    nprobe : inverted lists visited per query (ignored, with a log line, for non-IVF).
+    metric : "l2" (squared euclidean, lower = closer) or "ip" (inner product, higher =
+        closer; normalise the vectors first for cosine).
+    seed : k-means seed for the coarse quantizer and PQ codebooks: same vectors, same
+        seed → same index.
+    use_gpu : None = on GPU when faiss sees one; True = ask for it (falls back to CPU with
+        a log line on faiss-cpu); False = CPU.
+    log : where progress lines go.
+
+    Returns the trained, filled index: a GPU index when built on GPU (`save_index`
+    stores it as a CPU index), else a CPU index.
+    """
+    vectors = _as_matrix(vectors, "vectors")
+    n, d = vectors.shape
+    if n == 0:
+        raise ValueError("cannot build an index from 0 vectors")
+    if not np.isfinite(vectors).all():
+        raise ValueError("vectors contain NaN or inf")
+    if metric not in _METRICS:
+        raise ValueError(f"metric must be one of {sorted(_METRICS)}, got {metric!r}")
+
+    fitted, note = fit_factory(factory, n)
+    if note:
+        log(note)
+    index = faiss.index_factory(d, fitted, _METRICS[metric])
+    _seed_training(index, seed)
+
+    on_gpu = False
+    if use_gpu is not False:
+        if gpu_available():
+            try:
+                index = _to_gpu(index)
+                on_gpu = True
+            except RuntimeError as err:  # e.g. HNSW has no GPU implementation
+                log(f"{fitted} cannot run on GPU ({str(err).splitlines()[0]}): using CPU")
+        elif use_gpu:
+            log("GPU requested but faiss sees no GPU (faiss-cpu or no device): using CPU")
+    if on_gpu:
+        _seed_training(index, seed)  # the GPU copy has its own clustering parameters
+
+    started = time.perf_counter()
+    if not index.is_trained:
+        index.train(vectors)
+    trained = time.perf_counter()
+    index.add(vectors)
+    added = time.perf_counter()
+    probing = set_nprobe(index, nprobe)
+    if not probing:
+        log(f"{fitted} has no inverted lists: nprobe={nprobe} ignored")
+    log(
+        f"built {fitted} ({metric}, {'GPU' if on_gpu else 'CPU'}) on {n:,} x {d} vectors: "
+        f"train {trained - started:.2f} s, add {added - trained:.2f} s"
+        + (f", nprobe {nprobe}" if probing else "")
+    )
+    return index
+
+
+def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
+    """Write ``index`` to ``path`` as a CPU index (GPU indexes are copied back first).
+
+    The file appears atomically (temp file + rename), so a server reloading it never reads
+    a half-written index.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        faiss.write_index(_to_cpu(index), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_index(
+    path: str | os.PathLike[str], *, nprobe: int, use_gpu: bool | None = False
+) -> faiss.Index:
+    """Read an index written by `save_index` and set its nprobe (not stored by FAISS's
+    writer for every index type, and a serving knob anyway).
+
+    ``use_gpu``: False (default: serving and evaluation on CPU), None = GPU when present,
+    True = GPU, falling back to CPU on faiss-cpu.
+    """
+    index = faiss.read_index(str(path))
+    if use_gpu is not False and gpu_available():
+        # no GPU implementation for this index type (HNSW): stay on CPU
+        with contextlib.suppress(RuntimeError):
+            index = _to_gpu(index)
+    set_nprobe(index, nprobe)
+    return index
+
+
+@dataclass(frozen=True, eq=False)
+class IdMap:
+    """Row ↔ question id. ``qids`` is int64 [N]: index row r holds question ``qids[r]``.
+
+    Stored beside the index as ``<index stem>.ids.npy`` (see `path_for`): a plain int64
+    array, loadable without FAISS or pandas.
+    """
+
+    qids: np.ndarray
+    _order: np.ndarray = field(init=False, repr=False)  # argsort of qids, for to_rows
+
+    def __post_init__(self) -> None:
+        qids = np.asarray(self.qids)
+        if qids.ndim != 1 or not np.issubdtype(qids.dtype, np.integer):
+            raise ValueError(f"qids must be 1-D integers, got {qids.dtype} {qids.shape}")
+        qids = np.ascontiguousarray(qids, dtype=np.int64)
+        order = np.argsort(qids, kind="stable")
+        if qids.size and (np.diff(qids[order]) == 0).any():
+            raise ValueError("qids must be unique: one question per index row")
+        object.__setattr__(self, "qids", qids)
+        object.__setattr__(self, "_order", order)
+
+    def __len__(self) -> int:
+        return int(self.qids.size)
+
+    def to_qids(self, rows: np.ndarray) -> np.ndarray:
+        """int64 rows (any shape) → int64 question ids; -1 (no result) stays -1."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and rows.max(initial=-1) >= len(self):
+            raise IndexError(f"row {int(rows.max())} out of range for {len(self)} rows")
+        out = np.full(rows.shape, -1, dtype=np.int64)
+        hit = rows >= 0
+        out[hit] = self.qids[rows[hit]]
+        return out
+
+    def to_rows(self, qids: np.ndarray) -> np.ndarray:
+        """int64 question ids (any shape) → int64 rows; an id not in the index gives -1."""
+        qids = np.asarray(qids, dtype=np.int64)
+        order = self._order
+        if len(self) == 0:
+            return np.full(qids.shape, -1, dtype=np.int64)
+        sorted_qids = self.qids[order]
+        pos = np.clip(np.searchsorted(sorted_qids, qids), 0, len(self) - 1)
+        found = sorted_qids[pos] == qids
+        return np.where(found, order[pos], -1).astype(np.int64)
+
+    @staticmethod
+    def path_for(index_path: str | os.PathLike[str]) -> Path:
+        """models/index.faiss → models/index.ids.npy"""
+        p = Path(index_path)
+        return p.with_name(f"{p.stem}.ids.npy")
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:  # a file object: np.save would append ".npy" to a str
+            np.save(f, self.qids, allow_pickle=False)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> IdMap:
+        return cls(np.load(Path(path), allow_pickle=False))
+
+
+# ---------------------------------------------------------------- search
+
+
+def drop_excluded(
+    scores: np.ndarray, rows: np.ndarray, exclude: np.ndarray | None, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut k+1 results per query down to k, removing ``exclude[i]`` from query i.
+
+    scores: [Q, k+1] any dtype; rows: int64 [Q, k+1] in rank order; exclude: int64 [Q]
+    (a negative value excludes nothing). Where the excluded row is absent the last
+    result is dropped instead, so every query keeps its best k in order.
+    """
+    q, width = rows.shape
+    if exclude is None:
+        return scores[:, :k], rows[:, :k]
+    exclude = np.asarray(exclude, dtype=np.int64)
+    if exclude.shape != (q,):
+        raise ValueError(f"exclude must be int64 [{q}], got shape {exclude.shape}")
+    drop = (rows == exclude[:, None]) & (exclude[:, None] >= 0)
+    # FAISS never returns a real row twice, so a query has at most one match.
+    no_match = ~drop.any(axis=1)
+    drop[no_match, width - 1] = True
+    keep = ~drop
+    kept = width - 1
+    scores = scores[keep].reshape(q, kept)[:, :k]
+    rows = rows[keep].reshape(q, kept)[:, :k]
+    return scores, rows
+
+
+def search(
+    index: faiss.Index,
+    queries: np.ndarray,
+    k: int,
+    *,
+    exclude: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest rows for each query.
+
+    queries : float32 [Q, D].
+    exclude : int64 [Q] or None. ``exclude[i] >= 0`` removes that row from query i's
+        results (a query that is itself in the index must not find itself): k+1 are
+        asked for and one dropped. ``-1`` excludes nothing.
+
+    Returns ``(distances float32 [Q, k], rows int64 [Q, k])`` in rank order. Where fewer
+    than k rows could be found (small index, few lists probed), rows are -1 with FAISS's
+    sentinel distance; callers treat them as misses.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    queries = _as_matrix(queries, "queries", index.d)
+    ask = k + 1 if exclude is not None else k
+    distances, rows = index.search(queries, ask)
+    distances, rows = drop_excluded(distances, rows.astype(np.int64, copy=False), exclude, k)
+    return np.ascontiguousarray(distances, dtype=np.float32), np.ascontiguousarray(rows)
+
+
+# ---------------------------------------------------------------- gate checks
+
+
+def self_retrieval_rate(index: faiss.Index, vectors: np.ndarray, sample: int, seed: int) -> float:
+    """Share of sampled rows whose own vector finds the row itself at rank 1.
+
+    vectors : float32 [N, D], the matrix the index was built from (row r = vectors[r]).
+    sample : rows drawn without replacement (all of them when sample >= N).
+
+    A rank-1 row whose vector is identical to the query's (an exact duplicate question)
+    counts as success: the two are indistinguishable at distance 0. Expected ≈ 1.0 for
+    Flat/IVF-Flat with L2; lower values mean lossy codes (PQ), un-normalised vectors
+    under "ip", or vectors that do not match the index.
+    """
+    vectors = _as_matrix(vectors, "vectors", index.d)
+    n = vectors.shape[0]
+    if n != index.ntotal:
+        raise ValueError(f"index holds {index.ntotal} vectors, got {n}")
+    if n == 0 or sample < 1:
+        raise ValueError("need at least one vector and sample >= 1")
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
+    _, found = search(index, vectors[rows], 1)
+    top1 = found[:, 0]
+    ok = top1 == rows
+    tie = ~ok & (top1 >= 0)
+    if tie.any():
+        ok[tie] = (vectors[top1[tie]] == vectors[rows[tie]]).all(axis=1)
+    return float(ok.mean())
+
+
+def exact_recall_at_k(
+    index: faiss.Index, vectors: np.ndarray, queries: np.ndarray, k: int
+) -> float:
+    """k-recall@k of ``index`` against exact search (IndexFlat, same metric).
+
+    vectors : float32 [N, D] the index was built from; queries : float32 [Q, D].
+    Returns mean over queries of |approx top-k ∩ exact top-k| / k, in [0, 1]. Exact ties at
+    the k-th distance can keep even an exact index a hair below 1.
+    """
+    vectors = _as_matrix(vectors, "vectors", index.d)
+    queries = _as_matrix(queries, "queries", index.d)
+    k = min(k, vectors.shape[0])
+    flat = faiss.IndexFlat(index.d, index.metric_type)
+    flat.add(vectors)
+    _, exact = flat.search(queries, k)
+    _, approx = search(index, queries, k)
+    hits = 0
+    for e, a in zip(exact, approx, strict=True):
+        hits += np.intersect1d(e[e >= 0], a[a >= 0]).size
+    return hits / (k * queries.shape[0]) if queries.shape[0] else float("nan")

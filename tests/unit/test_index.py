@@ -1,0 +1,231 @@
+"""FAISS index: factory rewriting, build, exclusion, -1 handling, persistence, gate checks."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from qpr.index import (
+    IdMap,
+    build_index,
+    drop_excluded,
+    exact_recall_at_k,
+    fit_factory,
+    gpu_available,
+    higher_is_better,
+    load_index,
+    save_index,
+    search,
+    self_retrieval_rate,
+)
+
+
+def _vectors(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------- factory strings
+
+
+@pytest.mark.parametrize(
+    ("factory", "n", "expected"),
+    [
+        ("IVF2000,Flat", 30_000, "IVF769,Flat"),
+        ("IVF2000,Flat", 78_000, "IVF2000,Flat"),
+        ("IVF2000, Flat", 100_000, "IVF2000,Flat"),
+        ("IVF2000,PQ16", 10_000, "IVF256,PQ16"),
+        ("OPQ16_64,IVF2000,PQ16x8", 3_900, "OPQ16_64,IVF100,PQ16x8"),
+        ("IVF1024_HNSW32,Flat", 1_000, "IVF25_HNSW32,Flat"),
+        ("PCA64,IVF100,SQ8", 50, "PCA64,IVF1,SQ8"),
+        ("Flat", 5, "Flat"),
+        ("HNSW32", 5, "HNSW32"),
+        ("HNSW32,Flat", 5, "HNSW32,Flat"),
+    ],
+)
+def test_fit_factory_rewrites_only_the_ivf_nlist(factory, n, expected):
+    fitted, note = fit_factory(factory, n)
+    assert fitted == expected
+    assert (note is None) == (fitted == factory.replace(" ", ""))
+
+
+def test_fit_factory_message_and_pq_floor():
+    assert fit_factory("IVF2000,Flat", 30_000)[1] == (
+        "IVF2000 needs 78,000 training vectors, have 30,000: using IVF769"
+    )
+    with pytest.raises(ValueError, match="PQ codebook"):
+        fit_factory("IVF64,PQ8", 200)  # 2**8 centroids per sub-quantizer
+    with pytest.raises(ValueError):
+        fit_factory("Flat", 0)
+
+
+# ---------------------------------------------------------------- build
+
+
+def test_nlist_reduction_is_logged_and_applied():
+    lines: list[str] = []
+    index = build_index(_vectors(500), "IVF64,Flat", nprobe=4, seed=1, log=lines.append)
+    ivf = faiss.extract_index_ivf(index)
+    assert ivf.nlist == 500 // 39 == 12
+    assert ivf.nprobe == 4
+    assert index.ntotal == 500
+    assert lines[0] == "IVF64 needs 2,496 training vectors, have 500: using IVF12"
+    assert "built IVF12,Flat" in lines[-1]
+
+
+def test_training_is_deterministic_for_a_seed():
+    x = _vectors(2_000)
+    a = build_index(x, "IVF16,Flat", nprobe=2, seed=7, log=_quiet)
+    b = build_index(x, "IVF16,Flat", nprobe=2, seed=7, log=_quiet)
+    centroids = [faiss.extract_index_ivf(i).quantizer.reconstruct_n(0, 16) for i in (a, b)]
+    np.testing.assert_array_equal(*centroids)
+    np.testing.assert_array_equal(search(a, x[:50], 5)[1], search(b, x[:50], 5)[1])
+
+
+def test_bad_input_is_refused():
+    x = _vectors(100)
+    x[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        build_index(x, "Flat", nprobe=1, seed=0, log=_quiet)
+    with pytest.raises(ValueError, match="metric"):
+        build_index(_vectors(10), "Flat", nprobe=1, seed=0, metric="cos", log=_quiet)
+
+
+def test_non_ivf_index_ignores_nprobe_with_a_log_line():
+    lines: list[str] = []
+    index = build_index(_vectors(300), "HNSW16", nprobe=8, seed=0, log=lines.append)
+    assert index.ntotal == 300
+    assert any("nprobe=8 ignored" in line for line in lines)
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the CPU fallback")
+def test_gpu_flag_degrades_to_cpu_on_faiss_cpu():
+    lines: list[str] = []
+    index = build_index(
+        _vectors(400), "IVF8,Flat", nprobe=2, seed=0, use_gpu=True, log=lines.append
+    )
+    assert isinstance(index, faiss.IndexIVFFlat)
+    assert any("GPU requested" in line for line in lines)
+    assert "CPU" in lines[-1]
+    # auto mode says nothing about a GPU it does not have
+    lines.clear()
+    build_index(_vectors(400), "IVF8,Flat", nprobe=2, seed=0, use_gpu=None, log=lines.append)
+    assert not any("GPU" in line for line in lines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs faiss-gpu and a CUDA device")
+def test_builds_and_searches_on_gpu_and_saves_a_cpu_index(tmp_path):
+    x = _vectors(5_000, d=32)
+    lines: list[str] = []
+    index = build_index(x, "IVF64,Flat", nprobe=8, seed=0, use_gpu=True, log=lines.append)
+    assert "GPU" in lines[-1]
+    assert type(index).__name__.startswith("GpuIndex")
+    _, rows = search(index, x[:100], 5, exclude=np.arange(100))
+    assert not (rows == np.arange(100)[:, None]).any()
+    assert self_retrieval_rate(index, x, 500, seed=0) > 0.99
+    save_index(index, tmp_path / "gpu.faiss")
+    loaded = load_index(tmp_path / "gpu.faiss", nprobe=8)
+    assert isinstance(loaded, faiss.IndexIVFFlat) and loaded.ntotal == 5_000
+
+
+# ---------------------------------------------------------------- search
+
+
+def test_exclusion_removes_self_and_keeps_the_next_k():
+    x = _vectors(1_000)
+    index = build_index(x, "Flat", nprobe=1, seed=0, log=_quiet)
+    queries = np.arange(20)
+    d_all, r_all = search(index, x[queries], 6)
+    assert (r_all[:, 0] == queries).all()  # a vector finds itself first
+    d, r = search(index, x[queries], 5, exclude=queries)
+    assert r.shape == (20, 5) and r.dtype == np.int64 and d.dtype == np.float32
+    assert not (r == queries[:, None]).any()
+    np.testing.assert_array_equal(r, r_all[:, 1:])
+    np.testing.assert_array_equal(d, d_all[:, 1:])
+    # a row that is not among the results: the k best are kept as they are
+    far = np.full(20, 999, dtype=np.int64)
+    far_rows = search(index, x[queries], 5, exclude=far)[1]
+    np.testing.assert_array_equal(far_rows, r_all[:, :5])
+
+
+def test_missing_results_stay_minus_one():
+    x = _vectors(3)
+    index = build_index(x, "Flat", nprobe=1, seed=0, log=_quiet)
+    _, r = search(index, x, 5, exclude=np.array([0, 1, -1]))
+    np.testing.assert_array_equal(r[:2, 2:], -1)  # 3 vectors, one excluded: 2 real rows
+    assert (r[0, :2] != 0).all() and (r[1, :2] != 1).all()
+    assert r[2, 0] == 2 and (r[2, :3] >= 0).all() and (r[2, 3:] == -1).all()
+    # an exclude of -1 never removes FAISS's own -1 padding as if it were a row
+    scores = np.array([[0.1, 0.2, 9.0, 9.0]])
+    rows = np.array([[4, 5, -1, -1]])
+    s, kept = drop_excluded(scores, rows, np.array([-1]), 3)
+    np.testing.assert_array_equal(kept, [[4, 5, -1]])
+    np.testing.assert_array_equal(s, [[0.1, 0.2, 9.0]])
+
+
+def test_inner_product_metric_returns_similarities():
+    x = _vectors(200)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = build_index(x, "Flat", nprobe=1, seed=0, metric="ip", log=_quiet)
+    assert higher_is_better(index)
+    sims, rows = search(index, x[:5], 3)
+    assert (rows[:, 0] == np.arange(5)).all()
+    np.testing.assert_allclose(sims[:, 0], 1.0, rtol=1e-5)
+    assert (np.diff(sims, axis=1) <= 0).all()
+
+
+# ---------------------------------------------------------------- persistence
+
+
+def test_save_load_round_trip_sets_nprobe(tmp_path):
+    x = _vectors(2_000)
+    index = build_index(x, "IVF32,Flat", nprobe=1, seed=3, log=_quiet)
+    path = save_index(index, tmp_path / "models" / "index.faiss")
+    loaded = load_index(path, nprobe=6)
+    assert faiss.extract_index_ivf(loaded).nprobe == 6
+    assert loaded.ntotal == 2_000
+    faiss.extract_index_ivf(index).nprobe = 6
+    np.testing.assert_array_equal(search(loaded, x[:40], 5)[1], search(index, x[:40], 5)[1])
+    assert not list(path.parent.glob(".*tmp"))  # no temp file left behind
+
+
+def test_id_map_round_trip_and_lookups(tmp_path):
+    ids = IdMap(np.array([40, 10, 30, 20]))
+    path = ids.save(IdMap.path_for(tmp_path / "index.faiss"))
+    assert path.name == "index.ids.npy"
+    loaded = IdMap.load(path)
+    assert loaded.qids.dtype == np.int64 and len(loaded) == 4
+    np.testing.assert_array_equal(loaded.qids, ids.qids)
+    np.testing.assert_array_equal(loaded.to_qids(np.array([[1, -1], [3, 0]])), [[10, -1], [20, 40]])
+    np.testing.assert_array_equal(loaded.to_rows(np.array([20, 40, 99])), [3, 0, -1])
+    with pytest.raises(ValueError, match="unique"):
+        IdMap(np.array([1, 2, 1]))
+
+
+# ---------------------------------------------------------------- gate checks
+
+
+def test_self_retrieval_rate_is_one_and_counts_exact_duplicates():
+    x = _vectors(3_000)
+    x[1] = x[0]  # an exact duplicate question: either row is a correct rank 1
+    index = build_index(x, "IVF32,Flat", nprobe=1, seed=0, log=_quiet)
+    assert self_retrieval_rate(index, x, sample=3_000, seed=0) == 1.0
+    # vectors that do not match the index fail the check
+    assert self_retrieval_rate(index, _vectors(3_000, seed=9), sample=200, seed=0) < 0.1
+
+
+def test_exact_recall_at_k():
+    x = _vectors(3_000)
+    queries = _vectors(100, seed=5)
+    flat = build_index(x, "Flat", nprobe=1, seed=0, log=_quiet)
+    assert exact_recall_at_k(flat, x, queries, 10) == 1.0
+    coarse = build_index(x, "IVF64,Flat", nprobe=1, seed=0, log=_quiet)
+    recall = exact_recall_at_k(coarse, x, queries, 10)
+    assert 0.0 < recall < 1.0
+    faiss.extract_index_ivf(coarse).nprobe = 64  # every list: exact again
+    assert exact_recall_at_k(coarse, x, queries, 10) == 1.0
