@@ -1,4 +1,5 @@
-"""What every stage flow shares: settings and paths, metrics files, and a clean exit."""
+"""What every stage flow shares: settings and paths, the MLflow run around a stage, its
+metrics file, and a clean exit for a DVC stage command."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flows import tracking
 from qpr.config import Settings, SettingsError, load_settings
 from qpr.data.loaders import DataFormatError
 from qpr.environment import project_root
@@ -22,11 +24,48 @@ def settings_and_paths(params: str | Path | None = None) -> tuple[Settings, Proj
     return load_settings(params_path), ProjectPaths(params_path.parent)
 
 
+def _numbers(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Nested metrics → flat numeric ones for MLflow ("baselines.bm25.success_1")."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_numbers(value, name + "."))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
 def write_metrics(path: Path, metrics: Mapping[str, Any]) -> Path:
     """The stage's metrics as JSON, written by the stage itself (dvc metrics reads it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(metrics), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def run_stage(
+    stage: str,
+    settings: Settings,
+    paths: ProjectPaths,
+    work: Callable[[], Mapping[str, Any]],
+    *,
+    metrics_file: Path | None = None,
+    artifacts: Mapping[str, Path] = (),
+) -> dict[str, Any]:
+    """Run `work` inside the stage's MLflow run; write and log its metrics and artifacts.
+
+    A failed gate still logs the gate reports, and the run is marked FAILED."""
+    gate_reports = paths.gate_reports(stage)
+    with tracking.stage_run(stage, settings, root=paths.root):
+        try:
+            metrics = dict(work())
+        except GateFailed:
+            tracking.log_artifacts({"gates": gate_reports})
+            raise
+        target = write_metrics(metrics_file or paths.stage_metrics(stage), metrics)
+        tracking.log_metrics(_numbers(metrics))
+        tracking.log_artifacts({"gates": gate_reports, "metrics": target, **dict(artifacts)})
+    return metrics
 
 
 # Errors a user can act on: shown as one clear message, not a stack trace.

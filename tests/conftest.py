@@ -36,6 +36,11 @@ def tiny_overrides(tmp: Path, **sections: dict) -> dict:
         },
         "cluster": {"max_pairs_per_cluster": 20},
         "quality": {"split_ratio_tolerance": 0.15},
+        "text": {"max_len": 24},
+        "model": {"embedding_dim": 24, "channels": 24, "output_dim": 16},
+        "train": {"batch_size": 64, "max_epochs": 3, "patience": 2, "threads": 1},
+        "index": {"self_check_sample": 100, "threads": 1},
+        "evaluate": {"min_success_1": 0.0},
         "mlflow": {"experiment": "qpr-tests"},
     }
     for name, values in sections.items():

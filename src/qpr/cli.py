@@ -182,6 +182,36 @@ def cluster(params: ParamsOption = Path("params.yaml")) -> None:
     _print_metrics({"cluster": metrics})
 
 
+@app.command("train")
+def train(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 2: build the vocabulary (top-V words + hashing trick) and train the CNN encoder
+    with SDML (or triplet) loss; early stopping on validation ROC AUC, a checkpoint every
+    epoch, resumes after a kill."""
+    _print_metrics({"train": _run_flow("flows.train", "train_flow", params)})
+
+
+@app.command("export")
+def export(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 3: export the encoder to ONNX; gate on torch-vs-ONNX parity and padding
+    invariance."""
+    _print_metrics({"export": _run_flow("flows.export", "export_flow", params)})
+
+
+@app.command("index")
+def index(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 4: encode every known question with ONNX Runtime and build the FAISS index;
+    gate on counts, finite vectors and self-retrieval."""
+    _print_metrics({"index": _run_flow("flows.index", "index_flow", params)})
+
+
+@app.command("evaluate")
+def evaluate(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 5: TREC evaluation on the test split (success@1/@10, MRR, MAP, nDCG@10,
+    recall@20) against the baselines; choose the no-answer threshold on validation."""
+    metrics = _run_flow("flows.evaluate", "evaluate_flow", params)
+    _print_results(metrics)
+
+
 @app.command("pipeline")
 def pipeline(
     force: Annotated[bool, typer.Option(help="Rerun every stage, changed or not.")] = False,
@@ -193,6 +223,91 @@ def pipeline(
     if code != 0:
         _fail(f"`{' '.join(command)}` failed (exit {code}); see the stage output above")
     metrics()
+
+
+@app.command("search")
+def search(
+    question: Annotated[str, typer.Argument(help="The question to find paraphrases of.")],
+    k: Annotated[int, typer.Option("-k", help="How many paraphrases to return.")] = 10,
+    models_dir: Annotated[Path, typer.Option(help="The model bundle the pipeline built.")] = Path(
+        "models"
+    ),
+    threshold: Annotated[
+        float | None,
+        typer.Option(help="No-answer distance threshold (default: the one chosen on val)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Find the known questions that ask the same thing, nearest first, with their L2
+    distance and cluster (answer) id. "answered" says whether the best match is within the
+    model's no-answer threshold."""
+    from dataclasses import asdict
+
+    from qpr.serve.bundle import Bundle, BundleError
+
+    try:
+        bundle = Bundle.load(models_dir)
+        result = bundle.search(question, k=k, threshold=threshold)
+    except (BundleError, ValueError) as err:
+        _fail(str(err))
+    if as_json:
+        console.print_json(
+            json.dumps(
+                {
+                    "query": result.query,
+                    "answered": result.answered,
+                    "hits": [asdict(h) for h in result.hits],
+                }
+            )
+        )
+        return
+    table = Table(title=f"paraphrases of: {question!r}")
+    for column, justify in (
+        ("#", "right"),
+        ("question", "left"),
+        ("cluster", "right"),
+        ("distance", "right"),
+        ("score", "right"),
+    ):
+        table.add_column(column, justify=justify)
+    for rank, hit in enumerate(result.hits, 1):
+        table.add_row(
+            str(rank), hit.text, str(hit.cluster_id), f"{hit.distance:.4f}", f"{hit.score:.3f}"
+        )
+    console.print(table)
+    limit = bundle.threshold if threshold is None else threshold
+    verdict = "[green]answered[/]" if result.answered else "[yellow]no answer[/]"
+    console.print(f"{verdict} (threshold {limit if limit is not None else 'none'})")
+
+
+def _print_results(metrics: dict) -> None:
+    """The evaluation table: the model against each baseline, test split."""
+    shown = {
+        "success_1": "P@1",
+        "success_10": "P@10",
+        "recip_rank": "MRR",
+        "map": "MAP",
+        "ndcg_cut_10": "nDCG@10",
+        "recall_20": "R@20",
+    }
+    table = Table(
+        title=f"test split, {metrics.get('num_queries', 0):,.0f} queries "
+        "(P@N = success@N: a paraphrase among the first N)"
+    )
+    table.add_column("system")
+    for label in shown.values():
+        table.add_column(label, justify="right")
+    rows = {"model": metrics, **metrics.get("baselines", {})}
+    for name, values in rows.items():
+        table.add_row(name, *(f"{values.get(m, float('nan')):.4f}" for m in shown))
+    console.print(table)
+    chosen = metrics.get("threshold", {})
+    if chosen:
+        console.print(
+            f"no-answer threshold {chosen.get('value')} (target P@1 "
+            f"{chosen.get('target_precision')}): answers {chosen.get('test_answered_share')} "
+            f"of test queries at P@1 {chosen.get('test_precision_at_1')}"
+        )
 
 
 def _print_metrics(groups: dict[str, dict]) -> None:
@@ -212,11 +327,14 @@ def metrics(
         "metrics"
     ),
 ) -> None:
-    """Print every stage's metrics (the JSON files `dvc metrics show` reads)."""
+    """Print every stage's metrics and the evaluation table (what `dvc metrics show` reads)."""
     files = sorted(metrics_dir.glob("*.json"))
-    if not files:
+    evaluation = metrics_dir.parent / "metrics.json"
+    if not files and not evaluation.is_file():
         _fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
     _print_metrics({f.stem: json.loads(f.read_text(encoding="utf-8")) for f in files})
+    if evaluation.is_file():
+        _print_results(json.loads(evaluation.read_text(encoding="utf-8")))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,62 @@ class ClusterSettings(_Section):
     max_pairs_per_cluster: int = Field(50, ge=1)
 
 
+class TextSettings(_Section):
+    max_words: int = Field(50_000, ge=1)  # top-V words (paper: 50k Quora, 100k QA logs)
+    hash_bins: int = Field(5_000, ge=1)  # hashing-trick bins for every other word
+    min_count: int = Field(1, ge=1)
+    max_len: int = Field(40, ge=1)  # tokens per question; longer ones are truncated
+
+
+class ModelSettings(_Section):
+    encoder: Literal["cnn"] = "cnn"
+    embedding_dim: int = Field(300, ge=1)
+    windows: tuple[int, ...] = (5,)
+    channels: int = Field(300, ge=1)
+    output_dim: int = Field(300, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class TrainSettings(_Section):
+    loss: Literal["sdml", "triplet"] = "sdml"
+    smoothing: float = Field(0.3, ge=0.0, lt=1.0)  # SDML epsilon; 0 = cross-entropy
+    margin: float = Field(0.5, gt=0.0)  # triplet alpha
+    distance: Literal["euclidean", "squared"] = "squared"  # triplet EUC / SSD
+    negatives: Literal["random", "hard"] = "random"
+    batch_size: int = Field(512, ge=2)
+    lr: float = Field(1e-3, gt=0.0)
+    max_epochs: int = Field(20, ge=1)
+    patience: int = Field(3, ge=1)
+    threads: int = Field(2, ge=1)
+
+
+class ExportSettings(_Section):
+    opset: int = Field(17, ge=13)
+    parity_tolerance: float = Field(1e-4, gt=0.0)
+    sample: int = Field(512, ge=1)  # validation questions used for the parity check
+
+
+class IndexSettings(_Section):
+    factory: str = "IVF2000,Flat"  # the paper's configuration; nlist shrinks on small corpora
+    nprobe: int = Field(16, ge=1)
+    use_gpu: bool | None = None  # None: when FAISS sees a GPU
+    encode_batch_size: int = Field(1024, ge=1)
+    threads: int = Field(2, ge=1)
+    self_check_sample: int = Field(500, ge=1)
+    self_check_min: float = Field(0.95, ge=0.0, le=1.0)
+
+
+class EvaluateSettings(_Section):
+    k: int = Field(20, ge=1)
+    baselines: tuple[Literal["bm25", "jaccard", "untrained"], ...] = (
+        "bm25",
+        "jaccard",
+        "untrained",
+    )
+    target_precision: float = Field(0.9, gt=0.0, le=1.0)  # the "no answer" threshold aims here
+    min_success_1: float = Field(0.0, ge=0.0, le=1.0)  # quality floor before registration
+
+
 class MlflowSettings(_Section):
     experiment: str = "qpr"
 
@@ -68,6 +124,12 @@ class Settings(_Section):
     data: DataSettings = DataSettings()
     quality: QualitySettings = QualitySettings()
     cluster: ClusterSettings = ClusterSettings()
+    text: TextSettings = TextSettings()
+    model: ModelSettings = ModelSettings()
+    train: TrainSettings = TrainSettings()
+    export: ExportSettings = ExportSettings()
+    index: IndexSettings = IndexSettings()
+    evaluate: EvaluateSettings = EvaluateSettings()
     mlflow: MlflowSettings = MlflowSettings()
 
     def flat(self) -> dict[str, Any]:

@@ -19,6 +19,40 @@ class ProjectPaths:
         return self.root / "artifacts" / "cluster"
 
     @property
+    def train_dir(self) -> Path:
+        """Checkpoints (kept between runs so a killed training resumes)."""
+        return self.root / "artifacts" / "train"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def vocab(self) -> Path:
+        return self.models_dir / "vocab.json"
+
+    @property
+    def encoder_checkpoint(self) -> Path:
+        return self.models_dir / "encoder.pt"
+
+    @property
+    def encoder_onnx(self) -> Path:
+        return self.models_dir / "encoder.onnx"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.models_dir / "index"
+
+    @property
+    def threshold(self) -> Path:
+        return self.models_dir / "threshold.json"
+
+    @property
+    def evaluation_dir(self) -> Path:
+        """TREC qrels and run files, threshold table."""
+        return self.reports_dir / "evaluate"
+
+    @property
     def metrics_dir(self) -> Path:
         return self.root / "metrics"
 

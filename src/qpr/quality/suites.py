@@ -38,6 +38,7 @@ __all__ = [
     "raw_log_expectations",
     "split_questions_frame",
     "split_share_frame",
+    "training_pair_expectations",
 ]
 
 #: Columns the log loader must produce (extra columns such as confidence, locale are allowed).
@@ -272,6 +273,34 @@ def cluster_expectations(
         "split_shares": split_shares,
         "pairs": pairs,
     }
+
+
+def training_pair_expectations(*, min_pairs: int = 2) -> list[Expectation]:
+    """The train stage's input: positive pairs joined to their question texts.
+
+    Columns q1_id, q2_id, cluster_id (int64), q1_text, q2_text (str). Guards a join that
+    lost texts (an id missing from the questions table), empty texts, self pairs, and a
+    training set too small to form a batch.
+    """
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=min_pairs, description="too few training pairs to form one batch"
+        ),
+        *[gxe.ExpectColumnToExist(column=c) for c in ("q1_id", "q2_id", "q1_text", "q2_text")],
+        gxe.ExpectColumnValuesToNotBeNull(
+            column="q1_text", description="pair id without a question text (broken join)"
+        ),
+        gxe.ExpectColumnValuesToNotBeNull(
+            column="q2_text", description="pair id without a question text (broken join)"
+        ),
+        gxe.ExpectColumnValueLengthsToBeBetween(column="q1_text", min_value=1),
+        gxe.ExpectColumnValueLengthsToBeBetween(column="q2_text", min_value=1),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="q2_id", column_B="q1_id", or_equal=False, description="self pair"
+        ),
+    ]
 
 
 def split_share_frame(

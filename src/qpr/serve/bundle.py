@@ -1,0 +1,474 @@
+"""The trained model as the search command and the search service load it: no torch.
+
+A bundle is the ``models/`` directory the pipeline writes:
+
+=========================  ===============================================================
+``vocab.json``             `qpr.text.vocab.Vocabulary` (tokens → ids)
+``encoder.onnx``           the encoder; metadata_props ``vocab_sha256`` and ``max_len``
+``index/index.faiss``      FAISS index, L2 metric (`qpr.index.save_index`)
+``index/index.ids.npy``    row → question id (`qpr.index.IdMap`)
+``index/questions.parquet``  question_id, text, cluster_id of every indexed question
+``threshold.json``         the "no answer" distance threshold (null = none chosen)
+=========================  ===============================================================
+
+`Bundle.load` refuses a directory whose files do not belong together (`BundleError` naming
+the file): a vocabulary other than the one the encoder was trained with, an index built by
+another encoder width, an id map or question table of another index. Such a mix would not
+fail later, it would return plausible but wrong neighbours, so it must fail here.
+
+Query path per batch of questions: `Vocabulary.encode` → one ONNX Runtime call → one FAISS
+search. Dependencies are numpy, onnxruntime, faiss and pyarrow; torch is never imported
+(a service image need not ship it, and importing it costs seconds and ~0.5 GB).
+
+Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
+(smaller = closer), in the same units as the threshold the evaluate stage picks.
+
+A loaded bundle is immutable; `search` may be called from several threads at once
+(ONNX Runtime sessions and FAISS CPU searches are safe for concurrent reads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+import onnxruntime as ort
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
+from qpr.index import IdMap, search, set_nprobe
+from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
+
+__all__ = [
+    "ENCODER_FILE",
+    "IDS_FILE",
+    "INDEX_FILE",
+    "QUESTIONS_FILE",
+    "THRESHOLD_FILE",
+    "VOCAB_FILE",
+    "Bundle",
+    "BundleError",
+    "Hit",
+    "SearchResult",
+]
+
+# Paths relative to the models directory (the same layout as qpr.paths.ProjectPaths).
+VOCAB_FILE = Path("vocab.json")
+ENCODER_FILE = Path("encoder.onnx")
+INDEX_FILE = Path("index") / "index.faiss"
+IDS_FILE = IdMap.path_for(INDEX_FILE)
+QUESTIONS_FILE = Path("index") / "questions.parquet"
+THRESHOLD_FILE = Path("threshold.json")
+# Order matters: it is the order the fingerprint hashes them in.
+_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
+
+# Questions encoded per ONNX call in search_batch: large enough to amortise the call,
+# small enough that padding to the longest question of a chunk stays cheap.
+_ENCODE_CHUNK = 256
+
+
+class BundleError(RuntimeError):
+    """A models directory is incomplete or its files do not belong together."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One indexed question found for a query.
+
+    distance: FAISS L2 distance = squared euclidean distance between the two embeddings,
+        >= 0, smaller = closer; the unit of the "no answer" threshold.
+    score: 1 / (1 + distance), a similarity in (0, 1]: 1 for an identical embedding,
+        decreasing with distance. It is monotone in distance, so it ranks exactly as the
+        distance does; it is a display convenience, not a calibrated probability.
+    """
+
+    question_id: int
+    text: str
+    cluster_id: int  # -1: the question belongs to no paraphrase cluster
+    distance: float
+    score: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Hits in rank order (closest first); answered = top-1 distance <= the threshold."""
+
+    query: str
+    hits: list[Hit]
+    answered: bool
+
+
+class Bundle:
+    """Encoder + vocabulary + index + questions, loaded and checked together.
+
+    Build one with `Bundle.load`; the constructor takes already-validated parts.
+    """
+
+    def __init__(
+        self,
+        *,
+        models_dir: Path,
+        vocab: Vocabulary,
+        session: ort.InferenceSession,
+        index: faiss.Index,
+        qids: np.ndarray,
+        texts: list[str],
+        cluster_ids: np.ndarray,
+        threshold: float | None,
+        max_len: int,
+        fingerprint: str,
+    ) -> None:
+        self._models_dir = models_dir
+        self._vocab = vocab
+        self._session = session
+        self._index = index
+        self._qids = qids
+        self._texts = texts
+        self._cluster_ids = cluster_ids
+        self._threshold = threshold
+        self._max_len = max_len
+        self._fingerprint = fingerprint
+
+    # -- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls, models_dir: str | os.PathLike[str], *, threads: int = 1, nprobe: int | None = None
+    ) -> Bundle:
+        """Load and cross-check the bundle in ``models_dir``.
+
+        threads: ONNX Runtime intra-op threads. 1 is best for one question at a time (a
+            thread pool costs more to wake than a single small CNN call takes); raise it
+            for large search_batch calls. FAISS's OpenMP pool is process-wide and is left
+            as the process configured it.
+        nprobe: inverted lists visited per query for an IVF index; None keeps the value
+            stored in the index file (the one the index stage was built and gated with).
+            Ignored for indexes without inverted lists (Flat, HNSW).
+
+        Raises BundleError (naming the file) when a file is missing or unreadable, or the
+        files do not belong together; ValueError for a bad argument.
+        """
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        if nprobe is not None and nprobe < 1:
+            raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+        root = Path(models_dir)
+        paths = {rel: root / rel for rel in _FILES}
+        missing = [str(p) for p in paths.values() if not p.is_file()]
+        if missing:
+            raise BundleError(f"incomplete model bundle in {root}: missing {', '.join(missing)}")
+
+        # The files are stat'ed before and after loading: the pipeline replaces them by
+        # rename, and a bundle assembled from files of two different runs must not start.
+        before = _signatures(paths.values())
+        fingerprint = _fingerprint(root, _FILES)
+
+        vocab_path = paths[VOCAB_FILE]
+        try:
+            vocab = Vocabulary.load(vocab_path)
+        except VocabularyError as exc:
+            raise BundleError(str(exc)) from exc
+
+        onnx_path = paths[ENCODER_FILE]
+        try:
+            session = load_session(onnx_path, threads=threads)
+            metadata = dict(session.get_modelmeta().custom_metadata_map)
+            dim = embedding_dim(session)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise BundleError(f"cannot load ONNX encoder {onnx_path}: {exc}") from exc
+        _check_io(session, onnx_path)
+        stored_sha = metadata.get("vocab_sha256")
+        if stored_sha is None:
+            raise BundleError(f"{onnx_path}: metadata has no vocab_sha256 (not a pipeline export)")
+        if stored_sha != vocab.checksum:
+            raise BundleError(
+                f"{onnx_path} was trained with vocabulary {stored_sha[:12]}…, but {vocab_path} "
+                f"is {vocab.checksum[:12]}…: the two files come from different runs"
+            )
+        max_len = _parse_max_len(metadata.get("max_len"), onnx_path)
+
+        index_path = paths[INDEX_FILE]
+        try:
+            index = faiss.read_index(str(index_path))
+        except RuntimeError as exc:
+            raise BundleError(f"cannot read FAISS index {index_path}: {exc}") from exc
+        if index.metric_type != faiss.METRIC_L2:
+            raise BundleError(
+                f"{index_path}: metric type {index.metric_type}, expected L2 "
+                "(distances and the threshold are squared euclidean distances)"
+            )
+        if index.d != dim:
+            raise BundleError(
+                f"{index_path} holds {index.d}-dimensional vectors but {onnx_path} outputs "
+                f"{dim} dimensions: the index was built by another encoder"
+            )
+        if nprobe is not None:
+            set_nprobe(index, nprobe)  # False for non-IVF indexes: nothing to set
+
+        ids_path = paths[IDS_FILE]
+        try:
+            id_map = IdMap.load(ids_path)
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"cannot read id map {ids_path}: {exc}") from exc
+        if len(id_map) != index.ntotal:
+            raise BundleError(
+                f"{ids_path} maps {len(id_map)} rows but {index_path} holds {index.ntotal} vectors"
+            )
+
+        questions_path = paths[QUESTIONS_FILE]
+        texts, cluster_ids = _read_questions(questions_path, id_map, index.ntotal)
+        threshold = _read_threshold(paths[THRESHOLD_FILE])
+
+        if _signatures(paths.values()) != before:
+            raise BundleError(f"files in {root} changed while loading; load again")
+        return cls(
+            models_dir=root,
+            vocab=vocab,
+            session=session,
+            index=index,
+            qids=id_map.qids,
+            texts=texts,
+            cluster_ids=cluster_ids,
+            threshold=threshold,
+            max_len=max_len,
+            fingerprint=fingerprint,
+        )
+
+    # -- properties -----------------------------------------------------------------------
+
+    @property
+    def models_dir(self) -> Path:
+        return self._models_dir
+
+    @property
+    def dim(self) -> int:
+        """D: the embedding width (encoder output = index dimension)."""
+        return int(self._index.d)
+
+    @property
+    def size(self) -> int:
+        """Number of indexed questions."""
+        return int(self._index.ntotal)
+
+    @property
+    def threshold(self) -> float | None:
+        """The stored "no answer" distance threshold; None when the pipeline chose none."""
+        return self._threshold
+
+    @property
+    def max_len(self) -> int:
+        """Tokens per question the encoder was trained with; longer questions are cut."""
+        return self._max_len
+
+    @property
+    def nprobe(self) -> int | None:
+        """Inverted lists probed per query; None for an index without them."""
+        try:
+            return int(faiss.extract_index_ivf(self._index).nprobe)
+        except RuntimeError:  # not an IVF index
+            return None
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the six files (each file's path and sha256, in a fixed order).
+
+        Identifies the bundle: equal fingerprints mean byte-identical models, so a service
+        can report which model answered and a cache can key on it.
+        """
+        return self._fingerprint
+
+    def __repr__(self) -> str:
+        return (
+            f"Bundle({str(self._models_dir)!r}, size={self.size}, dim={self.dim}, "
+            f"threshold={self._threshold}, fingerprint={self._fingerprint[:12]})"
+        )
+
+    # -- search ---------------------------------------------------------------------------
+
+    def search(self, question: str, k: int = 10, *, threshold: float | None = None) -> SearchResult:
+        """The k indexed questions closest to ``question``, closest first.
+
+        k is clipped to the index size. threshold: None uses the bundle's (answered = any
+        hit when the bundle has none); pass math.inf to answer every query with a hit.
+        ValueError for an empty question or one with no words after normalisation.
+        """
+        return self.search_batch([question], k, threshold=threshold)[0]
+
+    def search_batch(
+        self, questions: Sequence[str], k: int = 10, *, threshold: float | None = None
+    ) -> list[SearchResult]:
+        """`search` for many questions: one ONNX call per 256 questions, one FAISS search.
+
+        Results are those of `search` on each question (the encoder is padding-invariant,
+        so batching changes speed, not vectors). ValueError names the first bad question.
+        """
+        if isinstance(questions, str):
+            # A str is a Sequence[str] of characters: almost certainly a caller's mistake.
+            raise TypeError("search_batch takes a sequence of questions, not one string")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        limit = self._threshold if threshold is None else float(threshold)
+        if limit is not None and math.isnan(limit):
+            raise ValueError("threshold must be a number, got NaN")
+        if not questions:
+            return []
+        sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
+        vectors = self._embed(sequences)
+        distances, rows = search(self._index, vectors, min(k, self.size))
+        return [
+            self._result(q, d, r, limit)
+            for q, d, r in zip(questions, distances.tolist(), rows.tolist(), strict=True)
+        ]
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _tokens(self, question: str, position: int, count: int) -> list[int]:
+        where = "" if count == 1 else f" (question {position})"
+        if not isinstance(question, str):
+            raise TypeError(f"a question must be a str, got {type(question).__name__}{where}")
+        if not question.strip():
+            raise ValueError(f"empty question{where}: nothing to search for")
+        ids = self._vocab.encode(question)
+        if not ids:
+            # Only punctuation/symbols: the encoder would see padding alone, and its vector
+            # (the same for every such input) has no meaningful neighbours.
+            raise ValueError(f"question {question!r}{where} has no words after normalisation")
+        return ids[: self._max_len]
+
+    def _embed(self, sequences: list[list[int]]) -> np.ndarray:
+        """float32 [N, D] in input order (one ONNX call when N <= 256)."""
+        if len(sequences) == 1:  # the single-question path: no sorting, no scatter
+            token_ids = np.asarray(sequences, dtype=np.int64)
+            return self._session.run([OUTPUT_NAME], {INPUT_NAME: token_ids})[0]
+        out = np.empty((len(sequences), self.dim), dtype=np.float32)
+        # Length-sorted chunks: each is padded only to its own longest question.
+        order = np.argsort([len(s) for s in sequences], kind="stable")
+        for start in range(0, len(order), _ENCODE_CHUNK):
+            idx = order[start : start + _ENCODE_CHUNK]
+            token_ids, _ = pad_sequences([sequences[i] for i in idx], max_len=self._max_len)
+            out[idx] = self._session.run([OUTPUT_NAME], {INPUT_NAME: token_ids})[0]
+        return out
+
+    def _result(
+        self, query: str, distances: list[float], rows: list[int], limit: float | None
+    ) -> SearchResult:
+        hits = [
+            Hit(
+                question_id=int(self._qids[row]),
+                text=self._texts[row],
+                cluster_id=int(self._cluster_ids[row]),
+                # FAISS's float arithmetic can give -1e-7 for an identical vector.
+                distance=max(distance, 0.0),
+                score=1.0 / (1.0 + max(distance, 0.0)),
+            )
+            for distance, row in zip(distances, rows, strict=True)
+            if row >= 0  # -1: an IVF search probed too few lists to fill k
+        ]
+        answered = bool(hits) and (limit is None or hits[0].distance <= limit)
+        return SearchResult(query=query, hits=hits, answered=answered)
+
+
+# ---------------------------------------------------------------- loading helpers
+
+
+def _signatures(paths: Iterable[Path]) -> list[tuple[int, int, int]]:
+    out = []
+    for path in paths:
+        st = os.stat(path)
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _fingerprint(root: Path, files: Sequence[Path]) -> str:
+    outer = hashlib.sha256()
+    for rel in files:
+        with open(root / rel, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        outer.update(f"{rel.as_posix()}\t{digest}\n".encode())
+    return outer.hexdigest()
+
+
+def _check_io(session: ort.InferenceSession, path: Path) -> None:
+    inputs = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    if inputs != [INPUT_NAME] or OUTPUT_NAME not in outputs:
+        raise BundleError(
+            f"{path}: inputs {inputs} / outputs {outputs}, expected input {INPUT_NAME!r} "
+            f"and output {OUTPUT_NAME!r}"
+        )
+
+
+def _parse_max_len(value: str | None, path: Path) -> int:
+    if value is None:
+        raise BundleError(f"{path}: metadata has no max_len (not a pipeline export)")
+    try:
+        max_len = int(value)
+    except ValueError:
+        raise BundleError(f"{path}: metadata max_len is {value!r}, expected an integer") from None
+    if max_len < 1:
+        raise BundleError(f"{path}: metadata max_len is {max_len}, expected >= 1")
+    return max_len
+
+
+def _read_questions(path: Path, id_map: IdMap, ntotal: int) -> tuple[list[str], np.ndarray]:
+    """Texts and cluster ids aligned to index rows (the parquet may be in any order)."""
+    try:
+        table = pq.read_table(path, columns=["question_id", "text", "cluster_id"])
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise BundleError(f"cannot read questions {path}: {exc}") from exc
+    if table.num_rows != ntotal:
+        raise BundleError(
+            f"{path} has {table.num_rows} questions but the index holds {ntotal} vectors"
+        )
+    for name in ("question_id", "text"):
+        if table.column(name).null_count:
+            raise BundleError(f"{path}: column {name} has {table.column(name).null_count} nulls")
+    types = {name: table.schema.field(name).type for name in table.column_names}
+    if not (pa.types.is_integer(types["question_id"]) and pa.types.is_integer(types["cluster_id"])):
+        raise BundleError(f"{path}: question_id and cluster_id must be integers, got {types}")
+    if not (pa.types.is_string(types["text"]) or pa.types.is_large_string(types["text"])):
+        raise BundleError(f"{path}: text must be strings, got {types['text']}")
+
+    qids = table.column("question_id").to_numpy().astype(np.int64, copy=False)
+    rows = id_map.to_rows(qids)
+    if (rows < 0).any():
+        absent = qids[rows < 0][:5].tolist()
+        raise BundleError(f"{path}: question ids {absent} are not in the index id map")
+    # Equal counts + every id found + unique ids in the id map: a bijection, unless the
+    # parquet repeats an id (then some index row would have no text).
+    if np.unique(rows).size != rows.size:
+        raise BundleError(f"{path}: repeated question ids")
+    texts_in = table.column("text").to_pylist()
+    clusters_in = table.column("cluster_id").fill_null(-1).to_numpy().astype(np.int64)
+    texts: list[str] = [""] * ntotal
+    for row, text in zip(rows.tolist(), texts_in, strict=True):
+        texts[row] = text
+    cluster_ids = np.empty(ntotal, dtype=np.int64)
+    cluster_ids[rows] = clusters_in
+    return texts, cluster_ids
+
+
+def _read_threshold(path: Path) -> float | None:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"cannot read threshold {path}: {exc}") from exc
+    if not isinstance(payload, dict) or "threshold" not in payload:
+        raise BundleError(f"{path}: expected an object with a 'threshold' key")
+    metric = payload.get("metric")
+    if metric != "l2":
+        raise BundleError(f"{path}: metric {metric!r}, the bundle's index uses 'l2'")
+    value = payload["threshold"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BundleError(f"{path}: threshold {value!r} is not a finite number or null")
+    return float(value)

@@ -1,0 +1,327 @@
+"""The evaluate stage: TREC-style evaluation of the trained system and of baselines.
+
+Every question of a split's clusters is a query; its relevant documents are the other
+questions of its cluster; it searches the full index with itself excluded; top k kept.
+Measures are trec_eval's (pytrec_eval), a query that retrieves nothing counts as a miss.
+The "no answer" threshold is chosen on the validation split and reported on test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qpr.config import Settings
+from qpr.evaluate import (
+    Qrels,
+    Run,
+    bm25_search,
+    format_table,
+    jaccard_search,
+    pick_threshold,
+    plot_threshold_curve,
+    qrels_from_clusters,
+    run_from_search,
+    threshold_curve,
+    trec_measures,
+    write_qrels,
+    write_run,
+)
+from qpr.paths import ProjectPaths
+from qpr.quality.checks import Check, require
+from qpr.stages.index import load_index_bundle, onnx_max_len
+from qpr.stages.train import MissingInputError
+from qpr.text.vocab import Vocabulary
+
+MEASURES_SHOWN = ("success_1", "success_10", "recip_rank", "map", "ndcg_cut_10", "recall_20")
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """The queries of one split and their relevance judgements."""
+
+    split: str
+    query_ids: np.ndarray  # int64 [Q]
+    texts: list[str]
+    qrels: Qrels
+
+
+def query_set(questions: pd.DataFrame, split: str) -> QuerySet:
+    """Queries = the split's questions; relevant = every other question of the cluster
+    (whatever its split: a paraphrase kept out of val/test by the leakage filter is still
+    a right answer when it is in the index)."""
+    clustered = questions[questions["cluster_id"] >= 0]
+    members = clustered.groupby("cluster_id")["question_id"].apply(list).to_dict()
+    cluster_of = dict(zip(clustered["question_id"], clustered["cluster_id"], strict=True))
+    in_split = questions[questions["split"] == split]
+    qrels = qrels_from_clusters(
+        in_split["question_id"].tolist(), cluster_of, members, drop_singletons=True
+    )
+    kept = in_split[in_split["question_id"].astype(str).isin(qrels.keys())]
+    return QuerySet(
+        split=split,
+        query_ids=kept["question_id"].to_numpy(np.int64),
+        texts=kept["text"].tolist(),
+        qrels=qrels,
+    )
+
+
+@dataclass(frozen=True)
+class SystemResult:
+    name: str
+    summary: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    run: Run
+    top1: np.ndarray  # float [Q] rank-1 distance (lower = closer); inf when nothing found
+    seconds: float
+
+
+def score_system(
+    name: str,
+    queries: QuerySet,
+    rows: np.ndarray,
+    scores: np.ndarray,
+    row_to_qid: np.ndarray,
+    *,
+    higher_is_better: bool,
+    seconds: float,
+) -> SystemResult:
+    run = run_from_search(
+        queries.query_ids, rows, scores, row_to_qid, higher_is_better=higher_is_better
+    )
+    per_query, summary = trec_measures(queries.qrels, run)
+    first = np.where(rows[:, 0] >= 0, scores[:, 0], np.inf if not higher_is_better else -np.inf)
+    top1 = -first if higher_is_better else first
+    return SystemResult(name, summary, per_query, run, top1.astype(np.float64), seconds)
+
+
+def dense_search(index, vectors: np.ndarray, query_rows: np.ndarray, k: int):
+    from qpr.index import search
+
+    return search(index, vectors, k, exclude=query_rows)
+
+
+def untrained_encoder_search(
+    settings: Settings,
+    vocab: Vocabulary,
+    index_texts: Sequence[str],
+    queries: QuerySet,
+    query_rows: np.ndarray,
+    *,
+    max_len: int,
+    k: int,
+):
+    """Seed 001's first baseline: the same encoder with its initial random weights, exact
+    search. Shows how much of the result training earned."""
+    from qpr.index import build_index
+    from qpr.stages.train import build_encoder_and_loss
+    from qpr.train import encode_texts
+
+    encoder, _ = build_encoder_and_loss(settings, vocab.size)
+    index_vectors = encode_texts(encoder, vocab, index_texts, max_len=max_len)
+    query_vectors = encode_texts(encoder, vocab, queries.texts, max_len=max_len)
+    flat = build_index(index_vectors, "Flat", nprobe=1, seed=settings.seed, log=lambda _: None)
+    return dense_search(flat, query_vectors, query_rows, k)
+
+
+def write_threshold(
+    path: Path, threshold: float | None, target: float, val_share: float | None
+) -> Path:
+    payload = {
+        "threshold": threshold,
+        "target_precision": target,
+        "metric": "l2",
+        "chosen_on": "val",
+        "val_answered_share": val_share,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def threshold_report(
+    val: SystemResult, test: SystemResult, target: float, out_dir: Path, plot: Path
+) -> tuple[float | None, dict[str, float | None], pd.DataFrame]:
+    """Choose the no-answer threshold on val; measure what it gives on test."""
+
+    def correct(result: SystemResult) -> np.ndarray:
+        return np.array([result.per_query[q]["success_1"] > 0 for q in result.per_query])
+
+    val_curve = threshold_curve(val.top1, correct(val))
+    chosen = pick_threshold(val_curve, target)
+    plot_threshold_curve(val_curve, plot, chosen)
+    test_correct = correct(test)
+    summary: dict[str, float | None] = {
+        "value": chosen,
+        "target_precision": target,
+        "val_answered_share": None,
+        "test_answered_share": None,
+        "test_precision_at_1": None,
+    }
+    if chosen is not None:
+        answered_val = val.top1 <= chosen
+        answered = test.top1 <= chosen
+        summary["val_answered_share"] = float(answered_val.mean())
+        summary["test_answered_share"] = float(answered.mean())
+        summary["test_precision_at_1"] = (
+            float(test_correct[answered].mean()) if answered.any() else None
+        )
+    table = val_curve.iloc[:: max(1, len(val_curve) // 10)]
+    (out_dir / "threshold.md").write_text(
+        "# No-answer threshold (validation split)\n\n"
+        + format_table(
+            table.to_dict("records"),
+            ["threshold", "answered_share", "answered", "precision_at_1"],
+        )
+        + f"\n\nChosen for P@1 ≥ {target}: {chosen}\n",
+        encoding="utf-8",
+    )
+    return chosen, summary, val_curve
+
+
+def run_baselines(
+    settings: Settings,
+    vocab: Vocabulary,
+    index_questions: pd.DataFrame,
+    queries: QuerySet,
+    query_rows: np.ndarray,
+    row_to_qid: np.ndarray,
+    into: dict[str, SystemResult],
+    *,
+    max_len: int,
+    log: Callable[[str], None],
+) -> None:
+    """The baselines params ask for, on the same queries and the same index questions."""
+    cfg = settings.evaluate
+    index_texts = index_questions["text"].tolist()
+    for baseline in cfg.baselines:
+        started = time.perf_counter()
+        if baseline == "bm25":
+            scores, rows = bm25_search(index_texts, queries.texts, cfg.k, exclude_rows=query_rows)
+        elif baseline == "jaccard":
+            scores, rows = jaccard_search(
+                index_texts, queries.texts, cfg.k, exclude_rows=query_rows
+            )
+        else:
+            scores, rows = untrained_encoder_search(
+                settings, vocab, index_texts, queries, query_rows, max_len=max_len, k=cfg.k
+            )
+        into[baseline] = score_system(
+            baseline,
+            queries,
+            rows,
+            scores,
+            row_to_qid,
+            higher_is_better=baseline in ("bm25", "jaccard"),
+            seconds=time.perf_counter() - started,
+        )
+        log(
+            f"baseline {baseline}: success@1 {into[baseline].summary['success_1']:.4f} "
+            f"({into[baseline].seconds:.1f} s)"
+        )
+
+
+def run_evaluate(
+    settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
+) -> dict:
+    """The whole stage. Raises GateFailed when the model is below the quality floor."""
+    from qpr.export import encode, load_session
+
+    cfg = settings.evaluate
+    if not paths.encoder_onnx.is_file():
+        raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
+    index, ids, index_questions = load_index_bundle(paths.index_dir, nprobe=settings.index.nprobe)
+    questions = pd.read_parquet(paths.cluster_dir / "questions.parquet")
+    vocab = Vocabulary.load(paths.vocab)
+    session = load_session(paths.encoder_onnx, threads=settings.index.threads)
+    max_len = onnx_max_len(session)
+    out_dir = paths.evaluation_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    k = cfg.k
+
+    results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
+    for split in ("val", "test"):
+        queries = query_set(questions, split)
+        query_rows = ids.to_rows(queries.query_ids)
+        started = time.perf_counter()
+        vectors = encode(session, vocab, queries.texts, batch_size=256, max_len=max_len)
+        distances, rows = dense_search(index, vectors, query_rows, k)
+        results[split]["model"] = score_system(
+            "model",
+            queries,
+            rows,
+            distances,
+            ids.qids,
+            higher_is_better=False,
+            seconds=time.perf_counter() - started,
+        )
+        write_qrels(out_dir / f"{split}.qrels", queries.qrels)
+        if split == "test":
+            run_baselines(
+                settings,
+                vocab,
+                index_questions,
+                queries,
+                query_rows,
+                ids.qids,
+                results[split],
+                max_len=max_len,
+                log=log,
+            )
+        for name, result in results[split].items():
+            write_run(out_dir / f"{split}.{name}.run", result.run, tag=f"qpr-{name}")
+
+    val, test = results["val"]["model"], results["test"]["model"]
+    chosen, threshold, _ = threshold_report(
+        val,
+        test,
+        cfg.target_precision,
+        out_dir,
+        paths.plots_dir / "evaluate" / "threshold.png",
+    )
+    write_threshold(paths.threshold, chosen, cfg.target_precision, threshold["val_answered_share"])
+
+    metrics: dict = {key: test.summary[key] for key in test.summary}
+    metrics["query_ms"] = 1000.0 * test.seconds / max(len(test.run), 1)
+    metrics["val"] = dict(val.summary)
+    metrics["baselines"] = {
+        name: {**result.summary, "seconds": result.seconds}
+        for name, result in results["test"].items()
+        if name != "model"
+    }
+    metrics["threshold"] = threshold
+    rows_table = [
+        {"system": name, **{m: r.summary[m] for m in MEASURES_SHOWN}}
+        for name, r in results["test"].items()
+    ]
+    (out_dir / "results.md").write_text(
+        f"# Test split ({test.summary['num_queries']:.0f} queries, k = {k})\n\n"
+        + format_table(rows_table, ["system", *MEASURES_SHOWN])
+        + "\n",
+        encoding="utf-8",
+    )
+    log(
+        f"test: success@1 {test.summary['success_1']:.4f}, success@10 "
+        f"{test.summary['success_10']:.4f}, MRR {test.summary['recip_rank']:.4f} over "
+        f"{test.summary['num_queries']:.0f} queries"
+    )
+    require(
+        "quality_floor",
+        [
+            Check(
+                "val_success_1",
+                val.summary["success_1"],
+                ">=",
+                cfg.min_success_1,
+                "evaluate.min_success_1: below it the model must not be registered",
+            )
+        ],
+        paths.gate_reports("evaluate"),
+    )
+    return metrics

@@ -1,0 +1,96 @@
+"""The export stage: the trained encoder → ONNX (dynamic batch and length), gated on
+torch-vs-ONNX Runtime parity over real validation questions and on padding invariance.
+
+The ONNX file carries what a consumer needs to use it correctly: the vocabulary checksum
+and max_len in its metadata. It is moved into place only after the gate passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from qpr.config import Settings
+from qpr.paths import ProjectPaths
+from qpr.quality.checks import Check, require
+from qpr.stages.train import load_trained_encoder, read_cluster_outputs
+from qpr.text.vocab import Vocabulary
+
+
+def parity_batches(
+    vocab: Vocabulary, texts: list[str], *, max_len: int, seed: int
+) -> list[np.ndarray]:
+    """Real questions in batches of varied sizes (1 .. 64), each padded to its longest."""
+    rng = np.random.default_rng(seed)
+    batches: list[np.ndarray] = []
+    start = 0
+    sizes = [1, 2, 7, 16, 64]
+    while start < len(texts):
+        size = sizes[len(batches) % len(sizes)]
+        ids, _ = vocab.encode_batch(texts[start : start + size], max_len=max_len)
+        batches.append(ids)
+        start += size
+    rng.shuffle(batches)
+    return batches
+
+
+def run_export(
+    settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
+) -> dict[str, float | int]:
+    """The whole stage; raises GateFailed (and leaves no ONNX file) when parity fails."""
+    from qpr.export import export_onnx, padding_invariance_check, parity_check
+
+    encoder, max_len = load_trained_encoder(paths.encoder_checkpoint)
+    vocab = Vocabulary.load(paths.vocab)
+    questions, _ = read_cluster_outputs(paths)
+    val = questions[questions["split"] == "val"]["text"]
+    sample = val.sample(
+        n=min(settings.export.sample, len(val)), random_state=settings.seed
+    ).tolist()
+
+    staging = paths.encoder_onnx.with_name(paths.encoder_onnx.name + ".tmp")
+    export_onnx(
+        encoder,
+        staging,
+        opset=settings.export.opset,
+        metadata={"vocab_sha256": vocab.checksum, "max_len": str(max_len), "encoder": "cnn"},
+    )
+    batches = parity_batches(vocab, sample, max_len=max_len, seed=settings.seed)
+    parity = parity_check(encoder, staging, batches)
+    padded, _ = vocab.encode_batch(sample[:64], max_len=max_len)
+    padding = padding_invariance_check(staging, padded, extra=16)
+    tolerance = settings.export.parity_tolerance
+    try:
+        require(
+            "onnx_parity",
+            [
+                Check(
+                    "max_abs_diff_torch_vs_onnx",
+                    parity["max_abs_diff"],
+                    "<",
+                    tolerance,
+                    f"{parity['rows']} validation questions in {parity['batches']} batches",
+                ),
+                Check("padding_invariance_max_abs_diff", padding, "<", tolerance),
+            ],
+            paths.gate_reports("export"),
+        )
+    except Exception:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    Path(staging).replace(paths.encoder_onnx)
+    metrics = {
+        "parity_max_abs_diff": float(parity["max_abs_diff"]),
+        "parity_mean_abs_diff": float(parity["mean_abs_diff"]),
+        "parity_rows": int(parity["rows"]),
+        "padding_max_abs_diff": float(padding),
+        "onnx_bytes": paths.encoder_onnx.stat().st_size,
+    }
+    log(
+        f"exported {paths.encoder_onnx} ({metrics['onnx_bytes'] / 1e6:.1f} MB); parity max "
+        f"|torch - onnx| {metrics['parity_max_abs_diff']:.2e} on {metrics['parity_rows']} "
+        f"questions, padding {metrics['padding_max_abs_diff']:.2e}"
+    )
+    return metrics

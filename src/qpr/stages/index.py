@@ -1,0 +1,167 @@
+"""The index stage: every index question encoded with ONNX Runtime → a FAISS index.
+
+Writes models/index/{index.faiss, index.ids.npy, questions.parquet}: the index, the
+row → question_id map and the questions for display. Gate: one vector per question,
+all finite and non-zero, and sampled questions retrieve themselves first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qpr.config import Settings
+from qpr.paths import ProjectPaths
+from qpr.quality.checks import Check, require
+from qpr.stages.train import MissingInputError, read_cluster_outputs
+from qpr.text.vocab import Vocabulary
+
+INDEX_FILE = "index.faiss"
+QUESTIONS_FILE = "questions.parquet"
+CHUNK = 20_000  # questions per progress line
+
+
+def onnx_max_len(session) -> int:
+    """max_len the encoder was trained with, from the ONNX metadata the export stage wrote."""
+    return int(session.get_modelmeta().custom_metadata_map["max_len"])
+
+
+def encode_corpus(
+    session,
+    vocab: Vocabulary,
+    texts: list[str],
+    *,
+    batch_size: int,
+    log: Callable[[str], None] = print,
+) -> np.ndarray:
+    """float32 [N, D] vectors, encoded in chunks so a person sees progress on large corpora."""
+    from qpr.export import encode
+
+    max_len = onnx_max_len(session)
+    parts: list[np.ndarray] = []
+    started = time.perf_counter()
+    for start in range(0, len(texts), CHUNK):
+        parts.append(
+            encode(
+                session,
+                vocab,
+                texts[start : start + CHUNK],
+                batch_size=batch_size,
+                max_len=max_len,
+            )
+        )
+        done = min(start + CHUNK, len(texts))
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        log(f"encoded {done:,} / {len(texts):,} questions ({rate:,.0f}/s)")
+    return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)
+
+
+def run_index(
+    settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
+) -> dict[str, float | int | str]:
+    """The whole stage; the index directory is swapped in only after the gate passed."""
+    from qpr.export import load_session
+    from qpr.index import IdMap, build_index, save_index, self_retrieval_rate
+
+    if not paths.encoder_onnx.is_file():
+        raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
+    questions, _ = read_cluster_outputs(paths)
+    vocab = Vocabulary.load(paths.vocab)
+    cfg = settings.index
+    session = load_session(paths.encoder_onnx, threads=cfg.threads)
+
+    started = time.perf_counter()
+    vectors = encode_corpus(
+        session,
+        vocab,
+        questions["text"].tolist(),
+        batch_size=cfg.encode_batch_size,
+        log=log,
+    )
+    encode_seconds = time.perf_counter() - started
+    norms = np.linalg.norm(vectors, axis=1)
+    finite = bool(np.isfinite(vectors).all())
+
+    started = time.perf_counter()
+    index = build_index(
+        vectors if finite else np.nan_to_num(vectors),
+        cfg.factory,
+        nprobe=cfg.nprobe,
+        seed=settings.seed,
+        use_gpu=cfg.use_gpu,
+        log=log,
+    )
+    build_seconds = time.perf_counter() - started
+    self_rate = self_retrieval_rate(
+        index, vectors, sample=min(cfg.self_check_sample, len(vectors)), seed=settings.seed
+    )
+    require(
+        "index",
+        [
+            Check("vectors_equal_questions", index.ntotal, "==", len(questions)),
+            Check("all_vectors_finite", float(finite), "==", 1.0),
+            Check(
+                "min_vector_norm",
+                float(norms.min()) if len(norms) else 0.0,
+                ">",
+                0.0,
+                "a zero vector matches everything equally",
+            ),
+            Check(
+                "self_retrieval_rate",
+                self_rate,
+                ">=",
+                cfg.self_check_min,
+                f"{min(cfg.self_check_sample, len(vectors))} sampled questions",
+            ),
+        ],
+        paths.gate_reports("index"),
+    )
+
+    staging = paths.index_dir.with_name(paths.index_dir.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    index_path = save_index(index, staging / INDEX_FILE)
+    IdMap(questions["question_id"].to_numpy(np.int64)).save(IdMap.path_for(index_path))
+    questions[["question_id", "text", "cluster_id"]].to_parquet(
+        staging / QUESTIONS_FILE, index=False
+    )
+    shutil.rmtree(paths.index_dir, ignore_errors=True)
+    staging.rename(paths.index_dir)
+
+    described = getattr(index, "nlist", None)
+    metrics = {
+        "questions": len(questions),
+        "dim": int(vectors.shape[1]),
+        "nlist": int(described) if described is not None else 0,
+        "nprobe": cfg.nprobe,
+        "encode_seconds": encode_seconds,
+        "questions_per_s": len(questions) / max(encode_seconds, 1e-9),
+        "build_seconds": build_seconds,
+        "self_retrieval_rate": self_rate,
+        "index_bytes": sum(f.stat().st_size for f in paths.index_dir.iterdir()),
+    }
+    log(
+        f"indexed {len(questions):,} questions (dim {metrics['dim']}, nlist {metrics['nlist']}) "
+        f"at {metrics['questions_per_s']:,.0f} questions/s; build {build_seconds:.1f} s; "
+        f"self-retrieval {self_rate:.3f}"
+    )
+    return metrics
+
+
+def load_index_bundle(index_dir: Path, *, nprobe: int):
+    """(faiss index, IdMap, questions frame) as the index stage wrote them."""
+    from qpr.index import IdMap, load_index
+
+    index_path = index_dir / INDEX_FILE
+    if not index_path.is_file():
+        raise MissingInputError(f"{index_path} not found: run the index stage first")
+    index = load_index(index_path, nprobe=nprobe)
+    ids = IdMap.load(IdMap.path_for(index_path))
+    questions = pd.read_parquet(index_dir / QUESTIONS_FILE)
+    return index, ids, questions

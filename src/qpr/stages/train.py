@@ -1,0 +1,270 @@
+"""The train stage: vocabulary + encoder + loss, trained on the cluster stage's pairs.
+
+Writes models/vocab.json and models/encoder.pt (the best epoch's weights, the encoder's
+configuration and max_len), the training history (CSV + PNG) and metrics. Checkpoints live
+in artifacts/train/checkpoints, outside DVC's outputs, so a killed run resumes where it
+stopped when the stage is run again with the same settings and data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from qpr.config import Settings
+from qpr.paths import ProjectPaths
+from qpr.quality.checks import Check, require
+from qpr.quality.gate import gate
+from qpr.quality.suites import training_pair_expectations
+from qpr.text.vocab import Vocabulary
+
+
+class MissingInputError(FileNotFoundError):
+    """A stage's input does not exist yet: an earlier stage has not run."""
+
+
+def read_cluster_outputs(paths: ProjectPaths) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(questions, pairs) written by the cluster stage."""
+    questions_file = paths.cluster_dir / "questions.parquet"
+    pairs_file = paths.cluster_dir / "pairs.parquet"
+    for file in (questions_file, pairs_file):
+        if not file.is_file():
+            raise MissingInputError(f"{file} not found: run the cluster stage first")
+    return pd.read_parquet(questions_file), pd.read_parquet(pairs_file)
+
+
+def training_pairs_frame(questions: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Train pairs with their texts: q1_id, q2_id, cluster_id, q1_text, q2_text."""
+    text_of = questions.set_index("question_id")["text"]
+    train = pairs[pairs["split"] == "train"].reset_index(drop=True)
+    return train.assign(
+        q1_text=text_of.reindex(train["q1_id"]).to_numpy(),
+        q2_text=text_of.reindex(train["q2_id"]).to_numpy(),
+    )
+
+
+def build_encoder_and_loss(settings: Settings, vocab_size: int):
+    """The encoder and loss that params.yaml describes (seeded: same initial weights)."""
+    from qpr.model import build_encoder
+    from qpr.model.losses import build_loss
+    from qpr.train import seed_everything
+
+    seed_everything(settings.seed)
+    model = settings.model
+    encoder = build_encoder(
+        model.encoder,
+        vocab_size=vocab_size,
+        embedding_dim=model.embedding_dim,
+        windows=tuple(model.windows),
+        channels=model.channels,
+        output_dim=model.output_dim,
+        dropout=model.dropout,
+    )
+    train = settings.train
+    if train.loss == "sdml":
+        loss = build_loss("sdml", smoothing=train.smoothing)
+    else:
+        loss = build_loss(
+            "triplet",
+            margin=train.margin,
+            distance=train.distance,
+            negatives=train.negatives,
+            seed=settings.seed,
+        )
+    return encoder, loss
+
+
+def load_trained_encoder(checkpoint: Path):
+    """models/encoder.pt → (encoder in eval mode, max_len)."""
+    import torch
+
+    from qpr.model import build_encoder
+
+    if not checkpoint.is_file():
+        raise MissingInputError(f"{checkpoint} not found: run the train stage first")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    encoder = build_encoder(state["encoder"]["name"], **state["encoder"]["config"])
+    encoder.load_state_dict(state["model"])
+    return encoder.eval(), int(state["max_len"])
+
+
+@dataclass(frozen=True)
+class TrainStageResult:
+    metrics: dict[str, float | int]
+    history: pd.DataFrame
+    files: dict[str, Path]
+
+
+def plot_history(history: pd.DataFrame, initial: dict[str, float], path: Path) -> Path:
+    """Loss and validation AUC / MRR per epoch, the untrained encoder as epoch 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (loss_ax, val_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    loss_ax.plot(history["epoch"], history["train_loss"], marker="o")
+    loss_ax.set_xlabel("epoch")
+    loss_ax.set_ylabel("training loss")
+    loss_ax.set_title("Training loss")
+    epochs = [0, *history["epoch"]]
+    for key, label in (("val_auc", "ROC AUC"), ("val_mrr", "MRR")):
+        val_ax.plot(epochs, [initial[key], *history[key]], marker="o", label=label)
+    val_ax.set_xlabel("epoch (0 = untrained)")
+    val_ax.set_title("Validation")
+    val_ax.set_ylim(0, 1.02)
+    val_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_train(
+    settings: Settings,
+    paths: ProjectPaths,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> TrainStageResult:
+    """The whole stage. Raises GateFailed when the pairs or the trained model fail a gate."""
+    import torch
+
+    from qpr.train import TrainingStateError, ValidationSet, train_encoder
+
+    questions, pairs = read_cluster_outputs(paths)
+    train_pairs = training_pairs_frame(questions, pairs)
+    report_dir = paths.gate_reports("train")
+    gate(
+        "training_pairs",
+        {"pairs": train_pairs},
+        {"pairs": training_pair_expectations(min_pairs=2)},
+        report_dir,
+    )
+    train_texts = questions.loc[questions["split"] == "train", "text"].tolist()
+    text = settings.text
+    vocab = Vocabulary.build(
+        train_texts,
+        max_words=text.max_words,
+        hash_bins=text.hash_bins,
+        min_count=text.min_count,
+    )
+    log(
+        f"vocabulary: {vocab.num_words:,} words + {text.hash_bins:,} hash bins from "
+        f"{len(train_texts):,} training questions; {len(train_pairs):,} training pairs"
+    )
+    val_questions = questions[questions["split"] == "val"]
+    val = ValidationSet(
+        texts=val_questions["text"].tolist(),
+        cluster_ids=val_questions["cluster_id"].to_numpy(),
+        seed=settings.seed,
+    )
+    encoder, loss = build_encoder_and_loss(settings, vocab.size)
+    train = settings.train
+    arguments = dict(
+        vocab=vocab,
+        train_pairs=(
+            train_pairs["q1_text"].tolist(),
+            train_pairs["q2_text"].tolist(),
+            train_pairs["cluster_id"].to_numpy(),
+        ),
+        val=val,
+        out_dir=paths.train_dir,
+        lr=train.lr,
+        batch_size=train.batch_size,
+        max_epochs=train.max_epochs,
+        patience=train.patience,
+        max_len=text.max_len,
+        seed=settings.seed,
+        on_epoch=on_epoch,
+        progress=progress,
+        threads=train.threads,
+    )
+    try:
+        result = train_encoder(encoder=encoder, loss=loss, resume=True, **arguments)
+    except TrainingStateError as err:
+        log(f"not resuming: {err}; training from scratch")
+        encoder, loss = build_encoder_and_loss(settings, vocab.size)
+        result = train_encoder(encoder=encoder, loss=loss, resume=False, **arguments)
+    if result.resumed_from_epoch is not None:
+        log(f"resumed from the checkpoint of epoch {result.resumed_from_epoch}")
+
+    history = pd.DataFrame(result.history)
+    require(
+        "trained_model",
+        [
+            Check("final_train_loss_finite", float(history["train_loss"].iloc[-1]), "<", 1e30),
+            Check(
+                "val_auc_gain_over_untrained",
+                result.best_val_auc - result.initial["val_auc"],
+                ">",
+                0.0,
+                f"untrained {result.initial['val_auc']:.4f}, trained {result.best_val_auc:.4f}",
+            ),
+            Check(
+                "val_mrr_gain_over_untrained",
+                result.best_val_mrr - result.initial["val_mrr"],
+                ">",
+                0.0,
+                f"untrained {result.initial['val_mrr']:.4f}, trained {result.best_val_mrr:.4f}",
+            ),
+        ],
+        report_dir,
+    )
+
+    paths.models_dir.mkdir(parents=True, exist_ok=True)
+    vocab.save(paths.vocab)
+    best = torch.load(result.best_checkpoint, map_location="cpu", weights_only=False)
+    tmp = paths.encoder_checkpoint.with_suffix(".pt.tmp")
+    torch.save(
+        {
+            "encoder": best["encoder"],
+            "model": best["model"],
+            "max_len": text.max_len,
+            "vocab_sha256": vocab.checksum,
+            "epoch": result.best_epoch,
+            "metrics": best["metrics"],
+        },
+        tmp,
+    )
+    tmp.replace(paths.encoder_checkpoint)
+
+    history_csv = paths.plots_dir / "train" / "history.csv"
+    history_csv.parent.mkdir(parents=True, exist_ok=True)
+    history.to_csv(history_csv, index=False)
+    curves = plot_history(history, result.initial, paths.plots_dir / "train" / "curves.png")
+    metrics: dict[str, float | int] = {
+        "best_epoch": result.best_epoch,
+        "epochs": result.last_epoch,
+        "stopped_early": int(result.stopped_early),
+        "val_auc": result.best_val_auc,
+        "val_mrr": result.best_val_mrr,
+        "untrained_val_auc": result.initial["val_auc"],
+        "untrained_val_mrr": result.initial["val_mrr"],
+        "train_pairs": len(train_pairs),
+        "vocab_words": vocab.num_words,
+        "vocab_size": vocab.size,
+        "pairs_per_s": float(np.median(history["pairs_per_s"])),
+        "train_seconds": float(history["train_seconds"].sum()),
+        "parameters": int(sum(p.numel() for p in encoder.parameters())),
+    }
+    log(
+        f"best epoch {result.best_epoch} of {result.last_epoch}: val AUC "
+        f"{result.initial['val_auc']:.3f} → {result.best_val_auc:.3f}, val MRR "
+        f"{result.initial['val_mrr']:.3f} → {result.best_val_mrr:.3f}; "
+        f"{metrics['pairs_per_s']:.0f} pairs/s"
+    )
+    files = {
+        "vocab": paths.vocab,
+        "encoder": paths.encoder_checkpoint,
+        "history": history_csv,
+        "curves": curves,
+    }
+    return TrainStageResult(metrics=metrics, history=history, files=files)

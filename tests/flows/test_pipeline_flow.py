@@ -1,0 +1,53 @@
+"""The whole pipeline as Prefect flows on a tiny configuration: every stage runs, passes
+its gates, writes its outputs and logs one MLflow run; the result is searchable."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
+    from flows.pipeline import STAGES, pipeline_flow
+    from qpr.serve.bundle import Bundle
+
+    root = tiny_params_file.parent
+    results = pipeline_flow(params=str(tiny_params_file))
+    assert list(results) == [stage.name for stage in STAGES]
+
+    train = results["train"]
+    assert train["val_mrr"] > train["untrained_val_mrr"]
+    assert results["export"]["parity_max_abs_diff"] < 1e-4
+    assert results["index"]["self_retrieval_rate"] >= 0.95
+
+    evaluation = json.loads((root / "metrics.json").read_text())
+    for key in ("success_1", "success_10", "recip_rank", "map", "ndcg_cut_10", "recall_20"):
+        assert 0.0 <= evaluation[key] <= 1.0
+    assert set(evaluation["baselines"]) == {"bm25", "jaccard", "untrained"}
+    assert evaluation["success_1"] > evaluation["baselines"]["untrained"]["success_1"]
+    run_files = sorted(p.name for p in (root / "reports" / "evaluate").glob("*.run"))
+    assert run_files == [
+        "test.bm25.run",
+        "test.jaccard.run",
+        "test.model.run",
+        "test.untrained.run",
+        "val.model.run",
+    ]
+    # TREC files carry ids only, never question text.
+    first = (root / "reports" / "evaluate" / "test.model.run").read_text().splitlines()[0]
+    assert len(first.split()) == 6 and first.split()[0].isdigit()
+
+    runs = mlflow.search_runs(experiment_names=["qpr-tests"], output_format="list")
+    stages = {r.data.tags["qpr.stage"] for r in runs if r.info.status == "FINISHED"}
+    assert {"cluster", "train", "export", "index", "evaluate"} <= stages
+    train_run = next(r for r in runs if r.data.tags["qpr.stage"] == "train")
+    history = mlflow.MlflowClient().get_metric_history(train_run.info.run_id, "epoch/val_mrr")
+    assert len(history) == train["epochs"]  # one point per epoch: the learning curve
+
+    bundle = Bundle.load(root / "models")
+    text = bundle.search("how tall is the eiffel tower", k=3)
+    assert len(text.hits) == 3 and text.hits[0].distance <= text.hits[-1].distance

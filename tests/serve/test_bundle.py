@@ -1,0 +1,302 @@
+"""The model bundle: loading checks, search semantics, and the no-torch query path.
+
+The fixture builds a real bundle with the library itself (random-weight CNN → ONNX →
+FAISS Flat), so these tests also pin the file layout the pipeline stages write.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from qpr.export import encode, export_onnx, load_session
+from qpr.index import IdMap, build_index, save_index
+from qpr.model import CNNEncoder
+from qpr.serve.bundle import (
+    ENCODER_FILE,
+    IDS_FILE,
+    INDEX_FILE,
+    QUESTIONS_FILE,
+    THRESHOLD_FILE,
+    VOCAB_FILE,
+    Bundle,
+    BundleError,
+)
+from qpr.text.vocab import Vocabulary
+
+VERBS = ("install", "reset", "update", "clean", "repair")
+OBJECTS = ("printer", "garden", "bicycle", "laptop", "kitchen")
+TEMPLATES = ("how do i {v} my {o}", "what is the best way to {v} a {o}?")
+MAX_LEN = 16
+DIM = 8
+# Stored threshold: far below any distance between two different random-CNN vectors, so
+# an indexed question is answered (distance ~0) and an unseen one is not.
+STORED_THRESHOLD = 1e-6
+
+
+def _questions() -> list[str]:
+    return [t.format(v=v, o=o) for v, o, t in itertools.product(VERBS, OBJECTS, TEMPLATES)]
+
+
+QUESTIONS = _questions()  # 50
+UNSEEN = "where can i buy a kite for my nephew"
+
+
+def _write_threshold(models: Path, threshold: float | None, metric: str = "l2") -> None:
+    payload = {"threshold": threshold, "target_precision": 0.9, "metric": metric}
+    (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+
+
+def _write_index(models: Path, vectors: np.ndarray, factory: str = "Flat") -> None:
+    index = build_index(vectors, factory, nprobe=1, seed=0, use_gpu=False, log=lambda _: None)
+    save_index(index, models / INDEX_FILE)
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/ as the pipeline writes it; question ids are not row numbers, and the
+    parquet is stored in another order than the index, as nothing guarantees it is not."""
+    models = tmp_path_factory.mktemp("models")
+    vocab = Vocabulary.build(QUESTIONS, max_words=1000, hash_bins=8)
+    vocab.save(models / VOCAB_FILE)
+    torch.manual_seed(0)
+    encoder = CNNEncoder(vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=DIM)
+    export_onnx(
+        encoder,
+        models / ENCODER_FILE,
+        metadata={"vocab_sha256": vocab.checksum, "max_len": str(MAX_LEN)},
+    )
+    vectors = encode(load_session(models / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
+    _write_index(models, vectors)
+    qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
+    IdMap(qids).save(models / IDS_FILE)
+    order = np.random.default_rng(0).permutation(len(QUESTIONS))
+    table = pa.table(
+        {
+            "question_id": pa.array(qids[order], pa.int64()),
+            "text": pa.array([QUESTIONS[i] for i in order], pa.string()),
+            # cluster = (verb, object); the first cluster's questions belong to none
+            "cluster_id": pa.array([i // 2 if i >= 2 else -1 for i in order], pa.int64()),
+        }
+    )
+    pq.write_table(table, models / QUESTIONS_FILE)
+    _write_threshold(models, STORED_THRESHOLD)
+    return models
+
+
+@pytest.fixture(scope="module")
+def bundle(bundle_dir: Path) -> Bundle:
+    return Bundle.load(bundle_dir)
+
+
+@pytest.fixture
+def copy_dir(bundle_dir: Path, tmp_path: Path) -> Path:
+    """A private copy to break."""
+    return Path(shutil.copytree(bundle_dir, tmp_path / "models"))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_properties(bundle: Bundle, bundle_dir: Path) -> None:
+    assert bundle.dim == DIM
+    assert bundle.size == len(QUESTIONS)
+    assert bundle.max_len == MAX_LEN
+    assert bundle.threshold == STORED_THRESHOLD
+    assert bundle.nprobe is None  # Flat: no inverted lists
+    assert len(bundle.fingerprint) == 64
+    assert Bundle.load(bundle_dir).fingerprint == bundle.fingerprint  # deterministic
+
+
+def test_fingerprint_changes_with_any_file(bundle: Bundle, copy_dir: Path) -> None:
+    _write_threshold(copy_dir, 2.0)
+    assert Bundle.load(copy_dir).fingerprint != bundle.fingerprint
+
+
+def test_nprobe_for_an_ivf_index(bundle: Bundle, copy_dir: Path) -> None:
+    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
+    _write_index(copy_dir, vectors, "IVF2,Flat")  # lowered to IVF1 for 50 vectors
+    assert Bundle.load(copy_dir).nprobe == 1  # as stored
+    assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
+
+
+@pytest.mark.parametrize(
+    "rel", [VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE]
+)
+def test_missing_file(copy_dir: Path, rel: Path) -> None:
+    (copy_dir / rel).unlink()
+    with pytest.raises(BundleError, match=f"missing .*{rel.name}"):
+        Bundle.load(copy_dir)
+
+
+def test_vocabulary_checksum_mismatch(copy_dir: Path) -> None:
+    Vocabulary.build([*QUESTIONS, "one new word"], max_words=1000, hash_bins=8).save(
+        copy_dir / VOCAB_FILE
+    )
+    with pytest.raises(BundleError, match=r"encoder\.onnx.*vocab\.json"):
+        Bundle.load(copy_dir)
+
+
+def test_encoder_without_metadata(copy_dir: Path) -> None:
+    vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
+    encoder = CNNEncoder(vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=DIM)
+    export_onnx(encoder, copy_dir / ENCODER_FILE, metadata={"vocab_sha256": vocab.checksum})
+    with pytest.raises(BundleError, match=r"encoder\.onnx.*max_len"):
+        Bundle.load(copy_dir)
+
+
+def test_dimension_mismatch(copy_dir: Path) -> None:
+    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM + 4), dtype=np.float32)
+    _write_index(copy_dir, vectors)
+    with pytest.raises(BundleError, match=rf"index\.faiss holds {DIM + 4}-dim.*{DIM} dim"):
+        Bundle.load(copy_dir)
+
+
+def test_id_count_mismatch(copy_dir: Path) -> None:
+    qids = IdMap.load(copy_dir / IDS_FILE).qids
+    IdMap(qids[:-1]).save(copy_dir / IDS_FILE)
+    with pytest.raises(BundleError, match=r"index\.ids\.npy maps 49 rows.*holds 50"):
+        Bundle.load(copy_dir)
+
+
+def test_question_count_mismatch(copy_dir: Path) -> None:
+    table = pq.read_table(copy_dir / QUESTIONS_FILE)
+    pq.write_table(table.slice(0, 49), copy_dir / QUESTIONS_FILE)
+    with pytest.raises(BundleError, match=r"questions\.parquet has 49 questions.*50"):
+        Bundle.load(copy_dir)
+
+
+def test_question_ids_of_another_index(copy_dir: Path) -> None:
+    table = pq.read_table(copy_dir / QUESTIONS_FILE)
+    other = table.set_column(0, "question_id", pa.array(np.arange(50, dtype=np.int64)))
+    pq.write_table(other, copy_dir / QUESTIONS_FILE)
+    with pytest.raises(BundleError, match=r"questions\.parquet: question ids .* not in"):
+        Bundle.load(copy_dir)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"threshold": 1.0, "metric": "ip"}', "metric 'ip'"),
+        ('{"threshold": "high", "metric": "l2"}', "not a finite number"),
+        ('{"metric": "l2"}', "'threshold' key"),
+        ("{not json", "cannot read threshold"),
+    ],
+)
+def test_bad_threshold_file(copy_dir: Path, content: str, message: str) -> None:
+    (copy_dir / THRESHOLD_FILE).write_text(content, encoding="utf-8")
+    with pytest.raises(BundleError, match=rf"threshold\.json.*{message}|{message}.*threshold"):
+        Bundle.load(copy_dir)
+
+
+# ---------------------------------------------------------------- search
+
+
+def test_indexed_question_finds_itself(bundle: Bundle) -> None:
+    for i in (0, 17, 49):
+        result = bundle.search(QUESTIONS[i], k=5)
+        top = result.hits[0]
+        assert top.question_id == 1000 + 10 * i
+        assert top.text == QUESTIONS[i]
+        assert top.cluster_id == (i // 2 if i >= 2 else -1)
+        assert top.distance == pytest.approx(0.0, abs=1e-5)
+        assert top.score == pytest.approx(1.0, abs=1e-5)
+        assert result.hits[1].distance > top.distance
+        assert result.answered and result.query == QUESTIONS[i]
+
+
+def test_k_respected_and_clipped(bundle: Bundle) -> None:
+    hits = bundle.search(UNSEEN, k=3).hits
+    assert len(hits) == 3
+    distances = [h.distance for h in hits]
+    assert distances == sorted(distances)
+    assert all(0 < h.score <= 1 for h in hits)
+    everything = bundle.search(UNSEEN, k=1000).hits
+    assert len(everything) == len(QUESTIONS)
+    assert len({h.question_id for h in everything}) == len(QUESTIONS)
+    with pytest.raises(ValueError, match="k must be"):
+        bundle.search(UNSEEN, k=0)
+
+
+def test_batch_equals_single(bundle: Bundle) -> None:
+    # Mixed lengths, one over max_len (truncated the same way on both paths).
+    long_question = " ".join(["please", "tell", "me"] * 8) + " how to clean a boat"
+    questions = [UNSEEN, QUESTIONS[3], "reset", long_question, QUESTIONS[40]]
+    batch = bundle.search_batch(questions, k=4)
+    assert len(batch) == len(questions)
+    for question, got in zip(questions, batch, strict=True):
+        want = bundle.search(question, k=4)
+        assert got.query == want.query and got.answered == want.answered
+        assert [h.question_id for h in got.hits] == [h.question_id for h in want.hits]
+        np.testing.assert_allclose(
+            [h.distance for h in got.hits], [h.distance for h in want.hits], rtol=1e-4, atol=1e-6
+        )
+    assert bundle.search_batch([], k=4) == []
+
+
+def test_threshold_decides_answered(bundle: Bundle, copy_dir: Path) -> None:
+    d1 = bundle.search(UNSEEN, k=1).hits[0].distance
+    assert d1 > STORED_THRESHOLD
+    assert not bundle.search(UNSEEN).answered  # stored threshold
+    assert bundle.search(QUESTIONS[5]).answered
+    assert bundle.search(UNSEEN, threshold=d1 * 1.01).answered  # the argument wins
+    assert not bundle.search(UNSEEN, threshold=d1 * 0.99).answered
+    assert bundle.search(UNSEEN, threshold=math.inf).answered
+    assert [r.answered for r in bundle.search_batch([UNSEEN, QUESTIONS[5]])] == [False, True]
+    _write_threshold(copy_dir, None)
+    unthresholded = Bundle.load(copy_dir)
+    assert unthresholded.threshold is None
+    assert unthresholded.search(UNSEEN).answered  # no threshold: any hit answers
+
+
+@pytest.mark.parametrize("question", ["", "   ", "\n\t"])
+def test_empty_question(bundle: Bundle, question: str) -> None:
+    with pytest.raises(ValueError, match="empty question"):
+        bundle.search(question)
+    with pytest.raises(ValueError, match=r"empty question \(question 1\)"):
+        bundle.search_batch([UNSEEN, question])
+
+
+def test_question_without_words(bundle: Bundle) -> None:
+    with pytest.raises(ValueError, match="no words"):
+        bundle.search("?!? ...")
+
+
+def test_wrong_types(bundle: Bundle) -> None:
+    with pytest.raises(TypeError):
+        bundle.search_batch(UNSEEN)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        bundle.search(None)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- no torch
+
+
+def test_query_path_never_imports_torch(bundle_dir: Path) -> None:
+    script = (
+        "import sys\n"
+        "import qpr.export, qpr.index\n"
+        "assert 'torch' not in sys.modules, 'qpr.export or qpr.index imports torch'\n"
+        "from qpr.serve.bundle import Bundle\n"
+        f"b = Bundle.load({str(bundle_dir)!r})\n"
+        f"r = b.search({QUESTIONS[0]!r}, k=3)\n"
+        "assert r.hits[0].text == " + repr(QUESTIONS[0]) + "\n"
+        "b.search_batch(['how do i reset my printer', 'clean a boat'])\n"
+        "leaked = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "assert not leaked, leaked\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
