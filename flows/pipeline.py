@@ -1,4 +1,5 @@
-"""The whole pipeline as one Prefect flow: cluster → train → export → index → evaluate.
+"""The whole pipeline as one Prefect flow: cluster → train → export → index → evaluate →
+register.
 
 Each stage is a subflow with its own MLflow run. `dvc repro` is the way to rerun only
 what changed; this flow reruns everything (what a scheduled retraining does)."""
@@ -12,9 +13,10 @@ from flows.common import main
 from flows.evaluate import evaluate_flow
 from flows.export import export_flow
 from flows.index import index_flow
+from flows.register import register_flow
 from flows.train import train_flow
 
-STAGES = (cluster_flow, train_flow, export_flow, index_flow, evaluate_flow)
+STAGES = (cluster_flow, train_flow, export_flow, index_flow, evaluate_flow, register_flow)
 
 
 @flow(name="pipeline", log_prints=True)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,6 +35,11 @@ data_app = typer.Typer(
     help="Make, check and version the raw question-answer logs.", no_args_is_help=True
 )
 app.add_typer(data_app, name="data")
+model_app = typer.Typer(
+    help="The MLflow model registry: list versions, promote one to champion, roll back.",
+    no_args_is_help=True,
+)
+app.add_typer(model_app, name="model")
 console = Console()
 errors = Console(stderr=True)
 
@@ -123,24 +129,13 @@ def data_check(
     """Validate QA logs with the raw-log gate and show what cleaning would drop, and why."""
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError, clean_logs, read_logs
-    from qpr.quality.gate import GateFailed, gate
-    from qpr.quality.suites import raw_log_expectations
+    from qpr.quality.gate import GateFailed
+    from qpr.stages.cluster import gate_raw_logs
 
     quality = load_settings(params).quality
     try:
         raw = read_logs(path)
-        result = gate(
-            "raw_logs",
-            {"logs": raw},
-            {
-                "logs": raw_log_expectations(
-                    min_chars=quality.min_question_chars,
-                    max_chars=quality.max_question_chars,
-                    max_bad_fraction=quality.max_drop_fraction,
-                )
-            },
-            report_dir,
-        )
+        result = gate_raw_logs(raw, quality, report_dir)
     except (DataFormatError, GateFailed) as err:
         _fail(str(err))
     _, drops = clean_logs(
@@ -172,6 +167,139 @@ def data_ensure(
     except RuntimeError as err:
         _fail(str(err))
     console.print(message)
+
+
+NameOption = Annotated[
+    str | None, typer.Option("--name", help="Registered model (default: registry.name in params).")
+]
+ActorOption = Annotated[
+    str | None, typer.Option("--actor", help="Who does it, recorded as a tag (default: $USER).")
+]
+
+
+def _registry(params: Path, name: str | None) -> tuple[Any, str]:
+    """The registry module and model name; the environment is set before MLflow loads."""
+    environment.apply()
+    from qpr.config import SettingsError, load_settings
+
+    if name is None:
+        try:
+            name = load_settings(params).registry.name
+        except SettingsError as err:
+            _fail(str(err))
+    from qpr import registry
+
+    return registry, name
+
+
+def _actor(actor: str | None) -> str:
+    if actor:
+        return actor
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in a bare container
+        return "unknown"
+
+
+def _registry_call(call: Callable[[], Any]) -> Any:
+    """Run a registry call; a RegistryError becomes one line on stderr and exit 1."""
+    from qpr.registry import RegistryError
+
+    try:
+        return call()
+    except RegistryError as err:
+        _fail(str(err))
+        raise  # unreachable: _fail exits
+
+
+@model_app.command("list")
+def model_list(params: ParamsOption = Path("params.yaml"), name: NameOption = None) -> None:
+    """Every registered version, newest first: aliases (champion, challenger,
+    previous-champion), the validation measure it was judged by, when, the MLflow run, and
+    its last promotion or rollback (who, why)."""
+    registry, name = _registry(params, name)
+    versions = _registry_call(lambda: registry.list_versions(name))
+    if not versions:
+        console.print(f"model {name!r} has no versions yet")
+        return
+    metrics = sorted({v.metric for v in versions if v.metric})
+    table = Table(title=f"registered model {name!r}, judged by {' / '.join(metrics) or '-'}")
+    table.add_column("version", justify="right", no_wrap=True)
+    table.add_column("aliases", no_wrap=True)
+    table.add_column("measure", justify="right", no_wrap=True)
+    table.add_column("created (UTC)")
+    table.add_column("run")
+    table.add_column("last action")
+    why = []
+    for info in versions:
+        history = registry.events(info)
+        last = history[-1] if history else None
+        if last:
+            why.append(f"  v{info.version} {last['action']}: {last['reason']}")
+        table.add_row(
+            str(info.version),
+            "\n".join(info.aliases) or "-",
+            f"{info.value:.4f}" if info.value is not None else "-",
+            info.created.strftime("%Y-%m-%d %H:%M"),
+            (info.run_id or "-")[:8],
+            f"{last['action']} by {last['actor']} {last['at'][:16].replace('T', ' ')}"
+            if last
+            else "-",
+            style="bold green" if info.is_champion else None,
+        )
+    console.print(table)
+    if why:
+        console.print("why:\n" + "\n".join(why), highlight=False)
+
+
+@model_app.command("promote")
+def model_promote(
+    version: Annotated[int, typer.Argument(help="The version to make champion.")],
+    reason: Annotated[str, typer.Option(help="Why: recorded on the version.")] = (
+        "promoted by hand"
+    ),
+    actor: ActorOption = None,
+    params: ParamsOption = Path("params.yaml"),
+    name: NameOption = None,
+) -> None:
+    """Make VERSION the champion by hand (no margin check); the replaced champion becomes
+    previous-champion, so `qpr model rollback` undoes this."""
+    registry, name = _registry(params, name)
+    who = _actor(actor)
+
+    def run():
+        before = registry.champion(name)
+        return before, registry.promote(name, version, reason=reason, actor=who)
+
+    before, after = _registry_call(run)
+    was = f"; version {before.version} is previous-champion" if before else ""
+    console.print(f"[green]version {after.version} of {name!r} is now champion[/]{was}")
+
+
+@model_app.command("rollback")
+def model_rollback(
+    reason: Annotated[str, typer.Option(help="Why: recorded on both versions.")] = (
+        "rolled back by hand"
+    ),
+    actor: ActorOption = None,
+    params: ParamsOption = Path("params.yaml"),
+    name: NameOption = None,
+) -> None:
+    """Move champion back to the version it replaced (previous-champion)."""
+    registry, name = _registry(params, name)
+    who = _actor(actor)
+
+    def run():
+        before = registry.champion(name)
+        return before, registry.rollback(name, reason=reason, actor=who)
+
+    before, after = _registry_call(run)
+    console.print(
+        f"[green]rolled back {name!r}: champion is version {after.version} again[/] "
+        f"(was version {before.version})"
+    )
 
 
 @app.command("cluster")
@@ -278,6 +406,60 @@ def search(
     limit = bundle.threshold if threshold is None else threshold
     verdict = "[green]answered[/]" if result.answered else "[yellow]no answer[/]"
     console.print(f"{verdict} (threshold {limit if limit is not None else 'none'})")
+
+
+@app.command("serve")
+def serve(
+    models_dir: Annotated[
+        Path | None,
+        typer.Option(help="Serve this local bundle, reloaded when its files change."),
+    ] = None,
+    registry_name: Annotated[
+        str | None,
+        typer.Option(help="Serve this MLflow registered model at --alias instead."),
+    ] = None,
+    alias: Annotated[str | None, typer.Option(help="Registry alias (default: champion).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    threads: Annotated[
+        int | None, typer.Option(help="ONNX Runtime intra-op threads (default 1).")
+    ] = None,
+) -> None:
+    """Run the search service (POST /search, /search/batch; GET /healthz, /readyz,
+    /version, /metrics). It polls its model source and swaps in a new model once it passed
+    its checks. Limits and other knobs: QPR_SERVE_* variables (docs/serving.md)."""
+    import logging
+
+    from qpr.serve.settings import ServeSettings, SettingsError
+
+    if models_dir is not None and registry_name is not None:
+        _fail("give --models-dir or --registry-name, not both")
+    environment.apply()  # MLflow's local default store, as the pipeline uses
+    try:
+        settings = ServeSettings.from_env(
+            threads=threads,
+            alias=alias,
+            registry_name=registry_name,
+            models_dir=None if models_dir is None else str(models_dir),
+        )
+        if models_dir is not None:
+            settings = settings.replace(registry_name=None)  # the option beats the variable
+    except SettingsError as err:
+        _fail(str(err))
+    import uvicorn
+
+    from qpr.serve.app import create_app
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings=settings),
+        host=host,
+        port=port,
+        access_log=settings.access_log,
+        log_level="info",
+    )
 
 
 def _print_results(metrics: dict) -> None:

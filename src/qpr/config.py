@@ -115,6 +115,15 @@ class EvaluateSettings(_Section):
     min_success_1: float = Field(0.0, ge=0.0, le=1.0)  # quality floor before registration
 
 
+class RegistrySettings(_Section):
+    """The MLflow model registry (register stage): which model, judged by what, how strictly."""
+
+    name: str = Field("qpr", min_length=1)  # the registered model
+    metric: str = Field("val.recip_rank", pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+    margin: float = Field(0.002, ge=0.0)  # a challenger must beat the champion by this much
+    min_metric: float = 0.0  # floor on `metric`: never promoted below it, the first model too
+
+
 class MlflowSettings(_Section):
     experiment: str = "qpr"
 
@@ -130,6 +139,7 @@ class Settings(_Section):
     export: ExportSettings = ExportSettings()
     index: IndexSettings = IndexSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
+    registry: RegistrySettings = RegistrySettings()
     mlflow: MlflowSettings = MlflowSettings()
 
     def flat(self) -> dict[str, Any]:

@@ -300,3 +300,40 @@ def test_query_path_never_imports_torch(bundle_dir: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------- the qpr search command
+
+
+def test_search_command_prints_ranked_paraphrases(bundle_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from qpr.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["search", QUESTIONS[3], "-k", "3", "--models-dir", str(bundle_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    assert QUESTIONS[3] in result.output and "answered" in result.output
+
+    as_json = runner.invoke(
+        app, ["search", QUESTIONS[3], "-k", "2", "--json", "--models-dir", str(bundle_dir)]
+    )
+    payload = json.loads(as_json.output)
+    assert payload["hits"][0]["text"] == QUESTIONS[3]
+    assert len(payload["hits"]) == 2 and payload["answered"] is True
+
+
+def test_search_command_rejects_bad_input_without_a_traceback(
+    bundle_dir: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from qpr.cli import app
+
+    runner = CliRunner()
+    blank = runner.invoke(app, ["search", "   ", "--models-dir", str(bundle_dir)])
+    assert blank.exit_code == 1 and "empty question" in blank.output
+    missing = runner.invoke(app, ["search", "hi there", "--models-dir", str(tmp_path)])
+    assert missing.exit_code == 1 and "Traceback" not in missing.output

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from qpr.config import Settings
+from qpr.config import QualitySettings, Settings
 from qpr.data.clustering import clusters_from_logs, clusters_from_pairs
 from qpr.data.loaders import DropReport, clean_logs, read_logs, read_quora
 from qpr.data.splits import (
@@ -50,11 +50,9 @@ class ClusterResult:
     drop_report: DropReport
 
 
-def _load_logs(settings: Settings, report_dir: Path, log: Callable[[str], None]):
-    quality = settings.quality
-    raw = read_logs(settings.data.path)
-    log(f"read {len(raw):,} log rows from {settings.data.path}")
-    gate(
+def gate_raw_logs(raw: pd.DataFrame, quality: QualitySettings, report_dir: Path | None):
+    """The raw-log gate: a batch with more bad rows than the tolerance stops here."""
+    return gate(
         "raw_logs",
         {"logs": raw},
         {
@@ -66,6 +64,13 @@ def _load_logs(settings: Settings, report_dir: Path, log: Callable[[str], None])
         },
         report_dir,
     )
+
+
+def _load_logs(settings: Settings, report_dir: Path, log: Callable[[str], None]):
+    quality = settings.quality
+    raw = read_logs(settings.data.path)
+    log(f"read {len(raw):,} log rows from {settings.data.path}")
+    gate_raw_logs(raw, quality, report_dir)
     clean, drops = clean_logs(
         raw, min_chars=quality.min_question_chars, max_chars=quality.max_question_chars
     )

@@ -1,0 +1,183 @@
+"""Report of one full pipeline run: per-stage wall time and the measured results.
+
+Reads a project directory after `dvc repro` (its params.yaml, metrics/*.json, metrics.json
+and the MLflow runs of its stages) and writes `<out>/<name>.json` and `<out>/<name>.md`.
+Nothing is typed in: every number comes from the run's own files.
+
+    python benchmarks/pipeline_report.py --project . --name pipeline_default
+    python benchmarks/pipeline_report.py --project /path/to/quora-checkout --name pipeline_quora
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+STAGES = ("cluster", "train", "export", "index", "evaluate")
+SHOWN = {
+    "success_1": "P@1",
+    "success_10": "P@10",
+    "recip_rank": "MRR",
+    "map": "MAP",
+    "ndcg_cut_10": "nDCG@10",
+    "recall_20": "R@20",
+}
+
+
+def stage_durations(project: Path, experiment: str) -> dict[str, dict[str, Any]]:
+    """Wall time of the latest FINISHED MLflow run of each stage (start → end)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
+    runs = mlflow.search_runs(
+        experiment_names=[experiment],
+        filter_string="attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+    latest: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        stage = run.data.tags.get("qpr.stage")
+        if stage in STAGES and stage not in latest:
+            latest[stage] = {
+                "seconds": (run.info.end_time - run.info.start_time) / 1000.0,
+                "run_id": run.info.run_id,
+                "git_commit": run.data.tags.get("mlflow.source.git.commit"),
+                "data_hash": run.data.tags.get("qpr.data_hash"),
+            }
+    return latest
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    ev = report["evaluate"]
+    lines = [
+        f"# Pipeline run: {report['name']}",
+        "",
+        f"Data: `{report['params']['data']['source']}` at `{report['params']['data']['path']}`. "
+        f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, no GPU. "
+        f"Written {report['written']} by `benchmarks/pipeline_report.py` from the run's own "
+        "metrics files and MLflow runs.",
+        "",
+        "## Wall time per stage",
+        "",
+        "| stage | seconds | what it did |",
+        "|---|---:|---|",
+    ]
+    what = {
+        "cluster": lambda m: (
+            f"{m['index_size']:,} questions, {m['clusters_kept']:,} clusters "
+            f"kept, pairs train/val/test {m['pairs_train']:,}/{m['pairs_val']:,}/"
+            f"{m['pairs_test']:,}"
+        ),
+        "train": lambda m: (
+            f"{m['epochs']} epochs (best {m['best_epoch']}) in "
+            f"{m['train_seconds']:,.0f} s of training, {m['train_pairs']:,} pairs, median "
+            f"{m['pairs_per_s']:,.0f} pairs/s, {m['parameters']:,} parameters"
+        ),
+        "export": lambda m: f"parity: max abs diff torch vs ONNX {m['parity_max_abs_diff']:.1e}",
+        "index": lambda m: (
+            f"{m['questions']:,} vectors at {m['questions_per_s']:,.0f} "
+            f"questions/s, nlist {m['nlist']}, self-retrieval {m['self_retrieval_rate']:.3f}"
+        ),
+        "evaluate": lambda m: (
+            f"{m['num_queries']:,.0f} test queries, "
+            f"{m['query_ms']:.2f} ms a query (batched encode + search)"
+        ),
+    }
+    total = 0.0
+    for stage in STAGES:
+        seconds = report["durations"].get(stage, {}).get("seconds")
+        metrics = report["metrics"].get(stage, {})
+        total += seconds or 0.0
+        shown = f"{seconds:,.0f}" if seconds is not None else "n/a"
+        lines.append(f"| {stage} | {shown} | {what[stage](metrics) if metrics else ''} |")
+    lines += [
+        f"| **total** | **{total:,.0f}** | |",
+        "",
+        "Seconds are the stage's MLflow run, start to end (Prefect start-up of ~10 s per stage "
+        "process comes on top). A train stage that resumed a finished run takes seconds; its "
+        "training time is in the last column.",
+        "",
+    ]
+    lines += [
+        f"## Test split ({ev['num_queries']:,.0f} queries, "
+        f"top {report['params']['evaluate']['k']})",
+        "",
+        "P@N is trec_eval's success@N (a paraphrase among the first N), as in the paper.",
+        "",
+        "| system | " + " | ".join(SHOWN.values()) + " |",
+        "|---|" + "---:|" * len(SHOWN),
+    ]
+    rows = {"model (CNN + " + report["params"]["train"]["loss"] + ")": ev}
+    rows.update(ev.get("baselines", {}))
+    for name, values in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{values[m]:.4f}" for m in SHOWN) + " |")
+    threshold = ev.get("threshold") or {}
+
+    def fmt(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines += [
+        "",
+        f"Validation (model): P@1 {ev['val']['success_1']:.4f}, P@10 "
+        f"{ev['val']['success_10']:.4f}, MRR {ev['val']['recip_rank']:.4f}.",
+        "",
+        "No-answer threshold (squared L2 distance) chosen on validation for P@1 ≥ "
+        f"{threshold.get('target_precision')}: {fmt(threshold.get('value'))}; on test it "
+        f"answers {fmt(threshold.get('test_answered_share'))} of the queries with P@1 "
+        f"{fmt(threshold.get('test_precision_at_1'))}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--project", type=Path, default=Path("."))
+    parser.add_argument("--name", required=True, help="report file stem under --out")
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    args = parser.parse_args()
+
+    import yaml
+
+    project = args.project.resolve()
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    metrics = {
+        stage: json.loads((project / "metrics" / f"{stage}.json").read_text())
+        for stage in STAGES[:-1]
+        if (project / "metrics" / f"{stage}.json").is_file()
+    }
+    metrics["evaluate"] = json.loads((project / "metrics.json").read_text())
+    report = {
+        "name": args.name,
+        "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "params": params,
+        "durations": stage_durations(project, params["mlflow"]["experiment"]),
+        "metrics": metrics,
+        "evaluate": metrics["evaluate"],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(report))
+    print(f"wrote {args.out / args.name}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Quora QPR benchmark: the paper's loss comparison (Bonadiman et al. 2019, Tables 1, 2, 4)
+on the real Quora copy, every row on the same split and the same index.
+
+Protocol (stated again in the output):
+- clusters = transitive closure of the duplicate pairs; clusters of size >= 2 split
+  80/10/10 by cluster with a fixed seed;
+- every question of a test cluster is a query; its relevant documents are the other
+  questions of its cluster;
+- the index holds every distinct question of the file (including questions in no cluster);
+- each query is excluded from its own results; top 20 kept; trec_eval measures
+  (success@1 / success@10 = the paper's P@1 / P@10, recip_rank = MRR, nDCG@10).
+
+Each row trains with the pipeline's own stage functions (train → export → index →
+evaluate) in its own work directory, is logged as an MLflow run, and is appended to
+docs/results/quora.json as soon as it finishes; the Markdown table is rewritten after each
+row. Rows already in the JSON with the same configuration are skipped, so an interrupted
+benchmark continues where it stopped (`--fresh` starts over).
+
+    python benchmarks/quora_qpr.py                      # every row
+    python benchmarks/quora_qpr.py --rows main          # losses and baselines only
+    python benchmarks/quora_qpr.py --rows eps,batch --sweep-epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
+MEASURES = ("success_1", "success_10", "recip_rank", "ndcg_cut_10")
+
+# Seed 003, Tables 1, 2 and 4 (Quora test split; P@1, P@10, MRR).
+PAPER: dict[str, tuple[float, float, float]] = {
+    "SDML (ε 0.3, N 512)": (0.6043, 0.8179, 0.6789),
+    "TL(Rand) SSD": (0.5507, 0.7641, 0.6265),
+    "TL(Rand) EUC": (0.4641, 0.6523, 0.5297),
+}
+
+# name → (group, training overrides). Sweep rows get --sweep-epochs epochs.
+ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "SDML (ε 0.3, N 512)": ("main", {"loss": "sdml", "smoothing": 0.3, "batch_size": 512}),
+    "CE (ε 0)": ("main", {"loss": "sdml", "smoothing": 0.0, "batch_size": 512}),
+    "TL(Rand) EUC": (
+        "main",
+        {"loss": "triplet", "distance": "euclidean", "negatives": "random", "batch_size": 512},
+    ),
+    "TL(Rand) SSD": (
+        "main",
+        {"loss": "triplet", "distance": "squared", "negatives": "random", "batch_size": 512},
+    ),
+    "TL(Hard) SSD": (
+        "main",
+        {"loss": "triplet", "distance": "squared", "negatives": "hard", "batch_size": 512},
+    ),
+    **{
+        f"sweep ε {eps}": ("eps", {"loss": "sdml", "smoothing": eps, "batch_size": 512})
+        for eps in (0.0, 0.1, 0.2, 0.3, 0.4)
+    },
+    **{
+        f"sweep N {n}": ("batch", {"loss": "sdml", "smoothing": 0.3, "batch_size": n})
+        for n in (32, 64, 128, 256, 512, 1024)
+    },
+}
+
+
+def base_settings(data: Path, seed: int):
+    from qpr.config import load_settings
+
+    raw = load_settings(REPO / "params.yaml").model_dump(mode="json")
+    raw["seed"] = seed
+    raw["data"]["source"] = "quora"
+    raw["data"]["path"] = str(data)
+    raw["mlflow"]["experiment"] = "qpr-quora-benchmark"
+    return raw
+
+
+def with_overrides(raw: dict, train: dict[str, Any], max_epochs: int, baselines: list[str]):
+    from qpr.config import settings_from_dict
+
+    tree = json.loads(json.dumps(raw))
+    tree["train"].update(train)
+    tree["train"]["max_epochs"] = max_epochs
+    tree["evaluate"]["baselines"] = baselines
+    tree["evaluate"]["min_success_1"] = 0.0  # a benchmark row reports, it does not gate
+    return settings_from_dict(tree)
+
+
+def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], None]) -> dict:
+    """train → export → index → evaluate in `row_dir`, on the shared cluster outputs."""
+    from qpr.paths import ProjectPaths
+    from qpr.stages.evaluate import run_evaluate
+    from qpr.stages.export import run_export
+    from qpr.stages.index import run_index
+    from qpr.stages.train import run_train
+
+    paths = ProjectPaths(row_dir)
+    paths.cluster_dir.parent.mkdir(parents=True, exist_ok=True)
+    if not paths.cluster_dir.exists():
+        paths.cluster_dir.symlink_to(cluster_dir, target_is_directory=True)
+    started = time.perf_counter()
+    train = run_train(settings, paths, progress=False, log=log)
+    train_seconds = time.perf_counter() - started
+    export = run_export(settings, paths, log=log)
+    index = run_index(settings, paths, log=log)
+    evaluation = run_evaluate(settings, paths, log=log)
+    return {
+        "train": train.metrics,
+        "train_wall_seconds": train_seconds,
+        "export": export,
+        "index": index,
+        "evaluate": evaluation,
+    }
+
+
+def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
+    header = (
+        "| row | P@1 | P@10 | MRR | nDCG@10 | val MRR | epochs (best) | train min | "
+        "paper P@1 / P@10 / MRR |\n|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    )
+    lines = [header]
+    for name, row in results["rows"].items():
+        ev = row["evaluate"]
+        train = row["train"]
+        paper = PAPER.get(name)
+        lines.append(
+            f"| {name} | {ev['success_1']:.4f} | {ev['success_10']:.4f} | {ev['recip_rank']:.4f}"
+            f" | {ev['ndcg_cut_10']:.4f} | {ev['val']['recip_rank']:.4f} | "
+            f"{train.get('epochs', '')} ({train.get('best_epoch', '')}) | "
+            f"{row['train_wall_seconds'] / 60:.1f} | "
+            + (" / ".join(f"{v:.4f}" for v in paper) if paper else "")
+            + " |"
+        )
+        for baseline, values in ev.get("baselines", {}).items():
+            lines.append(
+                f"| {baseline} | {values['success_1']:.4f} | {values['success_10']:.4f} | "
+                f"{values['recip_rank']:.4f} | {values['ndcg_cut_10']:.4f} | | | | |"
+            )
+    missing = [name for name in results["planned"] if name not in results["rows"]]
+    notes = [
+        "# Quora QPR benchmark",
+        "",
+        f"Written by `benchmarks/quora_qpr.py` on {results['written']} "
+        f"({results['machine']}); never edited by hand.",
+        "",
+        "## Protocol",
+        "",
+        *[f"- {line}" for line in protocol["text"]],
+        "",
+        "## Results (test split)",
+        "",
+        "P@N is trec_eval's success@N (a paraphrase among the first N), as in the paper. "
+        "The paper's figures are on the full Quora release (537k-question index); this copy "
+        "holds about a quarter of it, so absolute figures are easier here — compare rows "
+        "with each other. Sweep rows train for fewer epochs (see the epochs column).",
+        "",
+        *lines,
+        "",
+    ]
+    if missing:
+        notes += [f"Not run yet: {', '.join(missing)}.", ""]
+    return "\n".join(notes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--rows", default="main,eps,batch", help="groups: main, eps, batch")
+    parser.add_argument("--max-epochs", type=int, default=20)
+    parser.add_argument("--sweep-epochs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-quora-benchmark"))
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    parser.add_argument("--fresh", action="store_true", help="ignore rows already measured")
+    args = parser.parse_args()
+
+    from qpr import environment
+
+    environment.apply(REPO)
+    import mlflow
+
+    from qpr.stages.cluster import run_cluster
+
+    if not args.data.is_file():
+        raise SystemExit(f"Quora file not found: {args.data}")
+    groups = set(args.rows.split(","))
+    planned = [name for name, (group, _) in ROWS.items() if group in groups]
+    raw = base_settings(args.data, args.seed)
+    json_path = args.out / "quora.json"
+    results: dict[str, Any] = {"rows": {}}
+    if json_path.is_file() and not args.fresh:
+        results = json.loads(json_path.read_text())
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    results.update(
+        {"machine": f"{cpu}, {os.cpu_count()} cores", "planned": planned, "seed": args.seed}
+    )
+
+    def log(message: str) -> None:
+        print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", flush=True)
+
+    work = args.work
+    cluster_dir = work / "cluster"
+    settings0 = with_overrides(raw, {}, args.max_epochs, [])
+    if not (cluster_dir / "questions.parquet").is_file():
+        log("clustering the Quora pairs (transitive closure, 80/10/10 by cluster)")
+        run_cluster(settings0, out_dir=cluster_dir, report_dir=work / "gates", log=log)
+    protocol = {
+        "text": [
+            f"data: `{args.data.name}` (the partial real copy; see its README)",
+            "clusters: transitive closure of duplicate pairs; size >= 2; split 80/10/10 by "
+            f"cluster with seed {args.seed}",
+            "queries: every test-cluster question; relevant: the other questions of its cluster",
+            "index: every distinct question of the file; the query itself excluded; top 20",
+            "measures: trec_eval via pytrec_eval; a query retrieving nothing scores 0",
+            f"training: Adam lr 0.001, early stopping on validation ROC AUC (patience "
+            f"{raw['train']['patience']}), at most {args.max_epochs} epochs for the main rows, "
+            f"{args.sweep_epochs} for the ε and batch-size sweeps; CNN e_dim 300, window 5, "
+            "300 channels, n 300; vocabulary top 50k words + 5k hash bins",
+        ]
+    }
+    results["protocol"] = protocol["text"]
+    mlflow.set_experiment("qpr-quora-benchmark")
+    for name in planned:
+        group, train = ROWS[name]
+        epochs = args.sweep_epochs if group in ("eps", "batch") else args.max_epochs
+        # The first row also measures the baselines: same queries, same index questions.
+        baselines = ["bm25", "jaccard", "untrained"] if name == planned[0] else []
+        config = {"train": train, "epochs": epochs, "baselines": baselines}
+        done = results["rows"].get(name)
+        if done and done.get("config") == config:
+            log(f"{name}: already measured, skipped")
+            continue
+        log(f"{name}: training with {train}, up to {config['epochs']} epochs")
+        settings = with_overrides(raw, train, config["epochs"], baselines)
+        row_dir = work / "rows" / name.replace(" ", "_").replace("/", "-")
+        with mlflow.start_run(run_name=name):
+            mlflow.log_params({"row": name, **{f"train.{k}": v for k, v in train.items()}})
+            row = run_row(settings, row_dir, cluster_dir, log)
+            row["config"] = config
+            ev = row["evaluate"]
+            mlflow.log_metrics({m: ev[m] for m in MEASURES})
+            mlflow.log_metric("train_wall_seconds", row["train_wall_seconds"])
+        results["rows"][name] = row
+        results["written"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        args.out.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        (args.out / "quora.md").write_text(table(results, protocol))
+        log(
+            f"{name}: test P@1 {ev['success_1']:.4f}, P@10 {ev['success_10']:.4f}, "
+            f"MRR {ev['recip_rank']:.4f} ({row['train_wall_seconds'] / 60:.1f} min training)"
+        )
+
+
+if __name__ == "__main__":
+    main()

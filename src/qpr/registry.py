@@ -1,0 +1,766 @@
+"""The MLflow model registry for QPR: register, promote, roll back, list (aliases only).
+
+Why one registered model holds the *whole* bundle: the encoder, its vocabulary, the FAISS
+index, the id map, the question table and the "no answer" threshold only make sense
+together (`qpr.serve.bundle.Bundle` refuses mixed files). A version is therefore one MLflow
+pyfunc whose artifacts hold all six files plus the evaluate stage's ``metrics.json``;
+``mlflow.pyfunc.load_model("models:/qpr@champion")`` gives a searchable model, and
+`download_bundle` gives the plain files to anything that loads them with `Bundle.load`
+(the search command, a service image). Layout CONTRACT other code relies on::
+
+    download_artifacts("models:/<name>@<alias>")/artifacts/bundle/{vocab.json, encoder.onnx,
+        index/index.faiss, index/index.ids.npy, index/questions.parquet, threshold.json,
+        metrics.json}
+
+Aliases (never the deprecated stages):
+
+=====================  ==============================================================
+``champion``           the version that serves; moved only by `promote` / `rollback`
+``challenger``         the newest registered version that has not been promoted
+``previous-champion``  the version `rollback` would restore (the champion's predecessor)
+=====================  ==============================================================
+
+Every promotion and rollback is recorded as tags on the versions involved: who (actor),
+what, why, when, as the latest ``qpr.<action>_*`` tags and as an append-only event log
+(``qpr.event.NNN``, JSON), because tags overwrite and an audit trail must not. The
+champion's predecessor is kept as the tag ``qpr.previous_champion`` on the champion, so
+repeated rollbacks walk back through the promotion history.
+
+This module and flows/ are the only places that import MLflow; the promotion rule itself
+(`decide_promotion`) is a pure function with no MLflow in it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models.signature import ModelSignature
+from mlflow.pyfunc import PythonModel, PythonModelContext
+from mlflow.tracking import MlflowClient
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+import qpr
+from qpr.serve.bundle import (
+    ENCODER_FILE,
+    IDS_FILE,
+    INDEX_FILE,
+    QUESTIONS_FILE,
+    THRESHOLD_FILE,
+    VOCAB_FILE,
+    Bundle,
+    BundleError,
+)
+
+__all__ = [
+    "BUNDLE_ARTIFACT",
+    "CHALLENGER",
+    "CHAMPION",
+    "DEFAULT_K",
+    "METRICS_FILE",
+    "MODEL_ARTIFACT",
+    "PREDICTION_COLUMNS",
+    "PREVIOUS_CHAMPION",
+    "QPRSearchModel",
+    "RegistryError",
+    "VersionInfo",
+    "champion",
+    "decide_promotion",
+    "describe",
+    "download_bundle",
+    "events",
+    "get_version",
+    "keep_challenger",
+    "list_versions",
+    "metric_value",
+    "promote",
+    "register_bundle",
+    "rollback",
+]
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+PREVIOUS_CHAMPION = "previous-champion"
+
+MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
+BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
+METRICS_FILE = "metrics.json"
+BUNDLE_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
+DEFAULT_K = 10
+_EXAMPLE_QUESTION = "how do i reset my password"
+PREDICTION_COLUMNS = (
+    "query",
+    "rank",
+    "question_id",
+    "text",
+    "cluster_id",
+    "distance",
+    "answered",
+)
+
+# Version tags (all under qpr.* so they never collide with MLflow's own).
+TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by
+TAG_METRIC_VALUE = "qpr.metric_value"
+TAG_MEASURES = "qpr.measures"  # JSON: every numeric test/val measure (no baselines)
+TAG_FINGERPRINT = "qpr.bundle_fingerprint"
+TAG_GIT_COMMIT = "qpr.git_commit"
+TAG_DATA_HASH = "qpr.data_hash"
+TAG_PREVIOUS = "qpr.previous_champion"
+TAG_EVENTS = "qpr.events"  # number of qpr.event.NNN tags
+_EVENT_PREFIX = "qpr.event."
+_MAX_REASON = 1000
+
+# The runtime the pyfunc needs; torch is not among them (the bundle never imports it).
+_RUNTIME_PACKAGES = ("mlflow", "numpy", "pandas", "pyarrow", "onnxruntime", "faiss-cpu")
+
+
+class RegistryError(RuntimeError):
+    """A registry operation cannot be done; the message says why and what to do."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _mlflow_errors(func: _F) -> _F:
+    """MLflow's own errors (server unreachable, permission denied) → RegistryError, so
+    callers (the CLI, flows) handle one error type and never show a stack trace."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MlflowException as exc:
+            raise RegistryError(f"MLflow: {exc.message}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One registered model version, as `qpr model list` shows it.
+
+    metric / value: the measure the version was judged by at registration (e.g.
+    ``val.recip_rank``) and its value; None for a version registered by other means.
+    """
+
+    name: str
+    version: int
+    aliases: tuple[str, ...]
+    metric: str | None
+    value: float | None
+    created: datetime
+    run_id: str | None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_champion(self) -> bool:
+        return CHAMPION in self.aliases
+
+    @property
+    def measures(self) -> dict[str, float]:
+        """Every numeric test/val measure recorded at registration (dotted keys)."""
+        try:
+            raw = json.loads(self.tags.get(TAG_MEASURES, "{}"))
+        except json.JSONDecodeError:
+            return {}
+        return {k: float(v) for k, v in raw.items() if isinstance(v, int | float)}
+
+    def measure(self, key: str) -> float | None:
+        """The version's value of a dotted measure, None when it was not recorded."""
+        if self.metric == key and self.value is not None:
+            return self.value
+        return self.measures.get(key)
+
+
+# ---------------------------------------------------------------- the promotion rule
+
+
+def decide_promotion(
+    challenger: float, champion: float | None, *, margin: float, floor: float
+) -> tuple[bool, str]:
+    """Should the challenger replace the champion? (promote, the reason in words).
+
+    The rule, higher measure = better:
+    - never below the quality floor, not even the first model (a registry with no
+      champion is better than one whose champion is known to be bad);
+    - no champion yet: the challenger is promoted when it passes the floor;
+    - otherwise only when challenger >= champion + margin. The margin keeps evaluation
+      noise from flipping the champion back and forth between equivalent models.
+
+    A difference of 1e-12 is ignored so that a challenger exactly ``margin`` better is not
+    rejected by float rounding. NaN never wins.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if math.isnan(challenger):
+        return False, "challenger measure is NaN: not promoted"
+    if challenger < floor:
+        return False, f"challenger {challenger:.4f} is below the quality floor {floor:.4f}"
+    if champion is None or math.isnan(champion):
+        return True, f"no champion yet; challenger {challenger:.4f} passes the floor {floor:.4f}"
+    needed = champion + margin
+    if challenger >= needed - 1e-12:
+        return True, (
+            f"challenger {challenger:.4f} beats champion {champion:.4f} by "
+            f"{challenger - champion:+.4f} (margin {margin:.4f})"
+        )
+    if challenger > champion:
+        return False, (
+            f"challenger {challenger:.4f} beats champion {champion:.4f} by only "
+            f"{challenger - champion:+.4f}, less than the margin {margin:.4f}: champion kept"
+        )
+    return False, (
+        f"challenger {challenger:.4f} is not better than champion {champion:.4f}: champion kept"
+    )
+
+
+def metric_value(metrics: Mapping[str, Any], key: str) -> float:
+    """The number at a dotted key of metrics.json (``val.recip_rank``); RegistryError if none."""
+    node: Any = metrics
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise RegistryError(f"metrics have no {key!r} (registry.metric): missing {part!r}")
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        raise RegistryError(f"metrics {key!r} is {node!r}, not a number")
+    return float(node)
+
+
+# ---------------------------------------------------------------- the pyfunc
+
+
+class QPRSearchModel(PythonModel):
+    """The bundle as an MLflow pyfunc: questions in, top-k known paraphrases out.
+
+    predict(model_input, params={"k": 10}): model_input is a question, a list/Series of
+    questions, or a DataFrame with a "question" column (or a single column). The result is
+    one row per (query, hit), columns `PREDICTION_COLUMNS`, rank 1 = closest; "answered"
+    is the bundle's no-answer decision for the query (top-1 distance within the stored
+    threshold). An empty question raises ValueError (a whole batch fails, as the bundle
+    does: a silently dropped row would misalign the caller's results).
+    """
+
+    def load_context(self, context: PythonModelContext) -> None:
+        self._bundle = Bundle.load(context.artifacts[BUNDLE_ARTIFACT])
+        config = context.model_config or {}
+        self._k = int(config.get("k", DEFAULT_K))
+
+    def predict(
+        self,
+        context: PythonModelContext | None,
+        model_input: pd.DataFrame,  # via pyfunc: the signature turns a list into a frame
+        params: dict[str, Any] | None = None,
+    ) -> pd.DataFrame:
+        k = int((params or {}).get("k") or self._k)
+        results = self._bundle.search_batch(_questions(model_input), k=k)
+        rows = [
+            (r.query, rank, h.question_id, h.text, h.cluster_id, h.distance, r.answered)
+            for r in results
+            for rank, h in enumerate(r.hits, 1)
+        ]
+        frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+        return frame.astype(
+            {
+                "query": "str",
+                "rank": "int64",
+                "question_id": "int64",
+                "text": "str",
+                "cluster_id": "int64",
+                "distance": "float64",
+                "answered": "bool",
+            }
+        )
+
+
+def _questions(model_input: Any) -> list[str]:
+    """Whatever pyfunc callers send (list, Series, DataFrame, array, one str) → list[str]."""
+    if isinstance(model_input, str):
+        return [model_input]
+    if isinstance(model_input, pd.DataFrame):
+        if "question" in model_input.columns:
+            column = model_input["question"]
+        elif model_input.shape[1] == 1:
+            column = model_input.iloc[:, 0]
+        else:
+            raise ValueError(
+                f"expected a 'question' column, got columns {list(model_input.columns)}"
+            )
+        return [str(q) for q in column.tolist()]
+    if isinstance(model_input, pd.Series | np.ndarray):
+        return [str(q) for q in np.asarray(model_input).ravel().tolist()]
+    if isinstance(model_input, Iterable):
+        return [q if isinstance(q, str) else str(q) for q in model_input]
+    raise TypeError(f"expected questions, got {type(model_input).__name__}")
+
+
+def _signature() -> ModelSignature:
+    return ModelSignature(
+        # Unnamed: a list or Series of questions is accepted as is; a named "question"
+        # column would make MLflow reject a plain list before predict sees it.
+        inputs=Schema([ColSpec("string")]),
+        outputs=Schema(
+            [
+                ColSpec("string", "query"),
+                ColSpec("long", "rank"),
+                ColSpec("long", "question_id"),
+                ColSpec("string", "text"),
+                ColSpec("long", "cluster_id"),
+                ColSpec("double", "distance"),
+                ColSpec("boolean", "answered"),
+            ]
+        ),
+        params=ParamSchema([ParamSpec("k", "long", DEFAULT_K)]),
+    )
+
+
+def _pip_requirements() -> list[str]:
+    """The serving runtime pinned to what built the model (no inference: it costs 5-15 s)."""
+    pins = []
+    for package in _RUNTIME_PACKAGES:
+        try:
+            pins.append(f"{package}=={importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            if package == "faiss-cpu":  # a GPU install: same module, other wheel
+                try:
+                    pins.append(f"faiss-gpu=={importlib.metadata.version('faiss-gpu')}")
+                    continue
+                except importlib.metadata.PackageNotFoundError:
+                    pass
+            pins.append(package)
+    return pins
+
+
+# ---------------------------------------------------------------- registering
+
+
+@_mlflow_errors
+def register_bundle(
+    models_dir: str | Path,
+    metrics: Mapping[str, Any],
+    *,
+    name: str,
+    metric: str = "val.recip_rank",
+    run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    k: int = DEFAULT_K,
+    dedupe: bool = True,
+) -> VersionInfo:
+    """Register the bundle in ``models_dir`` (+ ``metrics``) as a new version, alias challenger.
+
+    The bundle is loaded first (`Bundle.load`), so a version is never created from files
+    that do not belong together. The model is logged into the active MLflow run, else into
+    ``run_id`` (resumed), else into a new run. Version tags: the measure ``metric`` and its
+    value, every test/val measure, the bundle fingerprint, the git commit and data hash
+    (from ``tags`` as `TAG_GIT_COMMIT` / `TAG_DATA_HASH`, else from the run's tags), and
+    any other ``tags`` given.
+
+    dedupe: when a version of ``name`` already holds a byte-identical bundle (same
+    fingerprint), return it instead of registering a copy, so a rerun on unchanged inputs
+    (a scheduled retraining that found no new data) changes nothing.
+    """
+    models_dir = Path(models_dir)
+    value = metric_value(metrics, metric)
+    client = MlflowClient()
+    with tempfile.TemporaryDirectory(prefix="qpr-register-") as tmp:
+        # The artifact directory is named after the source directory: stage it as "bundle"
+        # with only the bundle's files (no torch checkpoint) and metrics.json. The staged
+        # copy is what gets checked and fingerprinted: exactly the bytes that are stored.
+        try:
+            staged = _stage_bundle(models_dir, metrics, Path(tmp) / BUNDLE_ARTIFACT)
+            fingerprint = Bundle.load(staged).fingerprint
+        except (OSError, BundleError) as exc:
+            raise RegistryError(f"cannot register {models_dir}: {exc}") from exc
+        if dedupe:
+            existing = _find_by_fingerprint(client, name, fingerprint)
+            if existing is not None:
+                return existing
+
+        version_tags: dict[str, str] = {
+            TAG_METRIC: metric,
+            TAG_METRIC_VALUE: repr(value),
+            TAG_MEASURES: json.dumps(_measures(metrics), sort_keys=True),
+            TAG_FINGERPRINT: fingerprint,
+            "qpr.version": qpr.__version__,
+            "qpr.registered_at": _now(),
+        }
+        code = _stage_code(Path(tmp) / "code")
+        with _model_run(run_id) as run:
+            run_tags = run.data.tags if run.data else {}
+            version_tags[TAG_GIT_COMMIT] = run_tags.get("mlflow.source.git.commit", "unknown")
+            version_tags[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
+            version_tags.update({key: str(v) for key, v in (tags or {}).items()})
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_ARTIFACT,
+                python_model=QPRSearchModel(),
+                artifacts={BUNDLE_ARTIFACT: str(staged)},
+                code_paths=[str(code)],
+                pip_requirements=_pip_requirements(),
+                signature=_signature(),
+                input_example=[_EXAMPLE_QUESTION],
+                model_config={"k": int(k)},
+                metadata={"qpr_bundle_fingerprint": fingerprint},
+            )
+            logged_run_id = run.info.run_id
+    _ensure_registered_model(client, name)
+    try:
+        created = client.create_model_version(
+            name=name, source=info.model_uri, run_id=logged_run_id, tags=version_tags
+        )
+    except MlflowException as exc:
+        raise RegistryError(f"cannot create a version of {name!r}: {exc.message}") from exc
+    client.set_registered_model_alias(name, CHALLENGER, created.version)
+    return get_version(name, int(created.version))
+
+
+def _measures(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Test (top level) and validation measures, flat; baselines and the rest left out."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            out[key] = float(value)
+        elif key == "val" and isinstance(value, Mapping):
+            out.update(
+                {
+                    f"val.{k}": float(v)
+                    for k, v in value.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                }
+            )
+    return out
+
+
+def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:
+    for rel in BUNDLE_FILES:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(models_dir / rel, target / rel)
+    (target / METRICS_FILE).write_text(
+        json.dumps(dict(metrics), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    return target
+
+
+def _stage_code(target: Path) -> Path:
+    """A clean copy of the qpr package, so the pyfunc loads where qpr is not installed."""
+    source = Path(qpr.__file__).resolve().parent
+    shutil.copytree(source, target / "qpr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target / "qpr"
+
+
+@contextmanager
+def _model_run(run_id: str | None) -> Iterator[mlflow.entities.Run]:
+    """The active run if any (left open), else ``run_id`` resumed, else a new run."""
+    active = mlflow.active_run()
+    if active is not None:
+        if run_id is not None and active.info.run_id != run_id:
+            raise RegistryError(
+                f"run {active.info.run_id} is active; cannot log the model into run {run_id}"
+            )
+        yield mlflow.get_run(active.info.run_id)
+        return
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else "register") as started:
+        yield mlflow.get_run(started.info.run_id)
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        try:
+            client.create_registered_model(
+                name,
+                description=(
+                    "QPR paraphrase search: ONNX encoder + vocabulary + FAISS index + "
+                    "questions + no-answer threshold + metrics, as one pyfunc."
+                ),
+            )
+        except MlflowException as exc:  # created meanwhile by another process: fine
+            if "already exists" not in str(exc).lower():
+                raise
+
+
+def _find_by_fingerprint(client: MlflowClient, name: str, fingerprint: str) -> VersionInfo | None:
+    try:
+        found = client.search_model_versions(
+            f"name = '{_quote(name)}' and tags.`{TAG_FINGERPRINT}` = '{fingerprint}'"
+        )
+    except MlflowException:
+        return None
+    if not found:
+        return None
+    return get_version(name, max(int(v.version) for v in found))
+
+
+# ---------------------------------------------------------------- reading
+
+
+@_mlflow_errors
+def get_version(name: str, version: int | str) -> VersionInfo:
+    """One version; RegistryError when the model or the version does not exist."""
+    client = MlflowClient()
+    _require_model(client, name)
+    try:
+        mv = client.get_model_version(name, str(int(version)))
+    except (MlflowException, ValueError):
+        known = ", ".join(str(v.version) for v in list_versions(name)) or "none"
+        raise RegistryError(
+            f"model {name!r} has no version {version} (versions: {known})"
+        ) from None
+    return _info(mv)
+
+
+@_mlflow_errors
+def list_versions(name: str) -> list[VersionInfo]:
+    """Every version of ``name``, newest first; RegistryError when there is no such model."""
+    client = MlflowClient()
+    _require_model(client, name)
+    # Search results carry no aliases (MLflow fills them only for single-version reads):
+    # take them from the registered model, one read for all versions.
+    by_version: dict[int, list[str]] = {}
+    for alias, version in (client.get_registered_model(name).aliases or {}).items():
+        by_version.setdefault(int(version), []).append(alias)
+    versions = client.search_model_versions(f"name = '{_quote(name)}'")
+    return sorted(
+        (_info(v, aliases=by_version.get(int(v.version), [])) for v in versions),
+        key=lambda v: v.version,
+        reverse=True,
+    )
+
+
+@_mlflow_errors
+def champion(name: str) -> VersionInfo | None:
+    """The version the ``champion`` alias points at; None when no version has been promoted."""
+    return _by_alias(MlflowClient(), name, CHAMPION)
+
+
+@_mlflow_errors
+def download_bundle(name: str, alias: str, dst: str | Path) -> Path:
+    """Download ``models:/<name>@<alias>`` into ``dst``; return its bundle directory.
+
+    The directory holds the six bundle files and metrics.json, ready for `Bundle.load`.
+    """
+    client = MlflowClient()
+    if _by_alias(client, name, alias) is None:
+        raise RegistryError(f"model {name!r} has no version with alias {alias!r}")
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{name}@{alias}", dst_path=str(dst)
+    )
+    bundle = Path(local) / "artifacts" / BUNDLE_ARTIFACT
+    if not bundle.is_dir():
+        raise RegistryError(f"models:/{name}@{alias} holds no bundle (expected {bundle})")
+    return bundle
+
+
+def _require_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        raise RegistryError(
+            f"no registered model {name!r} in {mlflow.get_tracking_uri()}: "
+            "run the register stage (dvc repro) first"
+        ) from None
+
+
+def _by_alias(client: MlflowClient, name: str, alias: str) -> VersionInfo | None:
+    _require_model(client, name)
+    try:
+        return _info(client.get_model_version_by_alias(name, alias))
+    except MlflowException:
+        return None
+
+
+def _info(mv: Any, aliases: Iterable[str] | None = None) -> VersionInfo:
+    tags = dict(mv.tags or {})
+    raw_value = tags.get(TAG_METRIC_VALUE)
+    try:
+        value = float(raw_value) if raw_value is not None else None
+    except ValueError:
+        value = None
+    return VersionInfo(
+        name=mv.name,
+        version=int(mv.version),
+        aliases=tuple(sorted(mv.aliases or () if aliases is None else aliases)),
+        metric=tags.get(TAG_METRIC),
+        value=value,
+        created=datetime.fromtimestamp(mv.creation_timestamp / 1000, tz=UTC),
+        run_id=mv.run_id or None,
+        tags=tags,
+    )
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "\\'")
+
+
+# ---------------------------------------------------------------- promotion and rollback
+
+
+@_mlflow_errors
+def promote(name: str, version: int | str, *, reason: str, actor: str) -> VersionInfo:
+    """Make ``version`` the champion; the replaced champion becomes ``previous-champion``.
+
+    Recorded on the promoted version (promoted_by/at/reason, its predecessor) and on the
+    replaced one (replaced_by/at/reason), each also as an event. Everything is recorded
+    before the champion alias moves: a crash before it leaves the serving champion as it was.
+    RegistryError: no such model or version, or the version is already the champion.
+    """
+    client = MlflowClient()
+    target = get_version(name, version)
+    current = _by_alias(client, name, CHAMPION)
+    if current is not None and current.version == target.version:
+        raise RegistryError(f"version {target.version} of {name!r} is already the champion")
+    when = _now()
+    _record(
+        client,
+        target,
+        "promoted",
+        actor=actor,
+        reason=reason,
+        when=when,
+        replaced=current.version if current else None,
+    )
+    if current is not None:
+        client.set_model_version_tag(name, str(target.version), TAG_PREVIOUS, str(current.version))
+        _record(
+            client,
+            current,
+            "replaced",
+            actor=actor,
+            reason=reason,
+            when=when,
+            by_version=target.version,
+        )
+        client.set_registered_model_alias(name, PREVIOUS_CHAMPION, str(current.version))
+    else:
+        _delete_tag(client, name, target.version, TAG_PREVIOUS)
+        _delete_alias(client, name, PREVIOUS_CHAMPION)
+    client.set_registered_model_alias(name, CHAMPION, str(target.version))
+    if CHALLENGER in target.aliases:
+        _delete_alias(client, name, CHALLENGER)
+    return get_version(name, target.version)
+
+
+@_mlflow_errors
+def rollback(name: str, *, reason: str, actor: str) -> VersionInfo:
+    """Move ``champion`` back to ``previous-champion``; return the restored champion.
+
+    Afterwards ``previous-champion`` points at the restored version's own predecessor (its
+    ``qpr.previous_champion`` tag, written when it was promoted), so rolling back twice
+    walks two promotions back, and never at the version just rolled back (no ping-pong).
+    The rolled-back version gets rolled_back_by/at/reason tags, which also keep the
+    register flow from promoting the same bundle again by itself.
+    RegistryError: no model, no champion, or nothing to roll back to.
+    """
+    client = MlflowClient()
+    current = _by_alias(client, name, CHAMPION)
+    if current is None:
+        raise RegistryError(f"model {name!r} has no champion: nothing to roll back")
+    target = _by_alias(client, name, PREVIOUS_CHAMPION)
+    if target is None or target.version == current.version:
+        raise RegistryError(
+            f"model {name!r} has no previous champion before version {current.version}: "
+            "nothing to roll back to (promote a version by hand: qpr model promote VERSION)"
+        )
+    when = _now()
+    _record(
+        client, current, "rolled_back", actor=actor, reason=reason, when=when, to=target.version
+    )
+    _record(
+        client, target, "restored", actor=actor, reason=reason, when=when, replaced=current.version
+    )
+    before = target.tags.get(TAG_PREVIOUS)
+    if before and before != str(current.version) and before != str(target.version):
+        try:
+            client.set_registered_model_alias(name, PREVIOUS_CHAMPION, before)
+        except MlflowException:  # that version was deleted since: the chain ends here
+            _delete_alias(client, name, PREVIOUS_CHAMPION)
+    else:
+        _delete_alias(client, name, PREVIOUS_CHAMPION)
+    client.set_registered_model_alias(name, CHAMPION, str(target.version))
+    return get_version(name, target.version)
+
+
+def events(info: VersionInfo) -> list[dict[str, Any]]:
+    """The version's promotion/rollback history, oldest first."""
+    out = []
+    for key, value in info.tags.items():
+        if key.startswith(_EVENT_PREFIX):
+            try:
+                out.append(json.loads(value))
+            except json.JSONDecodeError:
+                continue
+    return sorted(out, key=lambda e: e.get("seq", 0))
+
+
+@_mlflow_errors
+def keep_challenger(name: str, version: int, *, reason: str, actor: str) -> VersionInfo:
+    """Record that ``version`` was judged and not promoted (kept_challenger_* tags + event)."""
+    client = MlflowClient()
+    info = get_version(name, version)
+    _record(client, info, "kept_challenger", actor=actor, reason=reason, when=_now())
+    return get_version(name, version)
+
+
+def _record(
+    client: MlflowClient,
+    info: VersionInfo,
+    action: str,
+    *,
+    actor: str,
+    reason: str,
+    when: str,
+    **details: Any,
+) -> None:
+    """Latest-action tags (qpr.<action>_by/_at/_reason) and one append-only event tag."""
+    seq = int(info.tags.get(TAG_EVENTS, "0")) + 1
+    reason = reason[:_MAX_REASON]  # tag values are limited (5,000 characters on some stores)
+    event = {"seq": seq, "action": action, "actor": actor, "reason": reason, "at": when}
+    event.update({k: v for k, v in details.items() if v is not None})
+    version = str(info.version)
+    for key, value in (
+        (f"qpr.{action}_by", actor),
+        (f"qpr.{action}_at", when),
+        (f"qpr.{action}_reason", reason),
+        (f"{_EVENT_PREFIX}{seq:03d}", json.dumps(event, sort_keys=True)),
+        (TAG_EVENTS, str(seq)),
+    ):
+        client.set_model_version_tag(info.name, version, key, value)
+    # Keep the caller's copy current: a second _record on the same info must not reuse seq.
+    info.tags.update({TAG_EVENTS: str(seq)})
+
+
+def _delete_alias(client: MlflowClient, name: str, alias: str) -> None:
+    with suppress(MlflowException):  # not set: nothing to delete
+        client.delete_registered_model_alias(name, alias)
+
+
+def _delete_tag(client: MlflowClient, name: str, version: int, key: str) -> None:
+    with suppress(MlflowException):
+        client.delete_model_version_tag(name, str(version), key)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def describe(info: VersionInfo) -> str:
+    """One line for logs and CLI messages: version, aliases, measure."""
+    aliases = f" [{', '.join(info.aliases)}]" if info.aliases else ""
+    measure = f", {info.metric} {info.value:.4f}" if info.value is not None else ""
+    return f"{info.name} v{info.version}{aliases}{measure}"

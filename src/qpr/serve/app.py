@@ -1,0 +1,680 @@
+"""The search service: a FastAPI app over the current `Bundle`, hot-reloaded from a source.
+
+Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID``):
+
+- ``POST /search`` ``{"question": str, "k"?: int, "threshold"?: number|null}`` → the k
+  closest known questions (``id, text, cluster_id, distance, score``), ``answered``
+  (top-1 within the threshold: the request's, else the model's stored one), the threshold
+  used, and which model answered.
+- ``POST /search/batch`` ``{"questions": [str, ...], "k"?, "threshold"?}`` → ``results``
+  in input order, same fields.
+- ``GET /healthz`` liveness: 200 while the process runs.
+- ``GET /readyz`` readiness: 200 once a model serves, else 503 (load balancers wait).
+- ``GET /version`` the serving model (name, version, alias, fingerprint, ...), the
+  service's git commit, and the reloader's state (refused reloads, last error).
+- ``GET /metrics`` Prometheus text: requests by endpoint/method/status, latency
+  histogram, model info gauge, reload outcomes, answered/unanswered questions.
+
+Input handling: bodies are read by `_Guard` (an ASGI middleware) up to
+``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed) and
+parsed here, not by FastAPI, so that invalid UTF-8, invalid JSON, wrong types, unknown
+fields, empty or overlong questions and k out of range each get a 4xx with a message that
+says what to fix. Anything unexpected becomes a 500 with the request id; the trace goes
+to the log only.
+
+Speed: the per-request path is parse → `Bundle.search` in a worker thread (ONNX Runtime
+and FAISS release the GIL, so two searches use two cores) → `json.dumps`. Nothing on it
+imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import qpr
+from qpr.serve.bundle import Bundle, SearchResult
+from qpr.serve.metrics import CONTENT_TYPE, Registry
+from qpr.serve.reload import ModelHolder, Reloader, Served
+from qpr.serve.settings import ServeSettings
+from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
+
+__all__ = ["ApiError", "create_app", "source_from_settings"]
+
+log = logging.getLogger("qpr.serve")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Paths reported as themselves in metrics; anything else is "other", so that scanners
+# probing random URLs cannot create unbounded label values.
+_ENDPOINTS = frozenset(
+    {"/search", "/search/batch", "/healthz", "/readyz", "/version", "/metrics", "/openapi.json"}
+)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ApiError(Exception):
+    """A request the service refuses: becomes ``{"error", "message", "request_id"}``."""
+
+    def __init__(self, status: int, code: str, message: str, details: list[Any] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+def _json_bytes(payload: Any) -> bytes:
+    # allow_nan=False: a NaN would be invalid JSON for most clients; better a 500 here.
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def _error_body(
+    code: str, message: str, request_id: str, details: list[Any] | None = None
+) -> bytes:
+    body: dict[str, Any] = {"error": code, "message": message, "request_id": request_id}
+    if details:
+        body["details"] = details
+    return _json_bytes(body)
+
+
+def _request_id(request: Request) -> str:
+    return str(request.scope.get("state", {}).get("request_id", "-"))
+
+
+# ---------------------------------------------------------------- the guard middleware
+
+
+class _Guard:
+    """Outermost layer of the app: request id, body limit, catch-all, metrics.
+
+    A pure ASGI middleware (not BaseHTTPMiddleware) because it sits on every request's
+    path and must stay cheap. The body is read here in full, up to the limit, and replayed
+    to the app: an oversize body is refused before anything parses it, whether it announced
+    its size (Content-Length) or not (chunked), and the app sees one complete body.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, telemetry: _Telemetry) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        given = headers.get("x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        method = scope.get("method", "GET")
+        path = scope.get("path", "")
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
+            await send(message)
+
+        async def reply(code: int, error: str, text: str) -> None:
+            body = _error_body(error, text, request_id)
+            await send_with_id(
+                {
+                    "type": "http.response.start",
+                    "status": code,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send_with_id({"type": "http.response.body", "body": body})
+
+        try:
+            app_receive = receive
+            if method in _BODY_METHODS:
+                refusal = await self._read_body(headers, receive)
+                if isinstance(refusal, tuple):
+                    await reply(*refusal)
+                    return
+                app_receive = _replay(refusal, receive)
+            await self.app(scope, app_receive, send_with_id)
+        except Exception:
+            # The client gets the request id and nothing else; the trace goes to the log.
+            log.exception("unhandled error in %s %s (request id %s)", method, path, request_id)
+            if not response_started:
+                await reply(500, "internal_error", f"internal error; request id {request_id}")
+        finally:
+            endpoint = path if path in _ENDPOINTS else "other"
+            self.telemetry.observe(endpoint, method, status, time.perf_counter() - started)
+
+    async def _read_body(
+        self, headers: dict[str, bytes], receive: Receive
+    ) -> bytes | tuple[int, str, str]:
+        """The whole body, or (status, code, message) when it must be refused."""
+        limit = self.max_body_bytes
+        raw = headers.get("content-length")
+        declared = None if raw is None else raw.decode("latin-1")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                return 400, "bad_request", f"Content-Length {declared!r} is not a number"
+            if size > limit:
+                return 413, "body_too_large", f"body of {size} bytes; the limit is {limit}"
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > limit:
+                # Content-Length absent or understated: stop reading at the limit.
+                return 413, "body_too_large", f"body larger than the limit of {limit} bytes"
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: wait for the disconnect, as servers do
+
+    return replay
+
+
+# ---------------------------------------------------------------- telemetry
+
+
+class _Telemetry:
+    """The service's metric families and the hooks that keep them current."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.requests = self.registry.counter(
+            "qpr_http_requests_total",
+            "HTTP requests by endpoint, method and status code.",
+            ("endpoint", "method", "status"),
+        )
+        self.latency = self.registry.histogram(
+            "qpr_http_request_duration_seconds",
+            "Time from request start to the end of the response, by endpoint.",
+            ("endpoint",),
+        )
+        self.questions = self.registry.counter(
+            "qpr_questions_total",
+            "Questions searched, by whether the top hit was within the no-answer threshold.",
+            ("answered",),
+        )
+        self.model_info = self.registry.gauge(
+            "qpr_model_info",
+            "The serving model (value 1); labels say which.",
+            ("name", "version", "alias", "fingerprint"),
+        )
+        self.model_loaded = self.registry.gauge(
+            "qpr_model_loaded_timestamp_seconds", "When the serving model was loaded."
+        )
+        self.model_questions = self.registry.gauge(
+            "qpr_model_index_questions", "Questions in the serving model's index."
+        )
+        self.ready = self.registry.gauge("qpr_ready", "1 when a model serves, else 0.")
+        self.reloads = self.registry.counter(
+            "qpr_model_reloads_total",
+            "Reload attempts by outcome (swapped, refused, error).",
+            ("outcome",),
+        )
+
+    def observe(self, endpoint: str, method: str, status: int, seconds: float) -> None:
+        self.requests.inc(endpoint, method, str(status))
+        self.latency.observe(seconds, endpoint)
+
+    def refresh_model(self, served: Served | None) -> None:
+        if served is None:
+            self.model_info.replace([])
+            self.ready.set(0)
+            return
+        info = served.info
+        self.model_info.replace(
+            [((info.name, info.version or "", info.alias or "", info.fingerprint), 1.0)]
+        )
+        self.model_loaded.set(info.loaded_at)
+        self.model_questions.set(info.questions)
+        self.ready.set(1)
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+class _SearchBody(BaseModel):
+    # strict: "5" is not a k and true is not a number; forbid: a typo ("top_k") is an
+    # error, not a silently ignored field.
+    model_config = ConfigDict(extra="forbid", strict=True)
+    question: str
+    k: int | None = None
+    threshold: float | None = None
+
+
+class _BatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    questions: list[str]
+    k: int | None = None
+    threshold: float | None = None
+
+
+_SEARCH_EXAMPLE = '{"question": "how do i reset my password?", "k": 10}'
+_BATCH_EXAMPLE = '{"questions": ["how do i reset my password?"], "k": 10}'
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse(body: bytes, headers: Any, model: type[BaseModel], example: str) -> Any:
+    content_type = headers.get("content-type", "")
+    if content_type and "json" not in content_type.lower():
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send JSON (Content-Type: application/json), got {content_type!r}",
+        )
+    if not body.strip():
+        raise ApiError(400, "empty_body", f"the body is empty; send e.g. {example}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400, "invalid_utf8", f"the body is not valid UTF-8 (byte {exc.start}): send UTF-8 JSON"
+        ) from None
+    try:
+        # NaN/Infinity are accepted by Python's json but are not JSON.
+        payload = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"the body must be a JSON object like {example}, got a JSON {type(payload).__name__}",
+        )
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        details = [
+            {"field": ".".join(str(p) for p in e["loc"]) or "body", "problem": e["msg"]}
+            for e in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        summary = "; ".join(f"{d['field']}: {d['problem']}" for d in details[:5])
+        raise ApiError(422, "invalid_request", summary, details) from None
+
+
+def _check_question(question: str, settings: ServeSettings, where: str = "question") -> None:
+    if not question.strip():
+        raise ApiError(422, "empty_question", f"{where} is empty or only whitespace")
+    if len(question) > settings.max_question_chars:
+        raise ApiError(
+            422,
+            "question_too_long",
+            f"{where} has {len(question):,} characters; the limit is "
+            f"{settings.max_question_chars:,}",
+        )
+
+
+def _check_k(k: int | None, settings: ServeSettings) -> int:
+    if k is None:
+        return settings.default_k
+    if not 1 <= k <= settings.max_k:
+        raise ApiError(422, "k_out_of_range", f"k must be between 1 and {settings.max_k}, got {k}")
+    return k
+
+
+def _check_threshold(threshold: float | None) -> float | None:
+    if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
+        raise ApiError(
+            422, "invalid_threshold", f"threshold must be a finite number >= 0, got {threshold}"
+        )
+    return threshold
+
+
+# ---------------------------------------------------------------- responses
+
+
+def _respond(payload: Any, status: int = 200) -> Response:
+    return Response(_json_bytes(payload), status_code=status, media_type="application/json")
+
+
+def _hits(result: SearchResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": h.question_id,
+            "text": h.text,
+            "cluster_id": h.cluster_id,
+            "distance": h.distance,
+            "score": h.score,
+        }
+        for h in result.hits
+    ]
+
+
+def _model_brief(served: Served) -> dict[str, Any]:
+    info = served.info
+    return {"name": info.name, "version": info.version, "fingerprint": info.fingerprint}
+
+
+# ---------------------------------------------------------------- the app
+
+
+@dataclass
+class _ServiceState:
+    settings: ServeSettings
+    holder: ModelHolder
+    reloader: Reloader
+    telemetry: _Telemetry
+    git_commit: str | None
+    started_at: float
+
+
+def source_from_settings(settings: ServeSettings) -> BundleSource:
+    """The registry when a model name is set, else the local models directory."""
+    if settings.registry_name:
+        return RegistrySource(settings.registry_name, settings.alias)
+    return LocalSource(settings.models_dir)
+
+
+def _git_commit() -> str | None:
+    """The service code's commit: QPR_GIT_COMMIT (set in images without .git), else git."""
+    given = os.environ.get("QPR_GIT_COMMIT")
+    if given:
+        return given
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=2,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+def create_app(
+    source: BundleSource | None = None,
+    settings: ServeSettings | None = None,
+    *,
+    load: Callable[[Path], Bundle] | None = None,
+) -> FastAPI:
+    """Build the service. With no arguments (``uvicorn qpr.serve.app:create_app
+    --factory``) everything comes from ``QPR_SERVE_*`` variables.
+
+    The model is loaded at startup (the lifespan), synchronously: when it loads, the
+    service is ready as soon as it listens; when it does not, the service still starts,
+    /readyz says 503 with the reason, and the poller keeps trying.
+
+    load: how a bundle directory is loaded (default: Bundle.load with the settings'
+        threads and nprobe); tests substitute their own.
+    """
+    settings = settings or ServeSettings.from_env()
+    source = source or source_from_settings(settings)
+    # Process-wide, so set once here; see qpr.serve.settings for why 1.
+    faiss.omp_set_num_threads(settings.faiss_threads)
+
+    def default_load(path: Path) -> Bundle:
+        return Bundle.load(path, threads=settings.threads, nprobe=settings.nprobe)
+
+    telemetry = _Telemetry()
+    holder = ModelHolder()
+    reloader = Reloader(
+        source,
+        holder,
+        load=load or default_load,
+        canaries=settings.canaries,
+        warmup_k=settings.default_k,
+        poll_seconds=settings.poll_seconds,
+        on_event=lambda outcome, message: telemetry.reloads.inc(outcome),
+    )
+    telemetry.registry.on_collect(lambda: telemetry.refresh_model(holder.current))
+    state = _ServiceState(
+        settings=settings,
+        holder=holder,
+        reloader=reloader,
+        telemetry=telemetry,
+        git_commit=_git_commit(),
+        started_at=time.time(),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(reloader.check)
+        if holder.current is None:
+            log.error("no model could be loaded from %s; not ready", source.description)
+        reloader.start()
+        try:
+            yield
+        finally:
+            reloader.stop()
+
+    app = FastAPI(
+        title="QPR search",
+        version=qpr.__version__,
+        description="Question paraphrase retrieval: the known questions that ask the same thing.",
+        lifespan=lifespan,
+        docs_url=None,  # Swagger UI loads its assets from a CDN; /openapi.json stays
+        redoc_url=None,
+    )
+    app.state.service = state
+
+    # ---- error handlers: every refusal has the same JSON shape and the request id
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        body = _error_body(exc.code, exc.message, _request_id(request), exc.details)
+        return Response(body, status_code=exc.status, media_type="application/json")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message += f" (endpoints: {', '.join(sorted(_ENDPOINTS))})"
+        body = _error_body(code, message, _request_id(request))
+        return Response(
+            body,
+            status_code=exc.status_code,
+            media_type="application/json",
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        details = [
+            {"field": ".".join(map(str, e["loc"])), "problem": e["msg"]} for e in exc.errors()
+        ]
+        summary = "; ".join(f"{d['field']}: {d['problem']}" for d in details[:5])
+        body = _error_body("invalid_request", summary, _request_id(request), details)
+        return Response(body, status_code=422, media_type="application/json")
+
+    def serving() -> Served:
+        served = holder.current  # read once: the request uses this model to the end
+        if served is None:
+            raise ApiError(503, "not_ready", "no model is loaded yet; see /version")
+        return served
+
+    # ---- endpoints
+
+    search_schema = {"requestBody": _body_schema(_SearchBody, _SEARCH_EXAMPLE)}
+    batch_schema = {"requestBody": _body_schema(_BatchBody, _BATCH_EXAMPLE)}
+
+    @app.post("/search", openapi_extra=search_schema)
+    async def search(request: Request) -> Response:
+        """The k known questions closest to one question."""
+        body = _parse(await request.body(), request.headers, _SearchBody, _SEARCH_EXAMPLE)
+        _check_question(body.question, settings)
+        k = _check_k(body.k, settings)
+        threshold = _check_threshold(body.threshold)
+        served = serving()
+        try:
+            result = await run_in_threadpool(
+                served.bundle.search, body.question, k, threshold=threshold
+            )
+        except ValueError as exc:  # e.g. only punctuation: no words to search with
+            raise ApiError(422, "invalid_question", str(exc)) from None
+        telemetry.questions.inc("true" if result.answered else "false")
+        return _respond(
+            {
+                "query": result.query,
+                "answered": result.answered,
+                "threshold": served.bundle.threshold if threshold is None else threshold,
+                "hits": _hits(result),
+                "model": _model_brief(served),
+            }
+        )
+
+    @app.post("/search/batch", openapi_extra=batch_schema)
+    async def search_batch(request: Request) -> Response:
+        """`/search` for up to max_batch questions in one request (one encoder call)."""
+        body = _parse(await request.body(), request.headers, _BatchBody, _BATCH_EXAMPLE)
+        if not body.questions:
+            raise ApiError(422, "empty_batch", "questions is empty: send at least one")
+        if len(body.questions) > settings.max_batch:
+            raise ApiError(
+                422,
+                "batch_too_large",
+                f"{len(body.questions)} questions; the limit is {settings.max_batch} a request",
+            )
+        for i, question in enumerate(body.questions):
+            _check_question(question, settings, where=f"questions[{i}]")
+        k = _check_k(body.k, settings)
+        threshold = _check_threshold(body.threshold)
+        served = serving()
+        try:
+            results = await run_in_threadpool(
+                served.bundle.search_batch, body.questions, k, threshold=threshold
+            )
+        except ValueError as exc:
+            raise ApiError(422, "invalid_question", str(exc)) from None
+        answered = sum(r.answered for r in results)
+        if answered:
+            telemetry.questions.inc("true", amount=answered)
+        if len(results) - answered:
+            telemetry.questions.inc("false", amount=len(results) - answered)
+        return _respond(
+            {
+                "results": [
+                    {"query": r.query, "answered": r.answered, "hits": _hits(r)} for r in results
+                ],
+                "threshold": served.bundle.threshold if threshold is None else threshold,
+                "model": _model_brief(served),
+            }
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        """Liveness: the process answers."""
+        return _respond({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: 200 when a model serves, 503 (with the reason) when none does."""
+        served = holder.current
+        if served is None:
+            reason = (
+                reloader.last_refusal.reason
+                if reloader.last_refusal is not None
+                else reloader.last_error or "loading"
+            )
+            return _respond({"status": "not ready", "reason": reason}, status=503)
+        return _respond({"status": "ready", "model": _model_brief(served)})
+
+    @app.get("/version")
+    async def version() -> Response:
+        """The serving model, the service's commit, and the reloader's state."""
+        served = holder.current
+        return _respond(
+            {
+                "model": None if served is None else served.info.as_dict(),
+                "service": {
+                    "package_version": qpr.__version__,
+                    "git_commit": state.git_commit,
+                    "started_at": time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at)
+                    ),
+                },
+                "reload": reloader.status(),
+                "limits": {
+                    "max_k": settings.max_k,
+                    "default_k": settings.default_k,
+                    "max_question_chars": settings.max_question_chars,
+                    "max_body_bytes": settings.max_body_bytes,
+                    "max_batch": settings.max_batch,
+                },
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format."""
+        return Response(telemetry.registry.render(), media_type=CONTENT_TYPE)
+
+    guarded: Any = _Guard
+    app.add_middleware(guarded, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
+    return app
+
+
+def _body_schema(model: type[BaseModel], example: str) -> dict[str, Any]:
+    """OpenAPI request body for endpoints that parse their body themselves."""
+    return {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": model.model_json_schema(),
+                "example": json.loads(example),
+            }
+        },
+    }

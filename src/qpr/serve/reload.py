@@ -1,0 +1,440 @@
+"""Hot reload: poll the source, load a new bundle beside the old one, check it, swap.
+
+The sequence for every change the source reports (`Reloader.check`):
+
+1. ``source.poll()`` → a `Candidate`; an unchanged token ends the check (the common case,
+   a stat or one registry call).
+2. ``source.materialize`` + `Bundle.load`: the new bundle is loaded next to the serving
+   one, which keeps answering meanwhile (memory: both for a moment). `Bundle.load`
+   already refuses files that do not belong together (vocabulary vs encoder, encoder width
+   vs index width, id map and question table vs index).
+3. `check_bundle`: the checks a file-level cross-check cannot make. A few questions of the
+   bundle's own index (evenly spaced rows) must each retrieve themselves first, at a
+   distance of about 0, through the full query path (tokenise → ONNX → FAISS). This
+   catches an index built by another encoder of the same width, a model whose vectors
+   collapsed, NaNs, a vocabulary that tokenises differently. The query vectors must have
+   the index's width and finite distances.
+4. `warm_up`: searches of several lengths and a batch, so the first real requests do not
+   pay ONNX Runtime's and FAISS's first-call allocations.
+5. The swap: one reference assignment under a lock (`ModelHolder.swap`). A request reads
+   `ModelHolder.current` once and uses that `Served` object to the end, so in-flight
+   requests finish on the bundle they started with; the old bundle is freed when the last
+   of them drops it.
+
+A candidate that fails 2-4 is *refused*: logged with the reason, counted, shown by
+/version, and the serving model stays. A refused token is not retried until the source
+reports another one (a broken upload does not cost a full load every poll). Errors that
+may be transient (download failed, registry unreachable) are retried at the next polls,
+up to `MAX_ATTEMPTS` for one token, then refused too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from qpr.serve.bundle import QUESTIONS_FILE, Bundle, BundleError
+from qpr.serve.sources import BundleSource, Candidate, SourceError
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "ModelHolder",
+    "ModelInfo",
+    "ReloadRefused",
+    "Reloader",
+    "Served",
+    "check_bundle",
+    "pick_canaries",
+    "warm_up",
+]
+
+log = logging.getLogger("qpr.serve")
+
+# Loads of one token that may fail for transient reasons before it is refused for good.
+MAX_ATTEMPTS = 3
+# Neighbours fetched per canary: a canary may tie with exact duplicates at distance 0
+# (Quora holds questions that differ only in case or punctuation), so "first" means
+# "among the results tied for first".
+_CANARY_K = 10
+# A canary's own vector must come back at distance ~0: at most this share of the distance
+# to its 10th neighbour (float32 noise is ~1e-7 of it, a wrong index gives ~1).
+_CANARY_RTOL = 1e-3
+
+# The outcomes of one check, as counted in qpr_model_reloads_total{outcome=...}.
+UNCHANGED = "unchanged"
+SWAPPED = "swapped"
+REFUSED = "refused"
+ERROR = "error"
+
+
+class ReloadRefused(RuntimeError):
+    """A loaded bundle failed the canary or dimension checks (the message says how)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What /version, /metrics and every response say about the serving model."""
+
+    name: str
+    version: str | None
+    alias: str | None
+    source: str
+    fingerprint: str
+    loaded_at: float  # unix seconds
+    questions: int
+    dim: int
+    nprobe: int | None
+    threshold: float | None
+    details: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "alias": self.alias,
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            "loaded_at": _iso(self.loaded_at),
+            "questions": self.questions,
+            "dim": self.dim,
+            "nprobe": self.nprobe,
+            "threshold": self.threshold,
+            **self.details,
+        }
+
+
+@dataclass(frozen=True)
+class Served:
+    """A bundle and its description, swapped together so they can never disagree."""
+
+    bundle: Bundle
+    info: ModelInfo
+
+
+class ModelHolder:
+    """The one reference requests read. Reading `current` is a single attribute load
+    (atomic under the GIL, and under free-threading a plain reference read); writers
+    serialise on a lock so two swaps cannot interleave with their bookkeeping."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.current: Served | None = None
+
+    def swap(self, new: Served) -> Served | None:
+        with self._lock:
+            old, self.current = self.current, new
+        return old
+
+
+def pick_canaries(questions_path: Path, count: int) -> list[tuple[int, str]]:
+    """(question id, text) of `count` evenly spaced rows of the bundle's question table."""
+    table = pq.read_table(questions_path, columns=["question_id", "text"])
+    n = table.num_rows
+    if n == 0 or count < 1:
+        return []
+    rows = np.unique(np.linspace(0, n - 1, num=min(count, n)).round().astype(np.int64))
+    picked = table.take(rows)
+    return list(
+        zip(
+            (int(q) for q in picked.column("question_id").to_pylist()),
+            picked.column("text").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
+    """Raise ReloadRefused unless every usable canary retrieves itself first.
+
+    A canary whose text has no words for this vocabulary (ValueError from search) is
+    skipped; at least one must be usable. Returns the number checked.
+    """
+    if bundle.size < 1:
+        raise ReloadRefused("the index holds no questions")
+    checked = 0
+    for qid, text in canaries:
+        try:
+            result = bundle.search(text, k=_CANARY_K, threshold=math.inf)
+        except ValueError:
+            continue  # e.g. a question of punctuation only: nothing to check with it
+        checked += 1
+        hits = result.hits
+        if not hits:
+            raise ReloadRefused(f"canary question {qid} ({text!r}) retrieved nothing")
+        distances = [h.distance for h in hits]
+        if not all(math.isfinite(d) for d in distances):
+            raise ReloadRefused(f"canary question {qid}: non-finite distances {distances[:3]}")
+        tolerance = _CANARY_RTOL * max(1.0, distances[-1])
+        if distances[0] > tolerance:
+            raise ReloadRefused(
+                f"canary question {qid} ({text!r}): nearest neighbour at distance "
+                f"{distances[0]:.4g}, expected ~0 (its own vector): the index was not built "
+                "by this encoder and vocabulary"
+            )
+        tied = [h.question_id for h in hits if h.distance <= distances[0] + tolerance]
+        if qid not in tied:
+            raise ReloadRefused(
+                f"canary question {qid} ({text!r}) did not retrieve itself first: got "
+                f"{hits[0].question_id} ({hits[0].text!r}) at distance {distances[0]:.4g}"
+            )
+    if checked == 0:
+        raise ReloadRefused("no canary question could be encoded: vocabulary and index disagree")
+    return checked
+
+
+def warm_up(bundle: Bundle, texts: list[str], k: int) -> None:
+    """Run the query path on short, long and batched inputs before taking traffic."""
+    searchable = []
+    for text in texts:
+        try:
+            bundle.search(text, k=k)
+        except ValueError:  # no words for this vocabulary: not usable here
+            continue
+        searchable.append(text)
+    if not searchable:
+        return
+    longest = " ".join(searchable)  # reaches max_len: the largest tensor one query makes
+    for text in [longest, *searchable]:
+        bundle.search(text, k=k)
+    bundle.search_batch(searchable, k=k)
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass
+class _Refusal:
+    token: str
+    name: str
+    version: str | None
+    reason: str
+    at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "reason": self.reason,
+            "at": _iso(self.at),
+        }
+
+
+class Reloader:
+    """Keeps `holder` serving the source's model (see the module docstring).
+
+    load: how a directory becomes a Bundle (Bundle.load with the service's threads and
+        nprobe); tests pass their own.
+    on_event: called with (outcome, message) after every check that did something; the
+        app counts outcomes in /metrics.
+    """
+
+    def __init__(
+        self,
+        source: BundleSource,
+        holder: ModelHolder,
+        *,
+        load: Callable[[Path], Bundle],
+        canaries: int = 5,
+        warmup_k: int = 10,
+        poll_seconds: float = 30.0,
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.holder = holder
+        self._load = load
+        self._canaries = canaries
+        self._warmup_k = warmup_k
+        self.poll_seconds = poll_seconds
+        self._on_event = on_event or (lambda outcome, message: None)
+        self._check_lock = threading.Lock()  # one check at a time (poller vs manual)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # state shown by /version
+        self._settled_token: str | None = None  # served, or refused for good
+        self._attempts: dict[str, int] = {}
+        self.checks = 0
+        self.swaps = 0
+        self.refused = 0
+        self.errors = 0
+        self.last_check_at: float | None = None
+        self.last_refusal: _Refusal | None = None
+        self.last_error: str | None = None
+
+    # -- one check ------------------------------------------------------------------------
+
+    def check(self) -> str:
+        """Poll once; load, check and swap when the source changed. Returns the outcome."""
+        with self._check_lock:
+            self.checks += 1
+            self.last_check_at = time.time()
+            try:
+                candidate = self.source.poll()
+            except SourceError as exc:
+                return self._error(str(exc))
+            except Exception as exc:  # a poll must never kill the poller
+                log.exception("polling %s failed", self.source.description)
+                return self._error(f"polling {self.source.description} failed: {exc}")
+            if candidate.token == self._settled_token:
+                return UNCHANGED
+            return self._try(candidate)
+
+    def _try(self, candidate: Candidate) -> str:
+        label = _label(candidate)
+        started = time.perf_counter()
+        try:
+            with self.source.materialize(candidate) as path:
+                bundle = self._load(path)
+                canaries = pick_canaries(path / QUESTIONS_FILE, self._canaries)
+            expected = candidate.expected_fingerprint
+            if expected and expected != bundle.fingerprint:
+                raise ReloadRefused(
+                    f"the downloaded bundle's fingerprint {bundle.fingerprint[:12]}… differs "
+                    f"from the registered {expected[:12]}…: corrupt or incomplete files"
+                )
+            checked = check_bundle(bundle, canaries)
+            warm_up(bundle, [text for _, text in canaries], self._warmup_k)
+        except (BundleError, ReloadRefused) as exc:
+            return self._refuse(candidate, str(exc))
+        except Exception as exc:
+            # Download or I/O trouble may pass; a token that keeps failing is refused.
+            attempts = self._attempts.get(candidate.token, 0) + 1
+            self._attempts = {candidate.token: attempts}
+            log.warning(
+                "loading %s failed (attempt %d of %d)", label, attempts, MAX_ATTEMPTS, exc_info=True
+            )
+            if attempts >= MAX_ATTEMPTS:
+                return self._refuse(candidate, f"{type(exc).__name__}: {exc}")
+            return self._error(f"loading {label} failed: {type(exc).__name__}: {exc}")
+
+        current = self.holder.current
+        info = ModelInfo(
+            name=candidate.name,
+            version=candidate.version,
+            alias=candidate.alias,
+            source=self.source.description,
+            fingerprint=bundle.fingerprint,
+            loaded_at=time.time(),
+            questions=bundle.size,
+            dim=bundle.dim,
+            nprobe=bundle.nprobe,
+            threshold=bundle.threshold,
+            details=dict(candidate.details),
+        )
+        self._settled_token = candidate.token
+        self._attempts = {}
+        if current is not None and _same(current.info, info):
+            # Touched but byte-identical files (same fingerprint, same version): keep the
+            # warm bundle that is serving; nothing a client could notice changed.
+            log.info("%s unchanged (fingerprint %s)", label, info.fingerprint[:12])
+            return UNCHANGED
+        self.holder.swap(Served(bundle=bundle, info=info))
+        self.swaps += 1
+        seconds = time.perf_counter() - started
+        previous = "nothing" if current is None else _label_info(current.info)
+        message = (
+            f"serving {label} (fingerprint {info.fingerprint[:12]}, {info.questions:,} "
+            f"questions, dim {info.dim}; {checked} canaries passed; loaded in {seconds:.2f} s), "
+            f"replacing {previous}"
+        )
+        log.info(message)
+        self._on_event(SWAPPED, message)
+        return SWAPPED
+
+    def _refuse(self, candidate: Candidate, reason: str) -> str:
+        self._settled_token = candidate.token
+        self._attempts = {}
+        self.refused += 1
+        self.last_refusal = _Refusal(
+            token=candidate.token,
+            name=candidate.name,
+            version=candidate.version,
+            reason=reason,
+            at=time.time(),
+        )
+        current = self.holder.current
+        keeping = (
+            "no model yet" if current is None else f"still serving {_label_info(current.info)}"
+        )
+        message = f"refused {_label(candidate)}: {reason}; {keeping}"
+        log.error(message)
+        self._on_event(REFUSED, message)
+        return REFUSED
+
+    def _error(self, message: str) -> str:
+        self.errors += 1
+        self.last_error = message
+        log.warning(message)
+        self._on_event(ERROR, message)
+        return ERROR
+
+    # -- polling thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Poll every `poll_seconds` in a daemon thread (no-op when poll_seconds is 0)."""
+        if self.poll_seconds <= 0 or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="qpr-reloader", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.check()
+            except Exception:  # keep polling whatever happens; the log has the trace
+                log.exception("reload check failed")
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "source": self.source.description,
+            "poll_seconds": self.poll_seconds,
+            "checks": self.checks,
+            "swaps": self.swaps,
+            "refused": self.refused,
+            "errors": self.errors,
+            "last_check_at": _iso(self.last_check_at),
+            "last_refused": None if self.last_refusal is None else self.last_refusal.as_dict(),
+            "last_error": self.last_error,
+        }
+
+
+def _label(candidate: Candidate) -> str:
+    if candidate.version is None:
+        return candidate.name
+    alias = f"@{candidate.alias}" if candidate.alias else ""
+    return f"{candidate.name} version {candidate.version}{alias}"
+
+
+def _label_info(info: ModelInfo) -> str:
+    if info.version is None:
+        return f"{info.name} {info.fingerprint[:12]}"
+    return f"{info.name} version {info.version} ({info.fingerprint[:12]})"
+
+
+def _same(a: ModelInfo, b: ModelInfo) -> bool:
+    return (a.fingerprint, a.name, a.version, a.alias) == (
+        b.fingerprint,
+        b.name,
+        b.version,
+        b.alias,
+    )

@@ -1,0 +1,145 @@
+"""The search service's limits and knobs, read from ``QPR_SERVE_*`` environment variables.
+
+Every limit exists so that one request cannot hurt the service or its neighbours: a huge
+body would be buffered in memory, a huge question tokenised, a huge k or batch would hold a
+worker thread for a long time. The defaults suit a question-answering front end (questions
+are a sentence, k is small); raise them through the environment, not the code.
+
+=================================  =========  ==============================================
+variable                           default    meaning
+=================================  =========  ==============================================
+``QPR_SERVE_MAX_K``                100        largest k a request may ask for
+``QPR_SERVE_DEFAULT_K``            10         k when a request gives none
+``QPR_SERVE_MAX_QUESTION_CHARS``   1000       longest question, in characters
+``QPR_SERVE_MAX_BODY_BYTES``       262144     largest request body (Content-Length and
+                                              the bytes actually streamed)
+``QPR_SERVE_MAX_BATCH``            64         most questions in one /search/batch request
+``QPR_SERVE_POLL_SECONDS``         30         how often the model source is polled (0: never)
+``QPR_SERVE_THREADS``              1          ONNX Runtime intra-op threads per bundle
+``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads (process-wide)
+``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
+                                              stored in the index file
+``QPR_SERVE_CANARIES``             5          indexed questions a new bundle must retrieve
+                                              first before it may serve
+``QPR_SERVE_ACCESS_LOG``           false      one log line per request (uvicorn's)
+``QPR_SERVE_MODELS_DIR``           models     local bundle to serve (when no registry name)
+``QPR_SERVE_REGISTRY_NAME``        (none)     serve the MLflow registered model of this name
+``QPR_SERVE_ALIAS``                champion   ... at this alias
+=================================  =========  ==============================================
+
+Why one FAISS thread: the service searches one question per call, where FAISS parallelises
+over queries, so more threads only add OpenMP start-up cost; with several requests in
+flight, each in its own worker thread, more OpenMP threads would oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENV_PREFIX", "ServeSettings", "SettingsError"]
+
+ENV_PREFIX = "QPR_SERVE_"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the service cannot use (the message names it)."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Validated service settings; `from_env` reads them, `replace` overrides some."""
+
+    max_k: int = 100
+    default_k: int = 10
+    max_question_chars: int = 1000
+    max_body_bytes: int = 256 * 1024
+    max_batch: int = 64
+    poll_seconds: float = 30.0
+    threads: int = 1
+    faiss_threads: int = 1
+    nprobe: int | None = None
+    canaries: int = 5
+    access_log: bool = False
+    models_dir: str = "models"
+    registry_name: str | None = None
+    alias: str = "champion"
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_k": self.max_k,
+            "default_k": self.default_k,
+            "max_question_chars": self.max_question_chars,
+            "max_body_bytes": self.max_body_bytes,
+            "max_batch": self.max_batch,
+            "threads": self.threads,
+            "faiss_threads": self.faiss_threads,
+            "canaries": self.canaries,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise SettingsError(f"{name} must be >= 1, got {value}")
+        if self.default_k > self.max_k:
+            raise SettingsError(f"default_k={self.default_k} is above max_k={self.max_k}")
+        if self.poll_seconds < 0:
+            raise SettingsError(f"poll_seconds must be >= 0 (0 = never), got {self.poll_seconds}")
+        if self.nprobe is not None and self.nprobe < 1:
+            raise SettingsError(f"nprobe must be >= 1, got {self.nprobe}")
+        if not self.alias:
+            raise SettingsError("alias must not be empty")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ServeSettings:
+        """Defaults, then ``QPR_SERVE_<FIELD>`` variables, then ``overrides`` (e.g. CLI
+        options; None values are ignored). SettingsError names a bad variable."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            key = ENV_PREFIX + field.name.upper()
+            raw = env.get(key)
+            if raw is None or raw.strip() == "":
+                continue
+            what, parse = _PARSERS[field.name]
+            try:
+                values[field.name] = parse(raw.strip())
+            except ValueError:
+                raise SettingsError(f"{key}={raw!r} is not a valid {what}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ServeSettings:
+        return dataclasses.replace(self, **changes)
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(raw)
+
+
+# field → (what the value must look like, parser)
+_PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "max_k": ("integer", int),
+    "default_k": ("integer", int),
+    "max_question_chars": ("integer", int),
+    "max_body_bytes": ("integer", int),
+    "max_batch": ("integer", int),
+    "poll_seconds": ("number of seconds", float),
+    "threads": ("integer", int),
+    "faiss_threads": ("integer", int),
+    "nprobe": ("integer", int),
+    "canaries": ("integer", int),
+    "access_log": ("boolean (true/false)", _parse_bool),
+    "models_dir": ("path", str),
+    "registry_name": ("model name", str),
+    "alias": ("alias", str),
+}

@@ -1,0 +1,488 @@
+"""Hot reload: good versions are swapped in atomically, broken ones refused, under load.
+
+Two good bundles with disjoint question sets (ids 1000+ and 5000+) make every response
+say unambiguously which model produced it, so a response that mixes the two, or a failed
+request during a swap, cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+
+from qpr.serve.app import create_app
+from qpr.serve.bundle import (
+    ENCODER_FILE,
+    IDS_FILE,
+    INDEX_FILE,
+    QUESTIONS_FILE,
+    THRESHOLD_FILE,
+    VOCAB_FILE,
+    Bundle,
+)
+from qpr.serve.reload import (
+    ERROR,
+    MAX_ATTEMPTS,
+    REFUSED,
+    SWAPPED,
+    UNCHANGED,
+    ModelHolder,
+    Reloader,
+)
+from qpr.serve.settings import ServeSettings
+from qpr.serve.sources import Candidate, LocalSource, SourceError
+
+MAX_LEN = 16
+DIM = 8
+Q1 = [
+    t.format(v=v, o=o)
+    for v, o, t in itertools.product(
+        ("install", "reset", "update", "clean"),
+        ("printer", "garden", "bicycle", "laptop"),
+        ("how do i {v} my {o}", "what is the best way to {v} a {o}?"),
+    )
+]
+Q2 = [
+    t.format(v=v, o=o)
+    for v, o, t in itertools.product(
+        ("paint", "sell", "insure", "move"),
+        ("house", "boat", "piano", "car"),
+        ("how can i {v} my {o}", "cheapest way to {v} a {o}"),
+    )
+]
+IDS1 = [1000 + i for i in range(len(Q1))]
+IDS2 = [5000 + i for i in range(len(Q2))]
+SETTINGS = ServeSettings(poll_seconds=0, canaries=4, default_k=3)
+
+
+def build_bundle(
+    models: Path,
+    questions: list[str],
+    qids: list[int],
+    *,
+    seed: int,
+    index_seed: int | None = None,
+    dim: int = DIM,
+    index_dim: int | None = None,
+) -> Path:
+    """A pipeline-shaped bundle. index_seed: build the index with *another* encoder of
+    the same vocabulary (a mix that file checks cannot see, canaries can); index_dim: an
+    index of another width (refused by Bundle.load)."""
+    import torch
+
+    from qpr.export import encode, export_onnx, load_session
+    from qpr.index import IdMap, build_index, save_index
+    from qpr.model import CNNEncoder
+    from qpr.text.vocab import Vocabulary
+
+    models.mkdir(parents=True, exist_ok=True)
+    vocab = Vocabulary.build(questions, max_words=1000, hash_bins=8)
+    vocab.save(models / VOCAB_FILE)
+    metadata = {"vocab_sha256": vocab.checksum, "max_len": str(MAX_LEN)}
+
+    def export(path: Path, torch_seed: int, width: int) -> Path:
+        torch.manual_seed(torch_seed)
+        encoder = CNNEncoder(
+            vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=width
+        )
+        return export_onnx(encoder, path, metadata=metadata)
+
+    export(models / ENCODER_FILE, seed, dim)
+    index_encoder = models / ENCODER_FILE
+    if index_seed is not None or index_dim is not None:
+        index_encoder = export(
+            models.parent / f"{models.name}-other.onnx",
+            seed if index_seed is None else index_seed,
+            dim if index_dim is None else index_dim,
+        )
+    vectors = encode(load_session(index_encoder), vocab, questions, max_len=MAX_LEN)
+    index = build_index(vectors, "Flat", nprobe=1, seed=0, use_gpu=False, log=lambda _: None)
+    save_index(index, models / INDEX_FILE)
+    IdMap(np.asarray(qids, dtype=np.int64)).save(models / IDS_FILE)
+    table = pa.table(
+        {
+            "question_id": pa.array(qids, pa.int64()),
+            "text": pa.array(questions, pa.string()),
+            "cluster_id": pa.array([i // 2 for i in range(len(questions))], pa.int64()),
+        }
+    )
+    pq.write_table(table, models / QUESTIONS_FILE)
+    payload = {"threshold": 1e-6, "target_precision": 0.9, "metric": "l2"}
+    (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    return models
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bundles")
+    out = {
+        "v1": build_bundle(root / "v1", Q1, IDS1, seed=0),
+        "v2": build_bundle(root / "v2", Q2, IDS2, seed=1),
+        # loads fine (same vocabulary, same width) but its index holds another encoder's
+        # vectors: only the canaries can tell
+        "wrong_index": build_bundle(root / "wrong_index", Q2, IDS2, seed=1, index_seed=7),
+        # an index of another width: Bundle.load refuses it
+        "wrong_dim": build_bundle(root / "wrong_dim", Q2, IDS2, seed=1, index_dim=DIM + 4),
+    }
+    # files of two runs: v2's vocabulary with v1's encoder
+    mixed = Path(shutil.copytree(out["v1"], root / "mixed"))
+    shutil.copy2(out["v2"] / VOCAB_FILE, mixed / VOCAB_FILE)
+    out["mixed"] = mixed
+    # an encoder file that is not a model at all
+    garbage = Path(shutil.copytree(out["v2"], root / "garbage"))
+    (garbage / ENCODER_FILE).write_bytes(b"not an onnx model")
+    out["garbage"] = garbage
+    return out
+
+
+class SwitchSource:
+    """A registry stand-in: `point` moves the "alias" to another bundle directory."""
+
+    def __init__(self, directory: Path, version: str) -> None:
+        self._lock = threading.Lock()
+        self.point(directory, version)
+        self.fail_materialize: Exception | None = None
+
+    def point(self, directory: Path, version: str) -> None:
+        with self._lock:
+            self._target = (directory, version)
+
+    @property
+    def description(self) -> str:
+        return "test:switch"
+
+    def poll(self) -> Candidate:
+        with self._lock:
+            directory, version = self._target
+        return Candidate(
+            token=f"{version}:{directory}",
+            name="qpr",
+            version=version,
+            alias="champion",
+            details={"path": str(directory)},
+        )
+
+    @contextlib.contextmanager
+    def materialize(self, candidate: Candidate) -> Iterator[Path]:
+        if self.fail_materialize is not None:
+            raise self.fail_materialize
+        yield Path(candidate.details["path"])
+
+
+def _load(path: Path) -> Bundle:
+    return Bundle.load(path)
+
+
+def version_of(client: TestClient) -> dict:
+    return client.get("/version").json()
+
+
+# ---------------------------------------------------------------- swaps and refusals
+
+
+def test_good_reload_changes_version_and_answers(bundles: dict[str, Path]) -> None:
+    source = SwitchSource(bundles["v1"], "1")
+    app = create_app(source, SETTINGS)
+    reloader: Reloader = app.state.service.reloader
+    with TestClient(app) as client:
+        before = version_of(client)["model"]
+        assert (before["name"], before["version"], before["alias"]) == ("qpr", "1", "champion")
+        hit = client.post("/search", json={"question": Q1[5]}).json()["hits"][0]
+        assert hit["id"] == IDS1[5]
+
+        assert reloader.check() == UNCHANGED  # nothing moved: nothing loaded
+        source.point(bundles["v2"], "2")
+        assert reloader.check() == SWAPPED
+        after = version_of(client)
+        assert after["model"]["version"] == "2"
+        assert after["model"]["fingerprint"] != before["fingerprint"]
+        assert after["reload"]["swaps"] == 2 and after["reload"]["refused"] == 0
+        response = client.post("/search", json={"question": Q2[3]}).json()
+        assert response["hits"][0]["id"] == IDS2[3] and response["model"]["version"] == "2"
+        metrics = client.get("/metrics").text
+        assert 'qpr_model_reloads_total{outcome="swapped"} 2' in metrics
+        assert 'version="2",alias="champion"' in metrics and 'version="1"' not in metrics
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ("wrong_index", "canary question"),
+        ("wrong_dim", "12-dimensional"),
+        ("mixed", "different runs"),
+        ("garbage", "cannot load ONNX encoder"),
+    ],
+)
+def test_broken_version_is_refused_and_old_keeps_serving(
+    bundles: dict[str, Path], broken: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = SwitchSource(bundles["v1"], "1")
+    app = create_app(source, SETTINGS)
+    reloader: Reloader = app.state.service.reloader
+    with TestClient(app) as client:
+        serving = version_of(client)["model"]
+        source.point(bundles[broken], "3")
+        assert reloader.check() == REFUSED
+        assert any("refused qpr version 3" in r.getMessage() for r in caplog.records)
+
+        state = version_of(client)
+        assert state["model"] == serving  # still version 1, same fingerprint
+        assert state["reload"]["refused"] == 1
+        refusal = state["reload"]["last_refused"]
+        assert refusal["version"] == "3" and reason in refusal["reason"], refusal
+        response = client.post("/search", json={"question": Q1[2], "k": 2})
+        assert response.status_code == 200 and response.json()["hits"][0]["id"] == IDS1[2]
+        assert client.get("/readyz").status_code == 200
+        assert 'qpr_model_reloads_total{outcome="refused"} 1' in client.get("/metrics").text
+
+        # not retried while the source still points at it...
+        assert reloader.check() == UNCHANGED
+        assert version_of(client)["reload"]["refused"] == 1
+        # ...and the next good version goes in
+        source.point(bundles["v2"], "4")
+        assert reloader.check() == SWAPPED
+        assert version_of(client)["model"]["version"] == "4"
+
+
+def test_in_flight_request_finishes_on_the_bundle_it_started_with(
+    bundles: dict[str, Path],
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def gated_load(path: Path) -> Bundle:
+        bundle = Bundle.load(path)
+        if path == bundles["v1"]:
+            search = bundle.search
+
+            def slow_search(question: str, *args, **kwargs):
+                if question == "hold me":  # only the test's request waits, not canaries
+                    entered.set()
+                    assert release.wait(10)
+                return search(question, *args, **kwargs)
+
+            bundle.search = slow_search  # type: ignore[method-assign]
+        return bundle
+
+    source = SwitchSource(bundles["v1"], "1")
+    app = create_app(source, SETTINGS, load=gated_load)
+    with TestClient(app) as client:
+        results: dict[str, dict] = {}
+        worker = threading.Thread(
+            target=lambda: results.update(
+                held=client.post("/search", json={"question": "hold me"}).json()
+            )
+        )
+        worker.start()
+        assert entered.wait(10)  # the request is inside v1's search
+        source.point(bundles["v2"], "2")
+        assert app.state.service.reloader.check() == SWAPPED
+        fresh = client.post("/search", json={"question": Q2[0]}).json()
+        assert fresh["model"]["version"] == "2"
+        release.set()
+        worker.join(10)
+        held = results["held"]
+        assert held["model"]["version"] == "1"
+        assert all(h["id"] in IDS1 for h in held["hits"])
+
+
+def test_swaps_under_concurrent_requests_fail_no_request(bundles: dict[str, Path]) -> None:
+    """Four threads hammer /search while the poller swaps v1 ↔ v2 (and is offered a broken
+    version now and then): every request must succeed and be answered wholly by one model."""
+    source = SwitchSource(bundles["v1"], "1")
+    app = create_app(source, SETTINGS.replace(poll_seconds=0.01))
+    reloader: Reloader = app.state.service.reloader
+    stop = threading.Event()
+    failures: list[str] = []
+    answered_by: dict[str, int] = {"1": 0, "2": 0}
+    lock = threading.Lock()
+    questions = [*Q1[::3], *Q2[::3], "how do i paint a printer", "sell my garden"]
+
+    def hammer(offset: int) -> None:
+        for i in itertools.count(offset):
+            if stop.is_set():
+                return
+            question = questions[i % len(questions)]
+            try:
+                response = client.post("/search", json={"question": question, "k": 5})
+            except Exception as exc:  # a transport error is a failed request too
+                failures.append(f"{question!r}: {exc!r}")
+                continue
+            if response.status_code != 200:
+                failures.append(f"{question!r}: {response.status_code} {response.text}")
+                continue
+            body = response.json()
+            version = body["model"]["version"]
+            ids = IDS1 if version == "1" else IDS2
+            if len(body["hits"]) != 5 or not all(h["id"] in ids for h in body["hits"]):
+                failures.append(f"{question!r}: hits of another model than version {version}")
+            with lock:
+                answered_by[version] += 1
+
+    with TestClient(app) as client:
+        workers = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+        for worker in workers:
+            worker.start()
+        cycle = itertools.cycle(
+            [("v2", "2"), ("v1", "1"), ("v2", "2"), ("wrong_index", "9"), ("v1", "1")]
+        )
+        deadline = time.monotonic() + 3.0
+        flips = 0
+        while time.monotonic() < deadline:
+            name, version = next(cycle)
+            swaps_before = reloader.swaps + reloader.refused
+            source.point(bundles[name], version)
+            # wait until the poller has dealt with it (swapped or refused)
+            while reloader.swaps + reloader.refused == swaps_before:
+                if time.monotonic() > deadline + 10:
+                    break
+                time.sleep(0.005)
+            flips += 1
+            time.sleep(0.05)
+        stop.set()
+        for worker in workers:
+            worker.join(10)
+        status = version_of(client)["reload"]
+
+    assert not failures, failures[:5]
+    assert flips >= 5 and status["swaps"] >= 4, (flips, status)
+    assert status["refused"] >= 1  # the broken version came by and was turned away
+    assert answered_by["1"] > 0 and answered_by["2"] > 0, answered_by
+
+
+# ---------------------------------------------------------------- sources and errors
+
+
+def test_local_source_follows_the_directory(bundles: dict[str, Path], tmp_path: Path) -> None:
+    models = Path(shutil.copytree(bundles["v1"], tmp_path / "models"))
+    holder = ModelHolder()
+    reloader = Reloader(LocalSource(models), holder, load=_load, canaries=3)
+    assert reloader.check() == SWAPPED
+    first = holder.current
+    assert first is not None and first.info.name == "local" and first.info.version is None
+    assert reloader.check() == UNCHANGED
+
+    # The pipeline replaces files by rename; do the same with v2's files.
+    for rel in (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE):
+        staged = models / rel.parent / f".{rel.name}.tmp"
+        shutil.copy2(bundles["v2"] / rel, staged)
+        os.replace(staged, models / rel)
+    assert reloader.check() == SWAPPED
+    second = holder.current
+    assert second is not None and second.info.fingerprint != first.info.fingerprint
+    assert second.bundle.search(Q2[1], k=1).hits[0].question_id == IDS2[1]
+
+    # touched but identical: loaded, recognised, and the warm bundle keeps serving
+    os.utime(models / THRESHOLD_FILE, ns=(time.time_ns(), time.time_ns()))
+    assert reloader.check() == UNCHANGED and holder.current is second
+
+    (models / THRESHOLD_FILE).unlink()
+    assert reloader.check() == REFUSED and holder.current is second
+    assert "missing" in reloader.status()["last_refused"]["reason"]
+
+
+def test_transient_errors_are_retried_then_refused(bundles: dict[str, Path]) -> None:
+    source = SwitchSource(bundles["v1"], "1")
+    holder = ModelHolder()
+    reloader = Reloader(source, holder, load=_load)
+    assert reloader.check() == SWAPPED
+    source.point(bundles["v2"], "2")
+    source.fail_materialize = OSError("connection reset by peer")
+    outcomes = [reloader.check() for _ in range(MAX_ATTEMPTS)]
+    assert outcomes == [ERROR] * (MAX_ATTEMPTS - 1) + [REFUSED]
+    assert "connection reset" in reloader.status()["last_refused"]["reason"]
+    assert holder.current is not None and holder.current.info.version == "1"
+
+
+def test_source_errors_keep_the_model(bundles: dict[str, Path]) -> None:
+    class Unreachable(SwitchSource):
+        def poll(self) -> Candidate:
+            raise SourceError("registry unreachable")
+
+    holder = ModelHolder()
+    good = Reloader(SwitchSource(bundles["v1"], "1"), holder, load=_load)
+    assert good.check() == SWAPPED
+    down = Reloader(Unreachable(bundles["v1"], "1"), holder, load=_load)
+    assert down.check() == ERROR and down.status()["last_error"] == "registry unreachable"
+    assert holder.current is not None
+
+
+def test_registered_fingerprint_must_match(bundles: dict[str, Path]) -> None:
+    class Tagged(SwitchSource):
+        def poll(self) -> Candidate:
+            base = super().poll()
+            return Candidate(
+                token=base.token,
+                name=base.name,
+                version=base.version,
+                alias=base.alias,
+                details=base.details,
+                expected_fingerprint="0" * 64,
+            )
+
+    reloader = Reloader(Tagged(bundles["v1"], "1"), ModelHolder(), load=_load)
+    assert reloader.check() == REFUSED
+    assert "differs from the registered" in reloader.status()["last_refused"]["reason"]
+
+
+@pytest.mark.slow
+def test_registry_source_follows_the_champion_alias(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """The MLflow registry contract: the alias's version, files under artifacts/bundle/."""
+    from mlflow import MlflowClient
+
+    from qpr.serve.sources import RegistrySource
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.create_experiment("serve", artifact_location=(tmp_path / "art").as_uri())
+    client.create_registered_model("qpr")
+
+    def register(directory: Path | None, commit: str) -> str:
+        run = client.create_run(experiment, tags={"mlflow.source.git.commit": commit})
+        if directory is not None:
+            client.log_artifacts(run.info.run_id, str(directory), "model/artifacts/bundle")
+        else:
+            client.log_text(run.info.run_id, "no bundle here", "model/README.txt")
+        client.set_terminated(run.info.run_id)
+        created = client.create_model_version(
+            "qpr", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+        )
+        return str(created.version)
+
+    source = RegistrySource("qpr", tracking_uri=uri, registry_uri=uri, download_root=tmp_path)
+    with pytest.raises(SourceError, match="champion"):
+        source.poll()  # no alias yet: the service waits, not ready
+
+    client.set_registered_model_alias("qpr", "champion", register(bundles["v1"], "c0ffee1"))
+    holder = ModelHolder()
+    reloader = Reloader(source, holder, load=_load, canaries=3)
+    assert reloader.check() == SWAPPED
+    info = holder.current.info  # type: ignore[union-attr]
+    assert (info.name, info.version, info.alias) == ("qpr", "1", "champion")
+    assert info.details["git_commit"] == "c0ffee1" and info.source == "mlflow:models:/qpr@champion"
+    assert reloader.check() == UNCHANGED
+    assert not list(tmp_path.glob("qpr-serve-*"))  # downloads are removed after loading
+
+    client.set_registered_model_alias("qpr", "champion", register(None, "bad"))
+    assert reloader.check() == REFUSED
+    assert "no artifacts/bundle/" in reloader.status()["last_refused"]["reason"]
+    assert holder.current.info.version == "1"  # type: ignore[union-attr]
+
+    client.set_registered_model_alias("qpr", "champion", register(bundles["v2"], "beef"))
+    assert reloader.check() == SWAPPED
+    assert holder.current.info.version == "3"  # type: ignore[union-attr]
+    assert holder.current.bundle.search(Q2[0], k=1).hits[0].question_id == IDS2[0]  # type: ignore[union-attr]

@@ -1,0 +1,54 @@
+"""The qpr command reads like documentation: every stage and user task is a sub-command
+with help text."""
+
+from typer.testing import CliRunner
+
+from qpr.cli import app
+
+runner = CliRunner()
+
+
+def test_top_level_help_lists_every_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in (
+        "data",
+        "cluster",
+        "train",
+        "export",
+        "index",
+        "evaluate",
+        "search",
+        "pipeline",
+        "metrics",
+    ):
+        assert command in result.output
+
+
+def test_data_help_lists_its_tasks():
+    result = runner.invoke(app, ["data", "--help"])
+    assert result.exit_code == 0
+    for command in ("synth", "check", "ensure"):
+        assert command in result.output
+
+
+def test_synth_bad_day_is_a_clear_error(tmp_path):
+    result = runner.invoke(app, ["data", "synth", "--out", str(tmp_path), "--day", "tomorrow"])
+    assert result.exit_code == 1 and "YYYY-MM-DD" in result.output
+
+
+def test_synth_one_day_then_check_it(tmp_path):
+    out = tmp_path / "logs"
+    made = runner.invoke(app, ["data", "synth", "--out", str(out), "--day", "2026-11-02"])
+    assert made.exit_code == 0, made.output
+    assert (out / "2026-11-02.jsonl").is_file()
+    checked = runner.invoke(app, ["data", "check", str(out)])
+    assert checked.exit_code == 0, checked.output
+    assert "gate passed" in checked.output
+
+
+def test_check_on_a_file_that_is_not_a_log(tmp_path):
+    path = tmp_path / "sales.csv"
+    path.write_text("a,b\n1,2\n")
+    result = runner.invoke(app, ["data", "check", str(path)])
+    assert result.exit_code == 1 and "not a QA log" in result.output
