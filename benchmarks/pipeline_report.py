@@ -74,6 +74,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Written {report['written']} by `benchmarks/pipeline_report.py` from the run's own "
         "metrics files and MLflow runs.",
         "",
+        *([f"Run notes: {report['note']}", ""] if report.get("note") else []),
         "## Wall time per stage",
         "",
         "| stage | seconds | what it did |",
@@ -152,6 +153,9 @@ def main() -> None:
     parser.add_argument("--project", type=Path, default=Path("."))
     parser.add_argument("--name", required=True, help="report file stem under --out")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument(
+        "--note", default="", help="how the run went (interruptions, load), shown verbatim"
+    )
     args = parser.parse_args()
 
     import yaml
@@ -172,6 +176,7 @@ def main() -> None:
         "durations": stage_durations(project, params["mlflow"]["experiment"]),
         "metrics": metrics,
         "evaluate": metrics["evaluate"],
+        "note": args.note,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -105,7 +105,15 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
     if not paths.cluster_dir.exists():
         paths.cluster_dir.symlink_to(cluster_dir, target_is_directory=True)
     started = time.perf_counter()
-    train = run_train(settings, paths, progress=False, log=log)
+
+    def on_epoch(record: dict[str, Any]) -> None:
+        log(
+            f"epoch {record['epoch']}: loss {record['train_loss']:.4f}, val AUC "
+            f"{record['val_auc']:.4f}, val MRR {record['val_mrr']:.4f}, "
+            f"{record['pairs_per_s']:.0f} pairs/s"
+        )
+
+    train = run_train(settings, paths, on_epoch=on_epoch, progress=False, log=log)
     train_seconds = time.perf_counter() - started
     export = run_export(settings, paths, log=log)
     index = run_index(settings, paths, log=log)
@@ -172,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--rows", default="main,eps,batch", help="groups: main, eps, batch")
-    parser.add_argument("--max-epochs", type=int, default=20)
+    parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--sweep-epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-quora-benchmark"))

@@ -353,6 +353,34 @@ def pipeline(
     metrics()
 
 
+@app.command("retrain")
+def retrain(
+    params: ParamsOption = Path("params.yaml"),
+    recover_only: Annotated[
+        bool,
+        typer.Option(help="Only roll back (or finish) a crashed retraining run, then stop."),
+    ] = False,
+) -> None:
+    """Run one retraining cycle now: new log files in retrain.incoming are validated (a bad
+    one is quarantined with its report), merged into data/ without duplicates, versioned
+    (dvc add), and `dvc repro` retrains; the register stage promotes the new model only if
+    it is better. Safe to rerun: nothing new, nothing changes. Scheduled: `python -m
+    flows.retrain --serve` or the prefect.yaml deployment (README)."""
+    environment.apply()
+    from flows.common import EXPECTED_ERRORS
+    from flows.retrain import retrain_flow
+    from qpr.registry import RegistryError
+    from qpr.retrain import RetrainError
+
+    try:
+        summary = retrain_flow(params=str(params.resolve()), recover_only=recover_only)
+    except (*EXPECTED_ERRORS, RetrainError, RegistryError) as err:
+        _fail(str(err))
+        return
+    if summary.get("outcome") == "failed":
+        raise typer.Exit(1)
+
+
 @app.command("search")
 def search(
     question: Annotated[str, typer.Argument(help="The question to find paraphrases of.")],
@@ -492,14 +520,24 @@ def _print_results(metrics: dict) -> None:
         )
 
 
+def _format_value(value: object) -> str:
+    """Metrics files hold numbers, but also strings (a reason) and nulls (no champion yet)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return str(value) if value is not None else "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return json.dumps(value, default=str)
+
+
 def _print_metrics(groups: dict[str, dict]) -> None:
     for name, values in groups.items():
         table = Table(title=name, show_header=True, header_style="bold")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in sorted(values.items()):
-            shown = f"{value:.4f}" if isinstance(value, float) else f"{value:,}"
-            table.add_row(key, shown)
+            table.add_row(key, _format_value(value))
         console.print(table)
 
 

@@ -83,7 +83,7 @@ class TrainSettings(_Section):
     negatives: Literal["random", "hard"] = "random"
     batch_size: int = Field(512, ge=2)
     lr: float = Field(1e-3, gt=0.0)
-    max_epochs: int = Field(20, ge=1)
+    max_epochs: int = Field(10, ge=1)
     patience: int = Field(3, ge=1)
     threads: int = Field(2, ge=1)
 
@@ -124,6 +124,20 @@ class RegistrySettings(_Section):
     min_metric: float = 0.0  # floor on `metric`: never promoted below it, the first model too
 
 
+class RetrainSettings(_Section):
+    """Scheduled retraining on fresh logs (flows/retrain.py); paths relative to the project."""
+
+    incoming: Path = Path("incoming/logs")  # new log files land here
+    quarantine: Path = Path("incoming/quarantine")  # rejected files, with their reports
+    archive: Path = Path("incoming/processed")  # merged files, one folder per run
+    state_dir: Path = Path(".retrain")  # journal, lock, ledger, run summaries
+    cron: str = Field("0 3 * * *", min_length=9)  # when the served flow runs
+    timezone: str = "UTC"
+    git_commit: bool = False  # commit data.dvc + dvc.lock after a successful run
+    dvc_push: bool = False  # `dvc push` the new data after a successful run
+    repro_timeout_s: int | None = Field(None, ge=60)  # kill dvc repro after this long
+
+
 class MlflowSettings(_Section):
     experiment: str = "qpr"
 
@@ -140,6 +154,7 @@ class Settings(_Section):
     index: IndexSettings = IndexSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
     registry: RegistrySettings = RegistrySettings()
+    retrain: RetrainSettings = RetrainSettings()
     mlflow: MlflowSettings = MlflowSettings()
 
     def flat(self) -> dict[str, Any]:

@@ -52,3 +52,15 @@ def test_check_on_a_file_that_is_not_a_log(tmp_path):
     path.write_text("a,b\n1,2\n")
     result = runner.invoke(app, ["data", "check", str(path)])
     assert result.exit_code == 1 and "not a QA log" in result.output
+
+
+def test_metrics_prints_strings_nulls_and_numbers(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "register.json").write_text(
+        '{"version": 3, "promoted": false, "reason": "within margin", "champion_value": null,'
+        ' "challenger_value": 0.8125}'
+    )
+    result = runner.invoke(app, ["metrics", "--metrics-dir", str(metrics)])
+    assert result.exit_code == 0, result.output
+    assert "within margin" in result.output and "0.8125" in result.output

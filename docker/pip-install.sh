@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Build the image's venv at $1 from requirements.lock, inside `docker build` (the
+# project itself is installed by the Dockerfile afterwards, so code changes stay cheap).
+#
+# Environment (all optional):
+#   FAISS            faiss-cpu (default) or faiss-gpu: replaces the lock's faiss-cpu pin
+#   TORCH_INDEX_URL  an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
+#   FIND_LINKS       a folder of wheels mounted into the build (e.g. a local CPU torch)
+#   PIP_CERT         a CA bundle for pip (a build whose network re-signs TLS)
+set -euo pipefail
+venv=${1:?usage: pip-install.sh VENV_DIR}
+faiss=${FAISS:-faiss-cpu}
+
+args=(--no-cache-dir --disable-pip-version-check --no-compile)
+[[ -n "${PIP_CERT:-}" ]] && args+=(--cert "$PIP_CERT")
+[[ -n "${FIND_LINKS:-}" ]] && args+=(--find-links "$FIND_LINKS")
+[[ -n "${TORCH_INDEX_URL:-}" ]] && args+=(--extra-index-url "$TORCH_INDEX_URL")
+
+sed -E "s/^faiss-cpu==/${faiss}==/" requirements.lock > /tmp/requirements.txt
+python3 -m venv "$venv"
+"$venv/bin/pip" install "${args[@]}" -r /tmp/requirements.txt
+"$venv/bin/pip" check
+# Fail the build here, not at the first run, when a pin resolved to the wrong build.
+"$venv/bin/python" - "$faiss" <<'PY'
+import sys
+
+import faiss
+import torch
+
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), faiss {faiss.__version__}")
+if sys.argv[1] == "faiss-cpu" and torch.version.cuda is not None:
+    sys.exit("the CPU image got a CUDA torch: pass TORCH_INDEX_URL or FIND_LINKS")
+PY
+rm -f /tmp/requirements.txt
