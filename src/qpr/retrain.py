@@ -924,6 +924,7 @@ def recover(
         and kill_group(int(child["pid"]), child.get("start_time"), root=layout.root)
     ):
         steps.append(f"killed the leftover pipeline process group {child['pid']}")
+    steps += clear_stale_dvc_lock(layout.root)
     steps += restore_data(journal)
     steps.append(checkout_outputs())
     steps += restore_registry(journal.data)
@@ -932,6 +933,45 @@ def recover(
     journal.keep_copy("rolled-back")
     journal.close()
     return Recovery(journal.data["run"], journal.phase, "rolled-back", steps)
+
+
+def clear_stale_dvc_lock(root: Path) -> list[str]:
+    """Remove DVC's read/write lock when every process it names is dead.
+
+    A `dvc repro` killed while a stage ran leaves `.dvc/tmp/rwlock` naming it, and DVC
+    then refuses `status`/`checkout` ("is busy, it is being blocked by ...") until the
+    file is removed by hand. Only locks of dead processes are cleared."""
+    path = Path(root) / ".dvc" / "tmp" / "rwlock"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, json.JSONDecodeError):
+        return []
+    holders: list[dict[str, Any]] = []
+    for mode in ("read", "write"):
+        for value in (info.get(mode) or {}).values():
+            holders.extend(value if isinstance(value, list) else [value])
+    alive = [h for h in holders if h.get("pid") and _pid_alive(int(h["pid"]))]
+    if not holders or alive:
+        return []
+    path.unlink(missing_ok=True)
+    return [f"removed DVC's stale lock of {len(holders)} dead process(es)"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}/stat").is_file() and "Z" not in _proc_state(pid)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def ledger_records(

@@ -44,9 +44,9 @@ COPIED = ("dvc.yaml", ".gitignore", ".dvcignore", "flows", "src")
 
 def _sh(root: Path, *args: str) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(
-        list(args), cwd=root, env=env, check=True, capture_output=True, text=True
-    ).stdout
+    done = subprocess.run(list(args), cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(args)} failed: {done.stderr or done.stdout}"
+    return done.stdout
 
 
 def _digest(root: Path) -> dict[str, str]:
