@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
+from machine_info import describe
 
 STAGES = ("cluster", "train", "export", "index", "evaluate")
 SHOWN = {
@@ -54,14 +55,8 @@ def stage_durations(project: Path, experiment: str) -> dict[str, dict[str, Any]]
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+    info = describe(Path(__file__).resolve().parents[1], {})
+    return {"cpu": info["cpu_model"], "cores": info["cpu_count"], "python": info["python"]}
 
 
 def markdown(report: dict[str, Any]) -> str:

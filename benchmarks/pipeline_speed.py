@@ -45,10 +45,8 @@ import itertools
 import json
 import math
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +60,9 @@ import numpy as np
 import onnxruntime as ort
 import pandas as pd
 import torch
+
+# Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
+from machine_info import describe
 from tqdm import tqdm
 
 from qpr.data.clustering import components
@@ -742,43 +743,16 @@ def growth_exponent(sizes: Sequence[int], values: Sequence[float]) -> float:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "memory_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {
+    return describe(
+        ROOT,
+        {
             "torch": torch.__version__,
             "onnxruntime": ort.__version__,
             "faiss": faiss.__version__,
             "numpy": np.__version__,
         },
-        "threads": {"torch": THREADS, "faiss_omp": THREADS, "onnxruntime": list(ORT_THREADS)},
-        "git_commit": commit,
-    }
+        threads={"torch": THREADS, "faiss_omp": THREADS, "onnxruntime": list(ORT_THREADS)},
+    )
 
 
 def _fmt(x: float, digits: int = 0) -> str:

@@ -53,7 +53,6 @@ import datetime as dt
 import http.client
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -75,6 +74,9 @@ import onnxruntime as ort
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+# Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
+from machine_info import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUORA = ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -771,56 +773,16 @@ def machine() -> dict[str, Any]:
     import fastapi
     import uvicorn
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    try:
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-        )
-    except (OSError, subprocess.CalledProcessError):
-        dirty = None
-    return {
-        "dirty": dirty,
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "memory_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {
+    return describe(
+        ROOT,
+        {
             "onnxruntime": ort.__version__,
             "faiss": faiss.__version__,
             "numpy": np.__version__,
             "fastapi": fastapi.__version__,
             "uvicorn": uvicorn.__version__,
         },
-        "git_commit": commit,
-    }
+    )
 
 
 def point(report: dict[str, Any], nprobe: int) -> dict[str, Any] | None:
