@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
+from machine_info import describe
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -204,16 +206,13 @@ def main() -> None:
     results: dict[str, Any] = {"rows": {}}
     if json_path.is_file() and not args.fresh:
         results = json.loads(json_path.read_text())
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        "unknown CPU",
-    )
+    info = describe(REPO, {})
     results.update(
-        {"machine": f"{cpu}, {os.cpu_count()} cores", "planned": planned, "seed": args.seed}
+        {
+            "machine": f"{info['cpu_model']}, {info['cpu_count']} cores",
+            "planned": planned,
+            "seed": args.seed,
+        }
     )
 
     def log(message: str) -> None:
