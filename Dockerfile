@@ -33,8 +33,10 @@ FROM builder-base AS builder
 ARG TORCH_INDEX_URL=""
 ARG FIND_LINKS=""
 ARG PIP_CERT=""
+# 1: also install the `transformer` extra (to train model.encoder=transformer in the image)
+ARG WITH_TRANSFORMER=0
 RUN TORCH_INDEX_URL="${TORCH_INDEX_URL}" FIND_LINKS="${FIND_LINKS}" PIP_CERT="${PIP_CERT}" \
-    FAISS=faiss-cpu bash docker/pip-install.sh /opt/venv
+    WITH_TRANSFORMER="${WITH_TRANSFORMER}" FAISS=faiss-cpu bash docker/pip-install.sh /opt/venv
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY flows ./flows

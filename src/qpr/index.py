@@ -36,6 +36,7 @@ __all__ = [
     "IdMap",
     "build_index",
     "drop_excluded",
+    "ef_search_of",
     "exact_recall_at_k",
     "fit_factory",
     "gpu_available",
@@ -44,6 +45,7 @@ __all__ = [
     "save_index",
     "search",
     "self_retrieval_rate",
+    "set_ef_search",
     "set_nprobe",
 ]
 
@@ -159,6 +161,36 @@ def set_nprobe(index: faiss.Index, nprobe: int) -> bool:
     return True
 
 
+def _hnsw(index: faiss.Index) -> faiss.IndexHNSW | None:
+    """The HNSW graph index inside ``index`` (top level or behind a pre-transform), or None."""
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    return inner if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def set_ef_search(index: faiss.Index, ef_search: int) -> bool:
+    """Set efSearch (candidates kept while walking the graph) on an HNSW index.
+
+    The HNSW counterpart of nprobe: recall and query time both grow with it. Returns
+    False (and changes nothing) for indexes without a top-level HNSW graph (Flat, IVF),
+    so callers can pass the params value unconditionally.
+    """
+    if ef_search < 1:
+        raise ValueError(f"ef_search must be >= 1, got {ef_search}")
+    graph = _hnsw(index)
+    if graph is None:
+        return False
+    graph.hnsw.efSearch = int(ef_search)
+    return True
+
+
+def ef_search_of(index: faiss.Index) -> int | None:
+    """The efSearch an HNSW index searches with (stored in its file); None for others."""
+    graph = _hnsw(index)
+    return int(graph.hnsw.efSearch) if graph is not None else None
+
+
 def _seed_training(index: faiss.Index, seed: int) -> None:
     """Seed every k-means FAISS will run while training `index` (IVF and PQ codebooks).
 
@@ -197,6 +229,8 @@ def build_index(
     metric: str = "l2",
     seed: int,
     use_gpu: bool | None = None,
+    ef_search: int = 256,
+    ef_construction: int = 200,
     log: Callable[[str], None] = print,
 ) -> faiss.Index:
     """Train an index on ``vectors`` and add them all (row r = ``vectors[r]``).
@@ -214,6 +248,12 @@ def build_index(
         seed → same index.
     use_gpu : None = on GPU when faiss sees one; True = ask for it (falls back to CPU with
         a log line on faiss-cpu); False = CPU.
+    ef_search, ef_construction : for HNSW indexes (ignored otherwise): candidates kept per
+        query, and per insertion while building. A graph built with a larger
+        ef_construction reaches a given recall with a smaller (faster) ef_search. HNSW
+        vectors are added on one thread: FAISS's parallel insertion order, hence the
+        graph, differs from run to run, and a pipeline stage must give the same index
+        for the same inputs.
     log : where progress lines go.
 
     Returns the trained, filled index: a GPU index when built on GPU (`save_index`
@@ -247,21 +287,51 @@ def build_index(
     if on_gpu:
         _seed_training(index, seed)  # the GPU copy has its own clustering parameters
 
+    graph = _hnsw(index)
+    if graph is not None:
+        graph.hnsw.efConstruction = int(ef_construction)
     started = time.perf_counter()
     if not index.is_trained:
         index.train(vectors)
     trained = time.perf_counter()
-    index.add(vectors)
+    if graph is not None:
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            _add_with_progress(index, vectors, log)
+        finally:
+            faiss.omp_set_num_threads(threads)
+    else:
+        index.add(vectors)
     added = time.perf_counter()
     probing = set_nprobe(index, nprobe)
-    if not probing:
+    walking = set_ef_search(index, ef_search)
+    if not probing and not walking:
         log(f"{fitted} has no inverted lists: nprobe={nprobe} ignored")
     log(
         f"built {fitted} ({metric}, {'GPU' if on_gpu else 'CPU'}) on {n:,} x {d} vectors: "
         f"train {trained - started:.2f} s, add {added - trained:.2f} s"
         + (f", nprobe {nprobe}" if probing else "")
+        + (f", efConstruction {ef_construction}, efSearch {ef_search}" if walking else "")
     )
     return index
+
+
+def _add_with_progress(
+    index: faiss.Index, vectors: np.ndarray, log: Callable[[str], None], chunk: int = 20_000
+) -> None:
+    """index.add in chunks with a progress line each: an HNSW graph over 100k+ vectors
+    takes minutes on one thread. Fixed chunks on one thread keep the graph a pure
+    function of the vectors (FAISS inserts each chunk level by level; levels come from
+    the index's own seeded generator)."""
+    n = vectors.shape[0]
+    started = time.perf_counter()
+    for lo in range(0, n, chunk):
+        index.add(vectors[lo : lo + chunk])
+        done = min(lo + chunk, n)
+        if n > chunk:
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            log(f"  graph: {done:,} / {n:,} vectors ({rate:,.0f}/s)")
 
 
 def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
@@ -284,10 +354,15 @@ def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
 
 
 def load_index(
-    path: str | os.PathLike[str], *, nprobe: int, use_gpu: bool | None = False
+    path: str | os.PathLike[str],
+    *,
+    nprobe: int,
+    ef_search: int | None = None,
+    use_gpu: bool | None = False,
 ) -> faiss.Index:
     """Read an index written by `save_index` and set its nprobe (not stored by FAISS's
-    writer for every index type, and a serving knob anyway).
+    writer for every index type, and a serving knob anyway) and, when given, its
+    efSearch (HNSW; None keeps the value stored in the file).
 
     ``use_gpu``: False (default: serving and evaluation on CPU), None = GPU when present,
     True = GPU, falling back to CPU on faiss-cpu.
@@ -298,6 +373,8 @@ def load_index(
         with contextlib.suppress(RuntimeError):
             index = _to_gpu(index)
     set_nprobe(index, nprobe)
+    if ef_search is not None:
+        set_ef_search(index, ef_search)
     return index
 
 

@@ -125,7 +125,16 @@ _EVENT_PREFIX = "qpr.event."
 _MAX_REASON = 1000
 
 # The runtime the pyfunc needs; torch is not among them (the bundle never imports it).
-_RUNTIME_PACKAGES = ("mlflow", "numpy", "pandas", "pyarrow", "onnxruntime", "faiss-cpu")
+# tokenizers reads a transformer bundle's word-piece vocab.json (transformers is not needed).
+_RUNTIME_PACKAGES = (
+    "mlflow",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "onnxruntime",
+    "faiss-cpu",
+    "tokenizers",
+)
 
 
 class RegistryError(RuntimeError):

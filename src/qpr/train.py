@@ -21,6 +21,33 @@ as an uninterrupted one (same seed, same thread count): the per-epoch batches an
 orientations come from numpy Generators seeded with (seed, epoch), and the torch / numpy /
 random global states plus the loss's own generator are restored from last.pt.
 
+Losses that classify (`needs_labels`, e.g. AM-Softmax) get each pair's cluster as a dense
+class index 0..C-1 (np.unique order of the cluster ids trained on) and must be built with
+num_classes = C = num_training_classes(cluster_ids, max_pairs=..., seed=...).
+
+Two limits on the work done:
+
+- max_pairs: train on a subset of that many pairs, drawn uniformly without replacement by a
+  numpy Generator seeded with `seed` (select_training_pairs). Pairs rather than whole
+  clusters: the subset keeps the cluster-size mix and as many distinct clusters (topics) as
+  possible, and keeps the batches full, since the cluster-disjoint sampler needs at least
+  as many batches as the largest cluster has pairs (whole clusters of 50 pairs in a 2,000
+  pair subset would mean 50 batches of 40). Subsets of one seed are nested: the first k of
+  one permutation.
+- time_budget_s: a limit on the summed time of the epochs (training + validation; the
+  untrained encoder's evaluation is not counted). When it runs out inside an epoch, the
+  epoch is cut before its next batch, then validated and checkpointed like any other (its
+  history record has cut_by_budget=True and the batches it ran), and the run ends with
+  stopped_by_budget=True. It can overrun by one batch plus one validation pass. The time is
+  stored with each epoch, so a killed run resumes with what is left of the budget (the
+  killed epoch's time is not counted); a finished budgeted run resumed with the same
+  settings does nothing more. Where a cut falls depends on the machine's speed, so a
+  budgeted run is not reproducible to the weight.
+
+Both limits are in the checkpoint fingerprint (when set): a last.pt written under other
+limits is refused rather than continued, e.g. a cut epoch is never continued by a run
+without a budget.
+
 Library code: no Prefect or MLflow here; progress goes to `on_epoch` and a tqdm bar.
 """
 
@@ -42,6 +69,7 @@ from torch import nn
 from tqdm import tqdm
 
 from qpr.model.factory import build_encoder
+from qpr.model.losses import needs_labels
 from qpr.model.sampler import ClusterDisjointBatchSampler
 from qpr.text.vocab import Vocabulary
 
@@ -319,6 +347,26 @@ def load_encoder(path: str | os.PathLike[str]) -> nn.Module:
     return encoder.eval()
 
 
+def select_training_pairs(num_pairs: int, max_pairs: int | None, seed: int) -> np.ndarray:
+    """Sorted int64 indices of the pairs a run trains on: all of them when max_pairs is None
+    or not below num_pairs, else max_pairs drawn uniformly without replacement (seeded;
+    the subsets of one seed are nested)."""
+    if max_pairs is None or max_pairs >= num_pairs:
+        return np.arange(num_pairs, dtype=np.int64)
+    if max_pairs < 1:
+        raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs}")
+    order = np.random.default_rng([seed, 0x5B5E7]).permutation(num_pairs)
+    return np.sort(order[:max_pairs]).astype(np.int64)
+
+
+def num_training_classes(cluster_ids: np.ndarray, *, max_pairs: int | None, seed: int) -> int:
+    """C for a classifying loss: the distinct clusters among the pairs train_encoder will
+    use with these max_pairs and seed."""
+    cluster_ids = np.asarray(cluster_ids)
+    chosen = select_training_pairs(cluster_ids.shape[0], max_pairs, seed)
+    return int(np.unique(cluster_ids[chosen]).shape[0])
+
+
 def _data_digest(q1: Sequence[str], q2: Sequence[str], cluster_ids: np.ndarray) -> str:
     h = hashlib.sha256()
     for text in (*q1, "\x00", *q2):
@@ -337,7 +385,14 @@ class _EncodedPairs:
     """Every training question encoded once (int32 [P, L] per side, right-padded);
     a batch slices its rows and trims the columns to its own longest question."""
 
-    def __init__(self, vocab: Vocabulary, q1: Sequence[str], q2: Sequence[str], max_len: int):
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        q1: Sequence[str],
+        q2: Sequence[str],
+        max_len: int,
+        labels: np.ndarray | None = None,
+    ):
         a_ids, a_len = vocab.encode_batch(q1, max_len=max_len)
         b_ids, b_len = vocab.encode_batch(q2, max_len=max_len)
         width = max(a_ids.shape[1], b_ids.shape[1])
@@ -345,6 +400,8 @@ class _EncodedPairs:
         self.side_a = torch.from_numpy(_pad_to(a_ids, width).astype(np.int32))
         self.side_b = torch.from_numpy(_pad_to(b_ids, width).astype(np.int32))
         self.pair_len = torch.from_numpy(np.maximum(a_len, b_len))
+        # Dense class index per pair, for losses that classify (None: no such loss).
+        self.labels = None if labels is None else torch.from_numpy(np.asarray(labels, np.int64))
 
     def batch(self, idx: torch.Tensor, flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(anchor ids, positive ids), int64 [n, w] each; flip[i] swaps pair i's sides."""
@@ -371,17 +428,28 @@ def _train_epoch(
     device: str | torch.device,
     bar: tqdm,
     epoch: int,
-) -> tuple[float, int]:
-    """One pass over `batches`; returns (sum of loss × batch size, pairs seen)."""
+    deadline: float | None = None,
+) -> tuple[float, int, int]:
+    """One pass over `batches`, or up to `deadline` (a time.perf_counter() value, checked
+    before each batch but the first); returns (sum of loss × batch size, pairs seen,
+    batches run)."""
     encoder.train()
-    loss_sum, pairs_seen = 0.0, 0
+    with_labels = needs_labels(loss)
+    loss_sum, pairs_seen, done = 0.0, 0, 0
     t0 = time.perf_counter()
     for batch in batches:
-        anchors, positives = pairs.batch(torch.from_numpy(batch), flip)
+        if done and deadline is not None and time.perf_counter() >= deadline:
+            break
+        idx = torch.from_numpy(batch)
+        anchors, positives = pairs.batch(idx, flip)
         n = anchors.shape[0]
         # Both sides in one forward pass: one big conv/matmul instead of two.
         emb = encoder(torch.cat([anchors, positives]).to(device))
-        value = loss(emb[:n], emb[n:])
+        if with_labels:
+            assert pairs.labels is not None, "a loss that classifies needs labelled pairs"
+            value = loss(emb[:n], emb[n:], pairs.labels[idx].to(device))
+        else:
+            value = loss(emb[:n], emb[n:])
         batch_loss = value.detach().item()
         if not np.isfinite(batch_loss):
             raise FloatingPointError(f"loss is {batch_loss} at epoch {epoch}")
@@ -390,19 +458,25 @@ def _train_epoch(
         optimizer.step()
         loss_sum += batch_loss * n
         pairs_seen += n
+        done += 1
         bar.update(1)
-        bar.set_postfix(
-            loss=f"{loss_sum / pairs_seen:.4f}",
-            pairs_s=f"{pairs_seen / max(time.perf_counter() - t0, 1e-9):.0f}",
-            refresh=False,
-        )
-    return loss_sum, pairs_seen
+        now = time.perf_counter()
+        postfix = {
+            "loss": f"{loss_sum / pairs_seen:.4f}",
+            "pairs_s": f"{pairs_seen / max(now - t0, 1e-9):.0f}",
+        }
+        if deadline is not None:
+            postfix["budget_left"] = f"{max(deadline - now, 0.0):.0f}s"
+        bar.set_postfix(postfix, refresh=False)
+    return loss_sum, pairs_seen, done
 
 
 @dataclass
 class TrainResult:
-    """What train_encoder did. `history` has one dict per completed epoch (all of them,
-    including those run before a resume); `initial` is the untrained encoder (epoch 0)."""
+    """What train_encoder did. `history` has one dict per completed (or budget-cut) epoch,
+    all of them, including those run before a resume; `initial` is the untrained encoder
+    (epoch 0). train_pairs / train_classes: the pairs trained on (after max_pairs) and
+    their distinct clusters."""
 
     best_epoch: int
     best_val_auc: float
@@ -415,6 +489,9 @@ class TrainResult:
     best_checkpoint: Path
     resumed_from_epoch: int | None = None
     seconds: float = 0.0
+    stopped_by_budget: bool = False
+    train_pairs: int = 0
+    train_classes: int = 0
 
 
 def train_encoder(
@@ -438,6 +515,8 @@ def train_encoder(
     threads: int | None = None,
     device: str | torch.device = "cpu",
     eval_batch_size: int = 1024,
+    max_pairs: int | None = None,
+    time_budget_s: float | None = None,
 ) -> TrainResult:
     """Train `encoder` in place; on return it holds the best epoch's weights.
 
@@ -447,6 +526,10 @@ def train_encoder(
     on_epoch gets {epoch, train_loss, val_auc, val_mrr, pairs_per_s, seconds, ...} after
     the epoch's checkpoints are on disk (an exception there leaves a resumable run).
     threads: torch intra-op threads for this call (restored afterwards); None keeps torch's.
+    max_pairs: train on a seeded subset of this many pairs; time_budget_s: stop when the
+    epochs have taken this long (module docstring). A loss with `needs_labels` gets dense
+    cluster labels and must have num_classes = num_training_classes(cluster_ids,
+    max_pairs=max_pairs, seed=seed).
     Seed before building the encoder (seed_everything) for reproducible initial weights.
     """
     started = time.perf_counter()
@@ -460,6 +543,25 @@ def train_encoder(
         raise ValueError("no training pairs")
     if max_epochs < 0 or patience < 1:
         raise ValueError(f"need max_epochs >= 0 and patience >= 1, got {max_epochs}, {patience}")
+    if max_pairs is not None and max_pairs < 1:
+        raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ValueError(f"time_budget_s must be > 0 or None, got {time_budget_s}")
+    data_digest = _data_digest(q1, q2, cluster_ids)
+    chosen = select_training_pairs(len(q1), max_pairs, seed)
+    if chosen.shape[0] < len(q1):
+        all_q1, all_q2 = list(q1), list(q2)
+        q1 = [all_q1[i] for i in chosen]
+        q2 = [all_q2[i] for i in chosen]
+        cluster_ids = cluster_ids[chosen]
+    _, labels = np.unique(cluster_ids, return_inverse=True)
+    num_classes = int(labels.max()) + 1
+    if needs_labels(loss) and getattr(loss, "num_classes", None) != num_classes:
+        raise ValueError(
+            f"{type(loss).__name__} has num_classes={getattr(loss, 'num_classes', None)}, but "
+            f"the {len(q1):,} training pairs hold {num_classes:,} distinct clusters; build it "
+            "with num_classes=num_training_classes(cluster_ids, max_pairs=..., seed=...)"
+        )
 
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / "checkpoints"
@@ -482,8 +584,13 @@ def train_encoder(
             "max_len": max_len,
             "seed": seed,
             "vocab": vocab.checksum,
-            "train_data": _data_digest(q1, q2, cluster_ids),
+            "train_data": data_digest,
         }
+        # Only when set, so checkpoints from before these options still resume.
+        if max_pairs is not None:
+            fingerprint["max_pairs"] = max_pairs
+        if time_budget_s is not None:
+            fingerprint["time_budget_s"] = float(time_budget_s)
         encoder.to(device)
         loss.to(device)
         # The fused kernel: at paper size (16.5M parameters, mostly the embedding) the
@@ -494,7 +601,7 @@ def train_encoder(
             fused=torch.device(device).type in ("cpu", "cuda"),
         )
 
-        pairs = _EncodedPairs(vocab, q1, q2, max_len)
+        pairs = _EncodedPairs(vocab, q1, q2, max_len, labels)
         val_ids, val_len = vocab.encode_batch(val.texts, max_len=max_len)
 
         sampler = ClusterDisjointBatchSampler(cluster_ids, batch_size, seed=seed)
@@ -511,7 +618,9 @@ def train_encoder(
                 raise TrainingStateError(f"{last_path}: checkpoint version {state.get('version')}")
             if state["fingerprint"] != fingerprint:
                 changed = sorted(
-                    k for k in fingerprint if state["fingerprint"].get(k) != fingerprint[k]
+                    k
+                    for k in {*fingerprint, *state["fingerprint"]}
+                    if state["fingerprint"].get(k) != fingerprint.get(k)
                 )
                 raise TrainingStateError(
                     f"{last_path} was written by a run with different {changed}; "
@@ -535,20 +644,27 @@ def train_encoder(
             initial = evaluate()
             best = {"epoch": 0, "val_auc": float("-inf"), "val_mrr": float("nan")}
 
-        while epoch < max_epochs and bad_epochs < patience:
+        def budget_spent() -> bool:
+            spent = sum(float(r["seconds"]) for r in history)
+            return time_budget_s is not None and spent >= time_budget_s
+
+        while epoch < max_epochs and bad_epochs < patience and not budget_spent():
             epoch += 1
             t0 = time.perf_counter()
+            deadline = None
+            if time_budget_s is not None:
+                deadline = t0 + time_budget_s - sum(float(r["seconds"]) for r in history)
             sampler.set_epoch(epoch)
             # Pair orientation per epoch: the loss is not symmetric in (anchor, positive).
             flip = torch.from_numpy(np.random.default_rng([seed, epoch, 1]).random(len(q1)) < 0.5)
             with tqdm(
                 total=len(sampler),
-                desc=f"epoch {epoch}",
+                desc=f"epoch {epoch}/{max_epochs}",
                 unit="batch",
                 disable=not progress,
                 leave=False,
             ) as bar:
-                loss_sum, pairs_seen = _train_epoch(
+                loss_sum, pairs_seen, batches_run = _train_epoch(
                     encoder=encoder,
                     loss=loss,
                     optimizer=optimizer,
@@ -558,6 +674,7 @@ def train_encoder(
                     device=device,
                     bar=bar,
                     epoch=epoch,
+                    deadline=deadline,
                 )
             train_seconds = time.perf_counter() - t0
             metrics = evaluate()
@@ -569,7 +686,10 @@ def train_encoder(
                 "pairs_per_s": pairs_seen / max(train_seconds, 1e-9),
                 "train_seconds": train_seconds,
                 "seconds": time.perf_counter() - t0,
-                "batches": len(sampler),
+                "batches": batches_run,
+                "planned_batches": len(sampler),
+                "pairs": pairs_seen,
+                "cut_by_budget": batches_run < len(sampler),
             }
             history.append(record)
             if metrics["val_auc"] > best["val_auc"] + min_delta:
@@ -614,6 +734,11 @@ def train_encoder(
 
         if best_path.exists():
             encoder.load_state_dict(load_checkpoint(best_path)["model"])
+        # Also true when the budget ran out exactly at an epoch's end, but not when the run
+        # would have stopped there anyway (max_epochs, patience).
+        stopped_by_budget = any(r.get("cut_by_budget", False) for r in history) or (
+            budget_spent() and epoch < max_epochs and bad_epochs < patience
+        )
         return TrainResult(
             best_epoch=int(best["epoch"]),
             best_val_auc=float(best["val_auc"]),
@@ -626,6 +751,9 @@ def train_encoder(
             best_checkpoint=best_path,
             resumed_from_epoch=resumed_from,
             seconds=time.perf_counter() - started,
+            stopped_by_budget=stopped_by_budget,
+            train_pairs=len(q1),
+            train_classes=num_classes,
         )
     finally:
         if threads is not None:

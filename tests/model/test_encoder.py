@@ -94,12 +94,24 @@ def test_config_round_trip_through_factory() -> None:
         "channels": 12,
         "output_dim": 8,
         "dropout": 0.1,
+        "normalize": False,
     }
     rebuilt = build_encoder(enc.name, **config).eval()
     rebuilt.load_state_dict(enc.state_dict())
     ids = _pad(_questions(), 7)
     with torch.no_grad():
         assert torch.equal(rebuilt(ids), enc(ids))
+
+
+def test_normalize_gives_unit_vectors_in_the_same_directions() -> None:
+    plain = _encoder().eval()
+    unit = build_encoder("cnn", **{**plain.config(), "normalize": True}).eval()
+    unit.load_state_dict(plain.state_dict())
+    ids = _pad(_questions(), 7)
+    with torch.no_grad():
+        raw, normed = plain(ids), unit(ids)
+    torch.testing.assert_close(normed.norm(dim=1), torch.ones(ids.shape[0]))
+    torch.testing.assert_close(normed, raw / raw.norm(dim=1, keepdim=True))
 
 
 def test_paper_defaults() -> None:

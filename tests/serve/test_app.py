@@ -364,6 +364,21 @@ def test_limits_from_environment(monkeypatch: pytest.MonkeyPatch, bundle_dir: Pa
         assert_refused(refused, 422, "k_out_of_range", "between 1 and 3")
 
 
+def test_search_depth_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qpr.serve.settings import ServeSettings, SettingsError
+
+    monkeypatch.setenv("QPR_SERVE_EF_SEARCH", "96")
+    monkeypatch.setenv("QPR_SERVE_NPROBE", "4")
+    settings = ServeSettings.from_env()
+    assert (settings.ef_search, settings.nprobe) == (96, 4)
+    monkeypatch.setenv("QPR_SERVE_EF_SEARCH", "0")
+    with pytest.raises(SettingsError, match="ef_search"):
+        ServeSettings.from_env()
+    monkeypatch.setenv("QPR_SERVE_EF_SEARCH", "many")
+    with pytest.raises(SettingsError, match="QPR_SERVE_EF_SEARCH"):
+        ServeSettings.from_env()
+
+
 # ---------------------------------------------------------------- process-level
 
 

@@ -124,6 +124,22 @@ def test_fingerprint_changes_with_any_file(bundle: Bundle, copy_dir: Path) -> No
     assert Bundle.load(copy_dir).fingerprint != bundle.fingerprint
 
 
+def test_ef_search_for_an_hnsw_index(bundle: Bundle, copy_dir: Path) -> None:
+    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
+    _write_index(copy_dir, vectors, "HNSW8,Flat")  # the index stage's default efSearch
+    assert Bundle.load(copy_dir).ef_search == 256
+    index = build_index(
+        vectors, "HNSW8,Flat", nprobe=1, seed=0, ef_search=21, use_gpu=False, log=lambda _: None
+    )
+    save_index(index, copy_dir / INDEX_FILE)
+    assert Bundle.load(copy_dir).ef_search == 21  # as stored by the index stage
+    assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
+    assert Bundle.load(copy_dir).nprobe is None
+    assert bundle.ef_search is None  # Flat: no graph
+    with pytest.raises(ValueError, match="ef_search"):
+        Bundle.load(copy_dir, ef_search=0)
+
+
 def test_nprobe_for_an_ivf_index(bundle: Bundle, copy_dir: Path) -> None:
     vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
     _write_index(copy_dir, vectors, "IVF2,Flat")  # lowered to IVF1 for 50 vectors

@@ -10,6 +10,7 @@ from qpr.index import (
     IdMap,
     build_index,
     drop_excluded,
+    ef_search_of,
     exact_recall_at_k,
     fit_factory,
     gpu_available,
@@ -18,6 +19,8 @@ from qpr.index import (
     save_index,
     search,
     self_retrieval_rate,
+    set_ef_search,
+    set_nprobe,
 )
 
 
@@ -95,11 +98,57 @@ def test_bad_input_is_refused():
         build_index(_vectors(10), "Flat", nprobe=1, seed=0, metric="cos", log=_quiet)
 
 
-def test_non_ivf_index_ignores_nprobe_with_a_log_line():
+def test_flat_index_ignores_nprobe_with_a_log_line():
     lines: list[str] = []
-    index = build_index(_vectors(300), "HNSW16", nprobe=8, seed=0, log=lines.append)
+    index = build_index(_vectors(300), "Flat", nprobe=8, seed=0, log=lines.append)
     assert index.ntotal == 300
     assert any("nprobe=8 ignored" in line for line in lines)
+
+
+def test_hnsw_index_takes_ef_search_and_ef_construction():
+    lines: list[str] = []
+    index = build_index(
+        _vectors(300),
+        "HNSW16",
+        nprobe=8,
+        seed=0,
+        ef_search=40,
+        ef_construction=30,
+        log=lines.append,
+    )
+    assert index.ntotal == 300
+    assert faiss.downcast_index(index).hnsw.efConstruction == 30
+    assert ef_search_of(index) == 40
+    assert "efConstruction 30, efSearch 40" in lines[-1]
+    assert not any("ignored" in line for line in lines)
+
+
+def test_ef_search_is_hnsw_only_and_nprobe_ivf_only():
+    hnsw = build_index(_vectors(300), "HNSW16,Flat", nprobe=1, seed=0, log=_quiet)
+    ivf = build_index(_vectors(400), "IVF4,Flat", nprobe=1, seed=0, log=_quiet)
+    assert set_ef_search(hnsw, 7) and ef_search_of(hnsw) == 7
+    assert not set_ef_search(ivf, 7) and ef_search_of(ivf) is None
+    assert set_nprobe(ivf, 3) and not set_nprobe(hnsw, 3)
+    with pytest.raises(ValueError, match="ef_search"):
+        set_ef_search(hnsw, 0)
+
+
+def test_hnsw_build_is_reproducible_and_keeps_ef_search_on_disk(tmp_path):
+    # 45k vectors: more than one insertion chunk, so the chunked add is exercised
+    x = _vectors(45_000, d=8)
+    first = build_index(
+        x, "HNSW8,Flat", nprobe=1, seed=0, ef_search=33, ef_construction=16, log=_quiet
+    )
+    second = build_index(
+        x, "HNSW8,Flat", nprobe=1, seed=0, ef_search=33, ef_construction=16, log=_quiet
+    )
+    a = save_index(first, tmp_path / "a.faiss").read_bytes()
+    b = save_index(second, tmp_path / "b.faiss").read_bytes()
+    assert a == b  # same vectors, same graph, byte for byte
+    assert ef_search_of(load_index(tmp_path / "a.faiss", nprobe=1)) == 33
+    assert ef_search_of(load_index(tmp_path / "a.faiss", nprobe=1, ef_search=90)) == 90
+    # and it finds the true neighbours of most queries at a modest efSearch
+    assert exact_recall_at_k(first, x, x[:200] + 0.01, 10) > 0.9
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU fallback")

@@ -2,5 +2,6 @@
 
 from qpr.model.cnn import CNNEncoder
 from qpr.model.factory import ENCODERS, build_encoder
+from qpr.model.transformer import TransformerEncoder
 
-__all__ = ["ENCODERS", "CNNEncoder", "build_encoder"]
+__all__ = ["ENCODERS", "CNNEncoder", "TransformerEncoder", "build_encoder"]

@@ -2,6 +2,7 @@
 
     token ids [B, L] → embedding [B, L, e_dim] → Conv1d per window (same padding) → tanh
     → max over the real tokens → concat [B, c_dim] → dropout → linear [B, n]
+    → optional L2 normalisation (``normalize``; not in the paper)
 
 Channels: `channels` is the paper's c_dim, the TOTAL width of the pooled feature vector h.
 With several windows it is split across them (the first `channels % len(windows)` windows
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 # The masked-max fill value: tanh(x) >= -1, so it never beats a real position.
 _TANH_MIN = -1.0
@@ -42,6 +44,7 @@ class CNNEncoder(nn.Module):
         channels: int = 300,
         output_dim: int = 300,
         dropout: float = 0.0,
+        normalize: bool = False,
     ) -> None:
         super().__init__()
         windows = tuple(int(w) for w in windows)
@@ -58,6 +61,7 @@ class CNNEncoder(nn.Module):
             "channels": int(channels),
             "output_dim": int(output_dim),
             "dropout": float(dropout),
+            "normalize": bool(normalize),
         }
         self.output_dim = int(output_dim)
         # Random init as in the paper; row 0 starts at zero and gets no gradient.
@@ -90,4 +94,7 @@ class CNNEncoder(nn.Module):
             h = conv(x) if conv.kernel_size[0] % 2 else conv(x)[:, :, 1:]
             pooled.append(torch.tanh(h).masked_fill(~keep, _TANH_MIN).amax(dim=2))
         h = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)  # [B, c_dim]
-        return self.projection(self.dropout(h))
+        out = self.projection(self.dropout(h))
+        if self._config["normalize"]:
+            out = F.normalize(out, p=2.0, dim=1)
+        return out

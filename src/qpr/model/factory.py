@@ -7,12 +7,16 @@ from typing import Any
 from torch import nn
 
 from qpr.model.cnn import CNNEncoder
+from qpr.model.transformer import TransformerEncoder
 
-ENCODERS: dict[str, type[nn.Module]] = {"cnn": CNNEncoder}
+# transformer.py imports `transformers` only when an encoder is built, so listing it here
+# costs nothing on the CNN path.
+ENCODERS: dict[str, type[nn.Module]] = {"cnn": CNNEncoder, "transformer": TransformerEncoder}
 
 
 def build_encoder(name: str, **kwargs: Any) -> nn.Module:
-    """A fresh encoder: build_encoder("cnn", vocab_size=..., embedding_dim=..., ...).
+    """A fresh encoder: build_encoder("cnn", vocab_size=..., embedding_dim=..., ...) or
+    build_encoder("transformer", package=..., projection_dim=..., normalize=...).
 
     Every encoder has a `name` class attribute and `config()` returning these kwargs, so
     build_encoder(enc.name, **enc.config()) rebuilds an equal architecture.

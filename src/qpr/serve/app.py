@@ -458,7 +458,7 @@ def create_app(
     /readyz says 503 with the reason, and the poller keeps trying.
 
     load: how a bundle directory is loaded (default: Bundle.load with the settings'
-        threads and nprobe); tests substitute their own.
+        threads, nprobe and ef_search); tests substitute their own.
     """
     settings = settings or ServeSettings.from_env()
     source = source or source_from_settings(settings)
@@ -466,7 +466,9 @@ def create_app(
     faiss.omp_set_num_threads(settings.faiss_threads)
 
     def default_load(path: Path) -> Bundle:
-        return Bundle.load(path, threads=settings.threads, nprobe=settings.nprobe)
+        return Bundle.load(
+            path, threads=settings.threads, nprobe=settings.nprobe, ef_search=settings.ef_search
+        )
 
     telemetry = _Telemetry()
     holder = ModelHolder()

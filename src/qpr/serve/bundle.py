@@ -3,7 +3,9 @@
 A bundle is the ``models/`` directory the pipeline writes:
 
 =========================  ===============================================================
-``vocab.json``             `qpr.text.vocab.Vocabulary` (tokens → ids)
+``vocab.json``             the tokenizer (`qpr.text.load_tokenizer`): a hashed
+                           `qpr.text.vocab.Vocabulary` (CNN) or a
+                           `qpr.text.wordpiece.WordPieceTokenizer` (transformer)
 ``encoder.onnx``           the encoder; metadata_props ``vocab_sha256`` and ``max_len``
 ``index/index.faiss``      FAISS index, L2 metric (`qpr.index.save_index`)
 ``index/index.ids.npy``    row → question id (`qpr.index.IdMap`)
@@ -16,9 +18,10 @@ the file): a vocabulary other than the one the encoder was trained with, an inde
 another encoder width, an id map or question table of another index. Such a mix would not
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
-Query path per batch of questions: `Vocabulary.encode` → one ONNX Runtime call → one FAISS
-search. Dependencies are numpy, onnxruntime, faiss and pyarrow; torch is never imported
-(a service image need not ship it, and importing it costs seconds and ~0.5 GB).
+Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call → one
+FAISS search. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
+bundle) tokenizers; torch and transformers are never imported (a service image need not
+ship them, and importing torch costs seconds and ~0.5 GB).
 
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
@@ -36,6 +39,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
@@ -44,8 +48,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
-from qpr.index import IdMap, search, set_nprobe
+from qpr.index import IdMap, ef_search_of, search, set_ef_search, set_nprobe
+from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
+
+if TYPE_CHECKING:
+    from qpr.text.wordpiece import WordPieceTokenizer
 
 __all__ = [
     "ENCODER_FILE",
@@ -116,7 +124,7 @@ class Bundle:
         self,
         *,
         models_dir: Path,
-        vocab: Vocabulary,
+        vocab: Vocabulary | WordPieceTokenizer,
         session: ort.InferenceSession,
         index: faiss.Index,
         qids: np.ndarray,
@@ -141,7 +149,12 @@ class Bundle:
 
     @classmethod
     def load(
-        cls, models_dir: str | os.PathLike[str], *, threads: int = 1, nprobe: int | None = None
+        cls,
+        models_dir: str | os.PathLike[str],
+        *,
+        threads: int = 1,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
     ) -> Bundle:
         """Load and cross-check the bundle in ``models_dir``.
 
@@ -152,6 +165,8 @@ class Bundle:
         nprobe: inverted lists visited per query for an IVF index; None keeps the value
             stored in the index file (the one the index stage was built and gated with).
             Ignored for indexes without inverted lists (Flat, HNSW).
+        ef_search: candidates kept per query for an HNSW index; None keeps the value
+            stored in the index file. Ignored for other indexes.
 
         Raises BundleError (naming the file) when a file is missing or unreadable, or the
         files do not belong together; ValueError for a bad argument.
@@ -160,6 +175,8 @@ class Bundle:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if nprobe is not None and nprobe < 1:
             raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+        if ef_search is not None and ef_search < 1:
+            raise ValueError(f"ef_search must be >= 1, got {ef_search}")
         root = Path(models_dir)
         paths = {rel: root / rel for rel in _FILES}
         missing = [str(p) for p in paths.values() if not p.is_file()]
@@ -173,7 +190,7 @@ class Bundle:
 
         vocab_path = paths[VOCAB_FILE]
         try:
-            vocab = Vocabulary.load(vocab_path)
+            vocab = load_tokenizer(vocab_path)
         except VocabularyError as exc:
             raise BundleError(str(exc)) from exc
 
@@ -194,6 +211,14 @@ class Bundle:
                 f"is {vocab.checksum[:12]}…: the two files come from different runs"
             )
         max_len = _parse_max_len(metadata.get("max_len"), onnx_path)
+        # A word-piece tokenizer truncates to its own max_len keeping [SEP]; a different
+        # encoder max_len would cut [SEP] off long questions here.
+        vocab_max_len = getattr(vocab, "max_len", None)
+        if vocab_max_len is not None and vocab_max_len != max_len:
+            raise BundleError(
+                f"{vocab_path} truncates to {vocab_max_len} word pieces but {onnx_path} was "
+                f"exported with max_len {max_len}"
+            )
 
         index_path = paths[INDEX_FILE]
         try:
@@ -212,6 +237,8 @@ class Bundle:
             )
         if nprobe is not None:
             set_nprobe(index, nprobe)  # False for non-IVF indexes: nothing to set
+        if ef_search is not None:
+            set_ef_search(index, ef_search)  # False for non-HNSW indexes
 
         ids_path = paths[IDS_FILE]
         try:
@@ -275,6 +302,11 @@ class Bundle:
             return int(faiss.extract_index_ivf(self._index).nprobe)
         except RuntimeError:  # not an IVF index
             return None
+
+    @property
+    def ef_search(self) -> int | None:
+        """HNSW candidates kept per query; None for an index without a graph."""
+        return ef_search_of(self._index)
 
     @property
     def fingerprint(self) -> str:

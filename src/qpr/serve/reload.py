@@ -94,6 +94,7 @@ class ModelInfo:
     dim: int
     nprobe: int | None
     threshold: float | None
+    ef_search: int | None = None
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,6 +108,7 @@ class ModelInfo:
             "questions": self.questions,
             "dim": self.dim,
             "nprobe": self.nprobe,
+            "ef_search": self.ef_search,
             "threshold": self.threshold,
             **self.details,
         }
@@ -329,6 +331,7 @@ class Reloader:
             questions=bundle.size,
             dim=bundle.dim,
             nprobe=bundle.nprobe,
+            ef_search=bundle.ef_search,
             threshold=bundle.threshold,
             details=dict(candidate.details),
         )

@@ -62,6 +62,7 @@ class ServeSettings:
     threads: int = 1
     faiss_threads: int = 1
     nprobe: int | None = None
+    ef_search: int | None = None
     canaries: int = 5
     access_log: bool = False
     models_dir: str = "models"
@@ -88,6 +89,8 @@ class ServeSettings:
             raise SettingsError(f"poll_seconds must be >= 0 (0 = never), got {self.poll_seconds}")
         if self.nprobe is not None and self.nprobe < 1:
             raise SettingsError(f"nprobe must be >= 1, got {self.nprobe}")
+        if self.ef_search is not None and self.ef_search < 1:
+            raise SettingsError(f"ef_search must be >= 1, got {self.ef_search}")
         if not self.alias:
             raise SettingsError("alias must not be empty")
 
@@ -137,6 +140,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "threads": ("integer", int),
     "faiss_threads": ("integer", int),
     "nprobe": ("integer", int),
+    "ef_search": ("integer", int),
     "canaries": ("integer", int),
     "access_log": ("boolean (true/false)", _parse_bool),
     "models_dir": ("path", str),

@@ -1,14 +1,16 @@
 """The export stage: the trained encoder → ONNX (dynamic batch and length), gated on
 torch-vs-ONNX Runtime parity over real validation questions and on padding invariance.
 
-The ONNX file carries what a consumer needs to use it correctly: the vocabulary checksum
-and max_len in its metadata. It is moved into place only after the gate passed.
+The ONNX file carries what a consumer needs to use it correctly: the tokenizer's checksum
+(a hashed vocabulary for the CNN, word pieces for the transformer), max_len and the encoder
+name in its metadata. It is moved into place only after the gate passed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,11 +18,15 @@ from qpr.config import Settings
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
 from qpr.stages.train import load_trained_encoder, read_cluster_outputs
-from qpr.text.vocab import Vocabulary
+from qpr.text import load_tokenizer
+
+if TYPE_CHECKING:
+    from qpr.text.vocab import Vocabulary
+    from qpr.text.wordpiece import WordPieceTokenizer
 
 
 def parity_batches(
-    vocab: Vocabulary, texts: list[str], *, max_len: int, seed: int
+    vocab: Vocabulary | WordPieceTokenizer, texts: list[str], *, max_len: int, seed: int
 ) -> list[np.ndarray]:
     """Real questions in batches of varied sizes (1 .. 64), each padded to its longest."""
     rng = np.random.default_rng(seed)
@@ -43,7 +49,7 @@ def run_export(
     from qpr.export import export_onnx, padding_invariance_check, parity_check
 
     encoder, max_len = load_trained_encoder(paths.encoder_checkpoint)
-    vocab = Vocabulary.load(paths.vocab)
+    vocab = load_tokenizer(paths.vocab)
     questions, _ = read_cluster_outputs(paths)
     val = questions[questions["split"] == "val"]["text"]
     sample = val.sample(
@@ -55,7 +61,12 @@ def run_export(
         encoder,
         staging,
         opset=settings.export.opset,
-        metadata={"vocab_sha256": vocab.checksum, "max_len": str(max_len), "encoder": "cnn"},
+        metadata={
+            "vocab_sha256": vocab.checksum,
+            "max_len": str(max_len),
+            "encoder": getattr(encoder, "name", type(encoder).__name__),
+            "tokenizer": getattr(vocab, "kind", "vocabulary"),
+        },
     )
     batches = parity_batches(vocab, sample, max_len=max_len, seed=settings.seed)
     parity = parity_check(encoder, staging, batches)

@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,11 @@ from qpr.config import Settings
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
 from qpr.stages.train import MissingInputError, read_cluster_outputs
-from qpr.text.vocab import Vocabulary
+from qpr.text import load_tokenizer
+
+if TYPE_CHECKING:
+    from qpr.text.vocab import Vocabulary
+    from qpr.text.wordpiece import WordPieceTokenizer
 
 INDEX_FILE = "index.faiss"
 QUESTIONS_FILE = "questions.parquet"
@@ -33,7 +38,7 @@ def onnx_max_len(session) -> int:
 
 def encode_corpus(
     session,
-    vocab: Vocabulary,
+    vocab: Vocabulary | WordPieceTokenizer,
     texts: list[str],
     *,
     batch_size: int,
@@ -66,12 +71,12 @@ def run_index(
 ) -> dict[str, float | int | str]:
     """The whole stage; the index directory is swapped in only after the gate passed."""
     from qpr.export import load_session
-    from qpr.index import IdMap, build_index, save_index, self_retrieval_rate
+    from qpr.index import IdMap, build_index, ef_search_of, save_index, self_retrieval_rate
 
     if not paths.encoder_onnx.is_file():
         raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
     questions, _ = read_cluster_outputs(paths)
-    vocab = Vocabulary.load(paths.vocab)
+    vocab = load_tokenizer(paths.vocab)
     cfg = settings.index
     session = load_session(paths.encoder_onnx, threads=cfg.threads)
 
@@ -94,6 +99,8 @@ def run_index(
         nprobe=cfg.nprobe,
         seed=settings.seed,
         use_gpu=cfg.use_gpu,
+        ef_search=cfg.ef_search,
+        ef_construction=cfg.ef_construction,
         log=log,
     )
     build_seconds = time.perf_counter() - started
@@ -140,6 +147,7 @@ def run_index(
         "dim": int(vectors.shape[1]),
         "nlist": int(described) if described is not None else 0,
         "nprobe": cfg.nprobe,
+        "ef_search": ef_search_of(index) or 0,
         "encode_seconds": encode_seconds,
         "questions_per_s": len(questions) / max(encode_seconds, 1e-9),
         "build_seconds": build_seconds,
@@ -154,14 +162,14 @@ def run_index(
     return metrics
 
 
-def load_index_bundle(index_dir: Path, *, nprobe: int):
+def load_index_bundle(index_dir: Path, *, nprobe: int, ef_search: int | None = None):
     """(faiss index, IdMap, questions frame) as the index stage wrote them."""
     from qpr.index import IdMap, load_index
 
     index_path = index_dir / INDEX_FILE
     if not index_path.is_file():
         raise MissingInputError(f"{index_path} not found: run the index stage first")
-    index = load_index(index_path, nprobe=nprobe)
+    index = load_index(index_path, nprobe=nprobe, ef_search=ef_search)
     ids = IdMap.load(IdMap.path_for(index_path))
     questions = pd.read_parquet(index_dir / QUESTIONS_FILE)
     return index, ids, questions

@@ -11,17 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from qpr.config import Settings
+from qpr.config import Settings, SettingsError
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
 from qpr.quality.gate import gate
 from qpr.quality.suites import training_pair_expectations
 from qpr.text.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from qpr.text.wordpiece import WordPieceTokenizer
 
 
 class MissingInputError(FileNotFoundError):
@@ -48,35 +51,99 @@ def training_pairs_frame(questions: pd.DataFrame, pairs: pd.DataFrame) -> pd.Dat
     )
 
 
-def build_encoder_and_loss(settings: Settings, vocab_size: int):
-    """The encoder and loss that params.yaml describes (seeded: same initial weights)."""
+def encoder_max_len(settings: Settings) -> int:
+    """Tokens per question the encoder trains and runs with: text.max_len (CNN) or
+    model.transformer.max_len (word pieces, [CLS] and [SEP] included)."""
+    if settings.model.encoder == "transformer":
+        return settings.model.transformer.max_len
+    return settings.text.max_len
+
+
+def build_tokenizer(settings: Settings) -> WordPieceTokenizer:
+    """The packaged word-piece tokenizer of model.encoder = transformer (no vocabulary is
+    built: the pretrained embeddings fix the ids)."""
+    from qpr.text.wordpiece import WordPieceTokenizer
+
+    transformer = settings.model.transformer
+    return WordPieceTokenizer.from_package(transformer.package, max_len=transformer.max_len)
+
+
+def build_encoder_and_loss(settings: Settings, vocab_size: int, *, num_classes: int | None = None):
+    """The encoder and loss that params.yaml describes (seeded: same initial weights).
+
+    num_classes: the distinct clusters of the pairs trained on
+    (qpr.train.num_training_classes), needed by a classifying loss (amsoftmax); without it
+    such a loss is not built and None stands in its place (for callers that only want the
+    encoder)."""
     from qpr.model import build_encoder
-    from qpr.model.losses import build_loss
     from qpr.train import seed_everything
 
     seed_everything(settings.seed)
     model = settings.model
-    encoder = build_encoder(
-        model.encoder,
-        vocab_size=vocab_size,
-        embedding_dim=model.embedding_dim,
-        windows=tuple(model.windows),
-        channels=model.channels,
-        output_dim=model.output_dim,
-        dropout=model.dropout,
-    )
+    if model.encoder == "transformer":
+        encoder = build_encoder(
+            "transformer",
+            package=model.transformer.package,
+            projection_dim=model.transformer.projection_dim,
+            normalize=model.normalize,
+        )
+        if vocab_size != encoder.vocab_size:
+            raise SettingsError(
+                f"model.encoder: transformer has {encoder.vocab_size:,} word-piece ids but the "
+                f"tokenizer has {vocab_size:,}: models/vocab.json is not its tokenizer"
+            )
+    else:
+        encoder = build_encoder(
+            model.encoder,
+            vocab_size=vocab_size,
+            embedding_dim=model.embedding_dim,
+            windows=tuple(model.windows),
+            channels=model.channels,
+            output_dim=model.output_dim,
+            dropout=model.dropout,
+            normalize=model.normalize,
+        )
+    loss = build_training_loss(settings, num_classes=num_classes, dim=int(encoder.output_dim))
+    return encoder, loss
+
+
+def build_training_loss(settings: Settings, *, num_classes: int | None, dim: int):
+    """The loss of train.loss; None for amsoftmax without num_classes (see above).
+
+    Raises SettingsError for amsoftmax without model.normalize."""
+    from qpr.model.losses import build_loss
+
     train = settings.train
     if train.loss == "sdml":
-        loss = build_loss("sdml", smoothing=train.smoothing)
-    else:
-        loss = build_loss(
+        return build_loss("sdml", smoothing=train.smoothing)
+    if train.loss == "triplet":
+        return build_loss(
             "triplet",
             margin=train.margin,
             distance=train.distance,
             negatives=train.negatives,
             seed=settings.seed,
         )
-    return encoder, loss
+    if train.loss == "amsoftmax":
+        # AM-Softmax shapes angles only; the index ranks by L2 distance, which agrees with
+        # cosine only on unit vectors. Failing beats silently serving a mismatched geometry
+        # or changing the encoder behind the user's back.
+        if not settings.model.normalize:
+            raise SettingsError(
+                "train.loss: amsoftmax trains cosine similarities, but the index ranks by L2 "
+                "distance, which ranks like cosine only on unit vectors: set "
+                "model.normalize: true (e.g. dvc exp run -S model.normalize=true)"
+            )
+        if num_classes is None:
+            return None
+        return build_loss(
+            "amsoftmax",
+            num_classes=num_classes,
+            dim=dim,
+            margin=train.am_margin,
+            scale=train.am_scale,
+        )
+    raise SettingsError(f"train.loss: unknown loss {train.loss!r}")
 
 
 def load_trained_encoder(checkpoint: Path):
@@ -137,7 +204,12 @@ def run_train(
     """The whole stage. Raises GateFailed when the pairs or the trained model fail a gate."""
     import torch
 
-    from qpr.train import TrainingStateError, ValidationSet, train_encoder
+    from qpr.train import (
+        TrainingStateError,
+        ValidationSet,
+        num_training_classes,
+        train_encoder,
+    )
 
     questions, pairs = read_cluster_outputs(paths)
     train_pairs = training_pairs_frame(questions, pairs)
@@ -150,24 +222,45 @@ def run_train(
     )
     train_texts = questions.loc[questions["split"] == "train", "text"].tolist()
     text = settings.text
-    vocab = Vocabulary.build(
-        train_texts,
-        max_words=text.max_words,
-        hash_bins=text.hash_bins,
-        min_count=text.min_count,
-    )
-    log(
-        f"vocabulary: {vocab.num_words:,} words + {text.hash_bins:,} hash bins from "
-        f"{len(train_texts):,} training questions; {len(train_pairs):,} training pairs"
-    )
+    max_len = encoder_max_len(settings)
+    if settings.model.encoder == "transformer":
+        vocab = build_tokenizer(settings)
+        log(
+            f"tokenizer: word pieces of {vocab.source} ({vocab.size:,} ids), max_len "
+            f"{max_len}; {len(train_pairs):,} training pairs"
+        )
+        if settings.train.lr > 1e-4:
+            log(
+                f"note: train.lr={settings.train.lr:g} suits the CNN trained from scratch; a "
+                "pretrained transformer is usually fine-tuned at 1e-5 to 5e-5 (-S train.lr=3e-5)"
+            )
+    else:
+        vocab = Vocabulary.build(
+            train_texts,
+            max_words=text.max_words,
+            hash_bins=text.hash_bins,
+            min_count=text.min_count,
+        )
+        log(
+            f"vocabulary: {vocab.num_words:,} words + {text.hash_bins:,} hash bins from "
+            f"{len(train_texts):,} training questions; {len(train_pairs):,} training pairs"
+        )
     val_questions = questions[questions["split"] == "val"]
     val = ValidationSet(
         texts=val_questions["text"].tolist(),
         cluster_ids=val_questions["cluster_id"].to_numpy(),
         seed=settings.seed,
     )
-    encoder, loss = build_encoder_and_loss(settings, vocab.size)
     train = settings.train
+    num_classes = num_training_classes(
+        train_pairs["cluster_id"].to_numpy(), max_pairs=train.max_pairs, seed=settings.seed
+    )
+    if train.max_pairs is not None and train.max_pairs < len(train_pairs):
+        log(
+            f"training on a seeded subset of {train.max_pairs:,} of {len(train_pairs):,} pairs "
+            f"({num_classes:,} clusters)"
+        )
+    encoder, loss = build_encoder_and_loss(settings, vocab.size, num_classes=num_classes)
     arguments = dict(
         vocab=vocab,
         train_pairs=(
@@ -181,22 +274,33 @@ def run_train(
         batch_size=train.batch_size,
         max_epochs=train.max_epochs,
         patience=train.patience,
-        max_len=text.max_len,
+        max_len=max_len,
         seed=settings.seed,
         on_epoch=on_epoch,
         progress=progress,
         threads=train.threads,
+        max_pairs=train.max_pairs,
+        time_budget_s=train.time_budget_s,
     )
     try:
         result = train_encoder(encoder=encoder, loss=loss, resume=True, **arguments)
     except TrainingStateError as err:
         log(f"not resuming: {err}; training from scratch")
-        encoder, loss = build_encoder_and_loss(settings, vocab.size)
+        encoder, loss = build_encoder_and_loss(settings, vocab.size, num_classes=num_classes)
         result = train_encoder(encoder=encoder, loss=loss, resume=False, **arguments)
     if result.resumed_from_epoch is not None:
         log(f"resumed from the checkpoint of epoch {result.resumed_from_epoch}")
+    if result.stopped_by_budget:
+        log(
+            f"stopped by train.time_budget_s={train.time_budget_s:g} after epoch "
+            f"{result.last_epoch}"
+            + (" (cut short)" if result.history[-1].get("cut_by_budget") else "")
+        )
 
     history = pd.DataFrame(result.history)
+    # A random-init CNN must gain something; a pretrained transformer starts out good (it may
+    # already score 1.0 on easy data), so fine-tuning must only not make it worse.
+    gain_op = ">=" if settings.model.encoder == "transformer" else ">"
     require(
         "trained_model",
         [
@@ -204,14 +308,14 @@ def run_train(
             Check(
                 "val_auc_gain_over_untrained",
                 result.best_val_auc - result.initial["val_auc"],
-                ">",
+                gain_op,
                 0.0,
                 f"untrained {result.initial['val_auc']:.4f}, trained {result.best_val_auc:.4f}",
             ),
             Check(
                 "val_mrr_gain_over_untrained",
                 result.best_val_mrr - result.initial["val_mrr"],
-                ">",
+                gain_op,
                 0.0,
                 f"untrained {result.initial['val_mrr']:.4f}, trained {result.best_val_mrr:.4f}",
             ),
@@ -227,7 +331,7 @@ def run_train(
         {
             "encoder": best["encoder"],
             "model": best["model"],
-            "max_len": text.max_len,
+            "max_len": max_len,
             "vocab_sha256": vocab.checksum,
             "epoch": result.best_epoch,
             "metrics": best["metrics"],
@@ -248,7 +352,10 @@ def run_train(
         "val_mrr": result.best_val_mrr,
         "untrained_val_auc": result.initial["val_auc"],
         "untrained_val_mrr": result.initial["val_mrr"],
-        "train_pairs": len(train_pairs),
+        "stopped_by_budget": int(result.stopped_by_budget),
+        "train_pairs": result.train_pairs,
+        "train_pairs_available": len(train_pairs),
+        "train_clusters": result.train_classes,
         "vocab_words": vocab.num_words,
         "vocab_size": vocab.size,
         "pairs_per_s": float(np.median(history["pairs_per_s"])),

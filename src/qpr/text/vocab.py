@@ -44,6 +44,23 @@ def stable_hash(word: str) -> int:
     return zlib.crc32(word.encode("utf-8"))
 
 
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a synced temp file and a rename: a crash never
+    leaves half a file, and a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def pad_sequences(
     sequences: Sequence[Sequence[int]], *, max_len: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -177,19 +194,7 @@ class Vocabulary:
         path = Path(path)
         payload = self._payload()
         payload["sha256"] = _checksum(payload)
-        text = json.dumps(payload, ensure_ascii=False, indent=1)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Vocabulary:

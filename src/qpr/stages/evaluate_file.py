@@ -1,0 +1,545 @@
+"""Evaluate a trained model bundle on another data set, without retraining.
+
+Any Quora-format pairs file or QA-log file (CSV / JSON Lines / Parquet, one file or a
+folder) is turned into paraphrase clusters by the cluster stage's own code (the same
+reading, raw-log and clean-log gates, cleaning, answer clustering and coherence filter for
+logs; the transitive closure of the duplicate pairs for Quora), then evaluated with the
+evaluate stage's protocol:
+
+- queries: every question of a kept cluster (``split="all"``), or only those of the test
+  split the cluster stage would cut from this file with these params (``split="test"``);
+  as in the stage, a normalised text repeated under several question ids is a query once,
+  and a cluster left with fewer than two questions is not evaluated;
+- relevant documents: the other questions of the query's cluster;
+- index: every question of the file, encoded by the bundle's encoder and tokenizer (the
+  index stage's encoding code); optionally the bundle's own indexed questions are added
+  as distractors (see `merge_model_questions` for duplicates). The FAISS index is exact
+  (``Flat``) up to `EXACT_MAX_QUESTIONS` questions, so the measures are the encoder's and
+  not those of an approximate search; above that, or on request, it is params'
+  ``index.factory`` with ``index.nprobe`` / ``index.ef_search``, which is what the index
+  stage builds and the service searches (IVF lists shrink to fit a small file);
+- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluate`).
+
+Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from qpr.config import Settings
+from qpr.data.loaders import LOG_SUFFIXES, QUORA_COLUMNS, DropReport
+from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink_small_clusters
+from qpr.evaluate import format_table
+from qpr.stages.evaluate import MEASURES_SHOWN, QuerySet, SystemResult, query_set
+
+__all__ = [
+    "BASELINES",
+    "EXACT_MAX_QUESTIONS",
+    "FORMATS",
+    "MEASURE_LABELS",
+    "EvaluateFileError",
+    "FileClusters",
+    "FileEvaluation",
+    "clusters_from_file",
+    "detect_format",
+    "evaluate_file",
+    "evaluation_clusters",
+    "merge_model_questions",
+    "write_report",
+]
+
+Format = Literal["quora", "logs"]
+Split = Literal["all", "test"]
+FORMATS: tuple[str, ...] = ("quora", "logs")
+BASELINES: tuple[str, ...] = ("bm25", "jaccard")
+# The split label query_set reads; with split="all" every kept cluster carries it.
+_EVALUATED = "test"
+# Up to this many index questions the default index is exact. On Quora (115,862 queries
+# over 134,091 questions, 2 shared cores) exact search and scoring took 160-210 s, while
+# HNSW32,Flat took 150 s to build and 273 s to search and score, and lost a third of the
+# default bundle's P@1 (0.220 against 0.328): with a model trained on other data the graph
+# search misses many true neighbours.
+EXACT_MAX_QUESTIONS = 200_000
+# Bundle questions get negative document ids: the file's ids are >= 0 (Quora qids, or the
+# 63-bit stable ids of logs), and a Quora-trained bundle reuses small qids for other texts.
+_FIRST_MODEL_ID = -1
+
+
+class EvaluateFileError(ValueError):
+    """The data or the options cannot give an evaluation; the message says why."""
+
+
+@dataclass(frozen=True)
+class FileClusters:
+    """What the cluster stage's code makes of one file, ready to query.
+
+    questions: question_id, text, norm_key, cluster_id, split (every question of the file,
+        in the cluster stage's order; split is "test" for the evaluated questions).
+    """
+
+    questions: pd.DataFrame
+    queries: QuerySet
+    counts: dict[str, int]
+    drops: DropReport
+
+
+@dataclass(frozen=True)
+class FileEvaluation:
+    """The measures of every system on one file, and what they were measured on.
+
+    summary: what results.json holds (counts, measures per system, index, timings).
+    queries: the queries and their qrels (ids of the file's questions, as strings).
+    systems: per system its run (query id → ranked document ids; a document of the
+        model's own index has a negative id) and per-query measures.
+    """
+
+    summary: dict[str, Any]
+    queries: QuerySet
+    systems: dict[str, SystemResult]
+
+
+def detect_format(path: Path) -> Format:
+    """The format of a data path, "quora" or "logs", from its kind, suffix and header.
+
+    A folder is logs; a ``.tsv`` file, or any file whose tab-separated header holds every
+    Quora column, is Quora; a ``.csv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file is logs.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise EvaluateFileError(f"data not found: {path}")
+    if path.is_dir():
+        return "logs"
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        return "quora"
+    if suffix != ".parquet":
+        with path.open("rb") as handle:
+            header = handle.readline().decode("utf-8", errors="replace").strip()
+        columns = {c.strip().strip('"') for c in header.split("\t")}
+        if set(QUORA_COLUMNS) <= columns:
+            return "quora"
+    if suffix in LOG_SUFFIXES:
+        return "logs"
+    raise EvaluateFileError(
+        f"cannot tell the format of {path} (suffix {suffix or 'none'!r}): pass --format quora "
+        f"(tab separated, columns {', '.join(QUORA_COLUMNS)}) or --format logs "
+        f"({', '.join(LOG_SUFFIXES)} with timestamp, question, answer_id)"
+    )
+
+
+def _settings_for(settings: Settings, path: Path, fmt: Format) -> Settings:
+    data = settings.data.model_copy(update={"source": fmt, "path": Path(path)})
+    return settings.model_copy(update={"data": data})
+
+
+def evaluation_clusters(
+    questions: pd.DataFrame,
+    clusters: pd.DataFrame,
+    *,
+    split: Split,
+    seed: int,
+    ratios: dict[str, float],
+    min_size: int = 2,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Mark the evaluated questions with split "test", with the cluster stage's functions.
+
+    clusters must carry the ``kept`` column of `filter_clusters`. split="test" cuts the
+    kept clusters as the cluster stage does (same seed, same ratios, so the same test
+    clusters); split="all" evaluates every kept cluster. Then, as in the stage, a
+    normalised text repeated under several question ids is evaluated once, and a cluster
+    left with fewer than ``min_size`` evaluated questions is dropped (its questions stay in
+    the index with split "none").
+    """
+    if split == "test":
+        clusters = assign_splits(clusters, ratios, seed=seed)
+    else:
+        clusters = clusters.assign(split=np.where(clusters["kept"], _EVALUATED, "dropped"))
+    questions, _ = apply_splits(questions, clusters)
+    questions, clusters, _ = shrink_small_clusters(questions, clusters, min_size=min_size)
+    return questions, clusters
+
+
+def clusters_from_file(
+    path: Path,
+    fmt: Format,
+    settings: Settings,
+    *,
+    split: Split = "all",
+    report_dir: Path,
+    log: Callable[[str], None] = print,
+) -> FileClusters:
+    """Read, gate, clean and cluster one data path as the cluster stage would for
+    data.source = ``fmt``; the evaluated questions and their qrels.
+
+    Raises DataFormatError (unusable file), GateFailed (a logs batch with too many bad
+    rows: the raw-log gate's message; its report goes to ``report_dir``), or
+    EvaluateFileError when no cluster of size >= 2 is left to query.
+    """
+    # The stage's private loaders are its one code path from a file to clusters (reading,
+    # both log gates, cleaning); reusing them keeps this evaluation on the same clusters.
+    from qpr.stages.cluster import _load_logs, _load_quora, coherence_threshold
+
+    if fmt not in FORMATS:
+        raise EvaluateFileError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if not Path(path).exists():
+        raise EvaluateFileError(f"data not found: {path}")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    file_settings = _settings_for(settings, path, fmt)
+    if fmt == "logs":
+        questions, clusters, counts, drops = _load_logs(file_settings, report_dir, log)
+    else:
+        questions, clusters, counts, drops = _load_quora(file_settings, log)
+    threshold = coherence_threshold(file_settings)
+    clusters = filter_clusters(
+        clusters,
+        coherence_threshold=threshold,
+        min_size=settings.cluster.min_cluster_size,
+    )
+    questions, clusters = evaluation_clusters(
+        questions,
+        clusters,
+        split=split,
+        seed=settings.seed,
+        ratios=settings.cluster.split.model_dump(),
+        min_size=settings.cluster.min_cluster_size,
+    )
+    queries = query_set(questions, _EVALUATED)
+    evaluated = clusters[clusters["split"] == _EVALUATED]
+    result_counts = {
+        "rows_read": drops.rows_in,
+        "rows_dropped": drops.rows_dropped,
+        "questions": len(questions),
+        "clusters_size_2_plus": int((clusters["size"] >= 2).sum()),
+        "clusters_dropped_incoherent": int((clusters["drop_reason"] == "incoherent").sum()),
+        "clusters": len(evaluated),
+        "queries": len(queries.query_ids),
+        **{key: int(value) for key, value in counts.items() if key != "questions"},
+    }
+    if not len(queries.query_ids):
+        kept = int(clusters["kept"].sum())
+        if split == "test" and kept:
+            where, why = "in its test split", f"{kept:,} kept clusters, none cut to test"
+        elif fmt == "quora":
+            where, why = "in it", "no two questions are marked duplicates of each other"
+        else:
+            where = "in it"
+            why = (
+                "no answer has two distinct questions, or every such cluster is incoherent "
+                f"(coherence < {threshold})"
+            )
+        raise EvaluateFileError(
+            f"{path}: no cluster of size >= 2 {where}, so nothing to query "
+            f"({len(questions):,} questions; {why})"
+        )
+    log(
+        f"{result_counts['clusters']:,} clusters to evaluate "
+        f"({result_counts['clusters_dropped_incoherent']:,} dropped as incoherent), "
+        f"{result_counts['queries']:,} queries, {len(questions):,} questions"
+    )
+    return FileClusters(questions=questions, queries=queries, counts=result_counts, drops=drops)
+
+
+def merge_model_questions(
+    file_questions: pd.DataFrame, model_questions: pd.DataFrame
+) -> tuple[pd.DataFrame, int]:
+    """The index corpus: the file's questions, then the bundle's indexed questions.
+
+    file_questions: question_id, text, norm_key (the file's ids, >= 0).
+    model_questions: text (the bundle's index/questions.parquet).
+
+    A bundle question whose normalised text is one of the file's questions IS that
+    question: it is not added a second time (so a query never finds a copy of itself, and
+    a paraphrase is found once). Every other bundle question is added as a distractor
+    with a fresh negative id: it belongs to no cluster of the file, so it is never
+    relevant (even when it is a paraphrase the file does not label, as in logs of the
+    same assistant the bundle was trained on). Returns (corpus with columns question_id,
+    text; the number of bundle questions left out as copies).
+    """
+    from qpr.text.normalize import normalize
+
+    known = set(file_questions["norm_key"])
+    keys = model_questions["text"].map(normalize)
+    copy = keys.isin(known) | keys.duplicated()
+    added = model_questions.loc[~copy.to_numpy(), "text"].tolist()
+    corpus = pd.concat(
+        [
+            file_questions[["question_id", "text"]],
+            pd.DataFrame(
+                {
+                    "question_id": np.arange(
+                        _FIRST_MODEL_ID, _FIRST_MODEL_ID - len(added), -1, dtype=np.int64
+                    ),
+                    "text": added,
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
+    return corpus.astype({"question_id": "int64"}), int(copy.sum())
+
+
+def _encoder(models_dir: Path, threads: int) -> tuple[Any, Any]:
+    """(ONNX session, tokenizer) of a bundle, loaded as the index stage loads them.
+
+    The one place this module loads the tokenizer: `qpr.text.load_tokenizer` reads
+    whichever kind vocab.json holds (the CNN's hashed vocabulary or a word-piece one).
+    """
+    from qpr.export import load_session
+    from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
+    from qpr.text import load_tokenizer
+
+    models_dir = Path(models_dir)
+    return load_session(models_dir / ENCODER_FILE, threads=threads), load_tokenizer(
+        models_dir / VOCAB_FILE
+    )
+
+
+def _search_with_progress(
+    index: Any,
+    vectors: np.ndarray,
+    query_rows: np.ndarray,
+    k: int,
+    log: Callable[[str], None],
+    chunk: int = 20_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluate stage's dense search (each query row excluded), in chunks of queries
+    with a progress line each: an exact search of 100k queries takes minutes."""
+    from qpr.stages.evaluate import dense_search
+
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    started = time.perf_counter()
+    for lo in range(0, len(query_rows), chunk):
+        rows = query_rows[lo : lo + chunk]
+        parts.append(dense_search(index, vectors[rows], rows, k))
+        done = lo + len(rows)
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        log(f"searched {done:,} / {len(query_rows):,} queries, top {k} ({rate:,.0f}/s)")
+    return np.concatenate([d for d, _ in parts]), np.concatenate([r for _, r in parts])
+
+
+def _parse_baselines(baselines: Sequence[str]) -> list[str]:
+    chosen = [b.strip().lower() for b in baselines if b and b.strip()]
+    unknown = sorted(set(chosen) - set(BASELINES))
+    if unknown:
+        raise EvaluateFileError(
+            f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}"
+        )
+    return list(dict.fromkeys(chosen))
+
+
+def evaluate_file(
+    data: Path,
+    settings: Settings,
+    *,
+    models_dir: Path = Path("models"),
+    fmt: Literal["auto", "quora", "logs"] = "auto",
+    split: Split = "all",
+    k: int | None = None,
+    with_model_index: bool = False,
+    baselines: Sequence[str] = (),
+    exact: bool | None = None,
+    gate_reports: Path,
+    log: Callable[[str], None] = print,
+) -> FileEvaluation:
+    """Evaluate the bundle in ``models_dir`` on ``data``; see the module docstring.
+
+    settings: params (cluster, quality, index, evaluate and seed are read; data.* is
+        replaced by ``data`` and its format).
+    k: results kept per query (default: evaluate.k).
+    exact: True: an exhaustive Flat index (no approximate-search loss); False: params'
+        index.factory, as the service searches; None: exact up to EXACT_MAX_QUESTIONS
+        index questions, else index.factory.
+    gate_reports: where the log gates write their reports.
+
+    Raises EvaluateFileError, DataFormatError, GateFailed, or BundleError (a bundle
+    missing files or whose files do not belong together), each with a message to act on.
+    """
+    from qpr.index import IdMap, build_index, ef_search_of, fit_factory
+    from qpr.serve.bundle import QUESTIONS_FILE, Bundle
+    from qpr.stages.evaluate import run_baselines, score_system
+    from qpr.stages.index import encode_corpus
+
+    started = time.perf_counter()
+    k = settings.evaluate.k if k is None else k
+    if k < 1:
+        raise EvaluateFileError(f"k must be >= 1, got {k}")
+    if split not in ("all", "test"):
+        raise EvaluateFileError(f"unknown split {split!r}; expected all or test")
+    chosen_baselines = _parse_baselines(baselines)
+    data = Path(data)
+    resolved: Format = detect_format(data) if fmt == "auto" else fmt  # type: ignore[assignment]
+    if resolved not in FORMATS:
+        raise EvaluateFileError(f"unknown format {fmt!r}; expected auto, quora or logs")
+
+    # The bundle first: a broken one should fail before minutes of clustering. Its checks
+    # (every file present, tokenizer and encoder from one run, index width) cover the
+    # files loaded again below for bulk encoding.
+    bundle = Bundle.load(models_dir)
+    session, tokenizer = _encoder(models_dir, settings.index.threads)
+    log(f"model bundle {models_dir}: {bundle.size:,} indexed questions, dim {bundle.dim}")
+
+    clustered = clusters_from_file(
+        data, resolved, settings, split=split, report_dir=gate_reports, log=log
+    )
+    cluster_seconds = time.perf_counter() - started
+    corpus = clustered.questions[["question_id", "text"]]
+    duplicates = 0
+    if with_model_index:
+        model_questions = pd.read_parquet(Path(models_dir) / QUESTIONS_FILE, columns=["text"])
+        corpus, duplicates = merge_model_questions(clustered.questions, model_questions)
+        log(
+            f"model index: {bundle.size - duplicates:,} of its {bundle.size:,} questions added "
+            f"as distractors ({duplicates:,} left out: the text of a question already in)"
+        )
+
+    texts = corpus["text"].tolist()
+    log(f"encoding {len(texts):,} questions with {Path(models_dir) / 'encoder.onnx'}")
+    encode_started = time.perf_counter()
+    vectors = encode_corpus(
+        session, tokenizer, texts, batch_size=settings.index.encode_batch_size, log=log
+    )
+    encode_seconds = time.perf_counter() - encode_started
+
+    if exact is None:
+        exact = len(texts) <= EXACT_MAX_QUESTIONS
+    factory = "Flat" if exact else settings.index.factory
+    index_started = time.perf_counter()
+    index = build_index(
+        vectors,
+        factory,
+        nprobe=settings.index.nprobe,
+        seed=settings.seed,
+        use_gpu=settings.index.use_gpu,
+        ef_search=settings.index.ef_search,
+        ef_construction=settings.index.ef_construction,
+        log=log,
+    )
+    index_seconds = time.perf_counter() - index_started
+    fitted, _ = fit_factory(factory, len(vectors))  # what build_index built, as a string
+    probed = "IVF" in fitted
+
+    ids = IdMap(corpus["question_id"].to_numpy(np.int64))
+    queries = clustered.queries
+    query_rows = ids.to_rows(queries.query_ids)
+    systems: dict[str, SystemResult] = {}
+    search_started = time.perf_counter()
+    distances, rows = _search_with_progress(index, vectors, query_rows, k, log)
+    systems["model"] = score_system(
+        "model",
+        queries,
+        rows,
+        distances,
+        ids.qids,
+        higher_is_better=False,
+        seconds=time.perf_counter() - search_started,
+    )
+    log(
+        f"model: success@1 {systems['model'].summary['success_1']:.4f} over "
+        f"{len(queries.query_ids):,} queries"
+    )
+    for baseline in chosen_baselines:
+        log(f"baseline {baseline}: {len(query_rows):,} queries over {len(corpus):,} questions")
+        evaluate_cfg = settings.evaluate.model_copy(update={"baselines": (baseline,), "k": k})
+        run_baselines(
+            settings.model_copy(update={"evaluate": evaluate_cfg}),
+            tokenizer,
+            corpus,
+            queries,
+            query_rows,
+            ids.qids,
+            systems,
+            max_len=bundle.max_len,
+            log=log,
+        )
+
+    counts = {
+        **clustered.counts,
+        "model_index_questions": bundle.size if with_model_index else 0,
+        "model_index_added": bundle.size - duplicates if with_model_index else 0,
+        "model_index_duplicates": duplicates,
+        "index_size": int(index.ntotal),
+    }
+    summary: dict[str, Any] = {
+        "data": str(data),
+        "format": resolved,
+        "split": split,
+        "k": k,
+        "models_dir": str(models_dir),
+        "bundle_fingerprint": bundle.fingerprint,
+        "with_model_index": with_model_index,
+        "index": {
+            "factory": fitted,
+            "requested_factory": factory,
+            "nprobe": settings.index.nprobe if probed else None,
+            "ef_search": ef_search_of(index),
+        },
+        "counts": counts,
+        "systems": {
+            name: {**result.summary, "seconds": result.seconds} for name, result in systems.items()
+        },
+        "seconds": {
+            "clusters": cluster_seconds,
+            "encode": encode_seconds,
+            "questions_per_s": len(texts) / max(encode_seconds, 1e-9),
+            "index": index_seconds,
+            "total": time.perf_counter() - started,
+        },
+    }
+    return FileEvaluation(summary=summary, queries=queries, systems=systems)
+
+
+MEASURE_LABELS = {
+    "success_1": "P@1",
+    "success_10": "P@10",
+    "recip_rank": "MRR",
+    "map": "MAP",
+    "ndcg_cut_10": "nDCG@10",
+    "recall_20": "R@20",
+}
+
+
+def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """results.json (everything in ``summary``) and results.md (the table) in out_dir.
+
+    Both hold counts, measures and timings only, never question text, so they can be
+    shared when the data's licence forbids sharing the questions.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    json_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    counts = summary["counts"]
+    rows = [
+        {"system": name, **{m: values.get(m) for m in MEASURES_SHOWN}}
+        for name, values in summary["systems"].items()
+    ]
+    extra = (
+        f", {counts['model_index_added']:,} of them from the model's own index"
+        if summary["with_model_index"]
+        else ""
+    )
+    md_path = out_dir / "results.md"
+    md_path.write_text(
+        f"# {summary['data']} ({summary['format']}, split {summary['split']})\n\n"
+        f"Model bundle `{summary['models_dir']}` "
+        f"(fingerprint {summary['bundle_fingerprint'][:12]}). "
+        f"{counts['queries']:,} queries from {counts['clusters']:,} clusters; index of "
+        f"{counts['index_size']:,} questions{extra} ({summary['index']['factory']}"
+        + (f", nprobe {summary['index']['nprobe']}" if summary["index"]["nprobe"] else "")
+        + (f", efSearch {summary['index']['ef_search']}" if summary["index"]["ef_search"] else "")
+        + f"); top {summary['k']}, each query excluded from its own results. "
+        "P@N = success@N (a paraphrase among the first N); MRR = reciprocal rank.\n\n"
+        + format_table(rows, {"system": "system", **MEASURE_LABELS}, floatfmt=".4f")
+        + f"\nTotal {summary['seconds']['total']:.1f} s.\n",
+        encoding="utf-8",
+    )
+    return json_path, md_path

