@@ -89,7 +89,13 @@ def markdown(report: dict[str, Any]) -> str:
         "export": lambda m: f"parity: max abs diff torch vs ONNX {m['parity_max_abs_diff']:.1e}",
         "index": lambda m: (
             f"{m['questions']:,} vectors at {m['questions_per_s']:,.0f} "
-            f"questions/s, nlist {m['nlist']}, self-retrieval {m['self_retrieval_rate']:.3f}"
+            f"questions/s, "
+            + (
+                f"nlist {m['nlist']}, nprobe {m['nprobe']}"
+                if m.get("nlist")
+                else f"HNSW efSearch {m.get('ef_search', '?')}"
+            )
+            + f", self-retrieval {m['self_retrieval_rate']:.3f}"
         ),
         "evaluate": lambda m: (
             f"{m['num_queries']:,.0f} test queries, "
