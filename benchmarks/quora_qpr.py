@@ -287,6 +287,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-quora-benchmark"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--fresh", action="store_true", help="ignore rows already measured")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="quora.json of another benchmark process (e.g. row groups run side by side with "
+        "their own --out): its rows are added to --out's and the table is rewritten; no row "
+        "is run (--rows only names the rows the table lists as planned)",
+    )
     args = parser.parse_args()
 
     from qpr import environment
@@ -338,9 +347,25 @@ def main() -> None:
             f"index: params.yaml's `{settings0.index.factory}` (efSearch "
             f"{settings0.index.ef_search}, efConstruction {settings0.index.ef_construction}; "
             f"nprobe {settings0.index.nprobe} if IVF) for every row and baseline",
+            "other encoders and losses (the `models` rows): the overrides in the row's "
+            "`config.overrides` and `config.train` in quora.json (MiniLM: Adam 3e-5, batches "
+            "of 64, a 1,500 s training budget on a seeded 30k-pair subset)",
+            "query p50 ms: one question at a time through the served bundle (tokenise + ONNX "
+            "encode + FAISS, one thread each), 500 test questions",
         ]
     }
     results["protocol"] = protocol["text"]
+    for other in args.merge:
+        theirs = json.loads(other.read_text())
+        added = [name for name in theirs.get("rows", {}) if name not in results["rows"]]
+        results["rows"].update({name: theirs["rows"][name] for name in added})
+        results["planned"] = list(dict.fromkeys([*results["planned"], *added]))
+        log(f"merged {len(added)} rows from {other}: {', '.join(added) or 'none new'}")
+    if args.merge:
+        args.out.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        (args.out / "quora.md").write_text(table(results, protocol))
+        return  # merging only rewrites the outputs; run rows in a call without --merge
     import pandas as pd
 
     test = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
@@ -364,10 +389,15 @@ def main() -> None:
         if extra:
             config["overrides"] = extra
         done = results["rows"].get(name)
+        row_dir = work / "rows" / name.replace(" ", "_").replace("/", "-")
         if done and done.get("config") == config:
+            if "query_latency" not in done and (row_dir / "models" / "encoder.onnx").is_file():
+                done["query_latency"] = query_latency(row_dir / "models", latency_questions)
+                json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+                (args.out / "quora.md").write_text(table(results, protocol))
+                log(f"{name}: query latency measured ({done['query_latency']['p50_ms']} ms)")
             log(f"{name}: already measured, skipped")
             continue
-        row_dir = work / "rows" / name.replace(" ", "_").replace("/", "-")
         # Same training, another index (or baselines): measure the trained model again.
         same_training = done is not None and all(
             done.get("config", {}).get(key, {}) == config.get(key, {})
