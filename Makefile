@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help install install-gpu data run repro metrics test test-fast lint format lock clean \
+        bench-quora bench-serve bench-embedding \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
@@ -63,6 +64,16 @@ clean: ## Remove stage outputs and local tracking state (keeps data/ and the ven
 
 retrain: install ## One retraining cycle on the files in retrain.incoming (qpr retrain)
 	$(BIN)/qpr retrain
+
+# Benchmarks on the real Quora copy (../shared/data/quora); results land in docs/results/.
+bench-quora: install ## Quora table: losses, encoders, sweeps (hours on 2 cores; resumable)
+	$(BIN)/python benchmarks/quora_qpr.py --max-epochs 4 --sweep-epochs 1
+
+bench-serve: install ## Search latency, recall vs exact and throughput on the Quora index
+	$(BIN)/python benchmarks/serve_latency.py
+
+bench-embedding: install ## Embedding-size study (seed 001): quality vs memory and time
+	$(BIN)/python benchmarks/embedding_size.py
 
 # Docker: not part of `make test` (needs root or a Docker engine, and minutes). Without a
 # Docker engine the build uses podman/buildah on a debootstrap base (docker/build.sh).

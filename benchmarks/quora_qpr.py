@@ -19,6 +19,10 @@ benchmark continues where it stopped (`--fresh` starts over).
     python benchmarks/quora_qpr.py                      # every row
     python benchmarks/quora_qpr.py --rows main          # losses and baselines only
     python benchmarks/quora_qpr.py --rows eps,batch --sweep-epochs 3
+    python benchmarks/quora_qpr.py --rows models        # MiniLM, AM-Softmax
+    # two row groups side by side, then one table:
+    python benchmarks/quora_qpr.py --rows models --out /tmp/models-rows
+    python benchmarks/quora_qpr.py --rows main,models --merge /tmp/models-rows/quora.json
 """
 
 from __future__ import annotations
