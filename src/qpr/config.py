@@ -173,6 +173,17 @@ class Settings(_Section):
     retrain: RetrainSettings = RetrainSettings()
     mlflow: MlflowSettings = MlflowSettings()
 
+    @model_validator(mode="after")
+    def _amsoftmax_needs_unit_vectors(self) -> Settings:
+        # AM-Softmax learns cosines; the index ranks by L2, which equals the cosine order
+        # only on unit vectors. Said here so a bad run fails before the cluster stage.
+        if self.train.loss == "amsoftmax" and not self.model.normalize:
+            raise ValueError(
+                "train.loss amsoftmax learns a cosine geometry: set model.normalize: true "
+                "(e.g. dvc exp run -S model.normalize=true)"
+            )
+        return self
+
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (`cluster.split.train`), as logged to MLflow."""
         return _flatten(self.model_dump(mode="json"))

@@ -40,3 +40,10 @@ def test_flat_view_uses_dotted_keys():
 def test_missing_file(tmp_path):
     with pytest.raises(SettingsError, match="not found"):
         load_settings(tmp_path / "nope.yaml")
+
+
+def test_amsoftmax_without_unit_vectors_fails_before_any_stage() -> None:
+    with pytest.raises(SettingsError, match=r"set model\.normalize: true"):
+        settings_from_dict({"train": {"loss": "amsoftmax"}})
+    ok = settings_from_dict({"train": {"loss": "amsoftmax"}, "model": {"normalize": True}})
+    assert ok.train.loss == "amsoftmax"
