@@ -55,17 +55,7 @@ def tiny_settings(tmp_path: Path):
     from qpr.data.synth import SynthSpec, write_logs
 
     settings = settings_from_dict(tiny_overrides(tmp_path))
-    synth = settings.data.synth
-    write_logs(
-        Path(settings.data.path),
-        SynthSpec(
-            seed=synth.seed,
-            start=synth.start,
-            days=synth.days,
-            rows_per_day=synth.rows_per_day,
-            intents=synth.intents,
-        ),
-    )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     return settings
 
 

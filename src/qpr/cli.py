@@ -6,6 +6,7 @@ does; `qpr data ...` works on the raw data without Prefect or MLflow.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -93,13 +94,10 @@ def data_synth(
     from qpr.config import load_settings
     from qpr.data.synth import SynthSpec, write_day, write_logs
 
-    synth = load_settings(params).data.synth
-    spec = SynthSpec(
-        seed=synth.seed if seed is None else seed,
-        start=synth.start,
-        days=synth.days if days is None else days,
-        rows_per_day=synth.rows_per_day if rows_per_day is None else rows_per_day,
-        intents=synth.intents if intents is None else intents,
+    given = {"seed": seed, "days": days, "rows_per_day": rows_per_day, "intents": intents}
+    spec = dataclasses.replace(
+        SynthSpec.from_settings(load_settings(params).data.synth),
+        **{name: value for name, value in given.items() if value is not None},
     )
     if day is not None:
         try:

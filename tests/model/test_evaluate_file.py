@@ -47,17 +47,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
 
     root = tmp_path_factory.mktemp("evaluate-file-project")
     settings = settings_from_dict(tiny_overrides(root))
-    synth = settings.data.synth
-    write_logs(
-        Path(settings.data.path),
-        SynthSpec(
-            seed=synth.seed,
-            start=synth.start,
-            days=synth.days,
-            rows_per_day=synth.rows_per_day,
-            intents=synth.intents,
-        ),
-    )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     (root / "params.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json")))
     paths = ProjectPaths(root)
     run_cluster(

@@ -42,17 +42,7 @@ def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
             index={"factory": "Flat", "threads": 2, "encode_batch_size": 64},
         )
     )
-    synth = settings.data.synth
-    write_logs(
-        Path(settings.data.path),
-        SynthSpec(
-            seed=synth.seed,
-            start=synth.start,
-            days=synth.days,
-            rows_per_day=synth.rows_per_day,
-            intents=synth.intents,
-        ),
-    )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     paths = ProjectPaths(tmp_path)
     quiet = lambda _: None  # noqa: E731
     run_cluster(

@@ -75,6 +75,17 @@ class SynthSpec:
     rows_per_day: int = 2200
     intents: int = 400
 
+    @classmethod
+    def from_settings(cls, synth: Any) -> SynthSpec:
+        """The spec params.yaml's `data.synth` section describes (qpr.config.SynthSettings)."""
+        return cls(
+            seed=synth.seed,
+            start=synth.start,
+            days=synth.days,
+            rows_per_day=synth.rows_per_day,
+            intents=synth.intents,
+        )
+
 
 @dataclass(frozen=True)
 class Intent:

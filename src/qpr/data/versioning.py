@@ -61,15 +61,7 @@ def ensure_data(params: Path, dvc_file: Path) -> str:
     shutil.rmtree(data_dir, ignore_errors=True)
     from qpr.data.synth import SynthSpec, write_logs
 
-    synth = settings.data.synth
-    spec = SynthSpec(
-        seed=synth.seed,
-        start=synth.start,
-        days=synth.days,
-        rows_per_day=synth.rows_per_day,
-        intents=synth.intents,
-    )
-    files = write_logs(Path(settings.data.path), spec)
+    files = write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     before = pinned_md5(dvc_file)
     added = _dvc("add", "-q", str(data_dir))
     if added.returncode != 0:
