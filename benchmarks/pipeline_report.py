@@ -19,15 +19,9 @@ from typing import Any
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
 
+from qpr.evaluate import MEASURE_LABELS as SHOWN
+
 STAGES = ("cluster", "train", "export", "index", "evaluate")
-SHOWN = {
-    "success_1": "P@1",
-    "success_10": "P@10",
-    "recip_rank": "MRR",
-    "map": "MAP",
-    "ndcg_cut_10": "nDCG@10",
-    "recall_20": "R@20",
-}
 
 
 def stage_durations(project: Path, experiment: str) -> dict[str, dict[str, Any]]:

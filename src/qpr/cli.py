@@ -697,14 +697,8 @@ def serve(
 
 def _print_results(metrics: dict) -> None:
     """The evaluation table: the model against each baseline, test split."""
-    shown = {
-        "success_1": "P@1",
-        "success_10": "P@10",
-        "recip_rank": "MRR",
-        "map": "MAP",
-        "ndcg_cut_10": "nDCG@10",
-        "recall_20": "R@20",
-    }
+    from qpr.evaluate import MEASURE_LABELS as shown
+
     table = Table(
         title=f"test split, {metrics.get('num_queries', 0):,.0f} queries "
         "(P@N = success@N: a paraphrase among the first N)"

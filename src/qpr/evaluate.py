@@ -31,6 +31,7 @@ from qpr.index import drop_excluded
 
 __all__ = [
     "MEASURES",
+    "MEASURE_LABELS",
     "TREC_MEASURE_SPEC",
     "bm25_search",
     "format_table",
@@ -55,6 +56,15 @@ Run = dict[str, list[tuple[str, float]]]
 TREC_MEASURE_SPEC = frozenset(
     {"success.1,10", "recip_rank", "P.1,10", "map", "ndcg_cut.10", "recall.20"}
 )
+# trec_eval measure → its column heading in every results table, in table order.
+MEASURE_LABELS = {
+    "success_1": "P@1",
+    "success_10": "P@10",
+    "recip_rank": "MRR",
+    "map": "MAP",
+    "ndcg_cut_10": "nDCG@10",
+    "recall_20": "R@20",
+}
 MEASURES = (
     "success_1",
     "success_10",

@@ -20,6 +20,7 @@ import pandas as pd
 
 from qpr.config import Settings
 from qpr.evaluate import (
+    MEASURE_LABELS,
     Qrels,
     Run,
     bm25_search,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from qpr.text.vocab import Vocabulary
     from qpr.text.wordpiece import WordPieceTokenizer
 
-MEASURES_SHOWN = ("success_1", "success_10", "recip_rank", "map", "ndcg_cut_10", "recall_20")
+MEASURES_SHOWN = tuple(MEASURE_LABELS)
 
 
 @dataclass(frozen=True)

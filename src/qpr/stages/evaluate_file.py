@@ -39,7 +39,7 @@ from qpr.config import Settings
 from qpr.data.loaders import LOG_SUFFIXES, QUORA_COLUMNS, DropReport
 from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink_small_clusters
 from qpr.evaluate import format_table
-from qpr.stages.evaluate import MEASURES_SHOWN, QuerySet, SystemResult, query_set
+from qpr.stages.evaluate import MEASURE_LABELS, MEASURES_SHOWN, QuerySet, SystemResult, query_set
 
 __all__ = [
     "BASELINES",
@@ -495,16 +495,6 @@ def evaluate_file(
         },
     }
     return FileEvaluation(summary=summary, queries=queries, systems=systems)
-
-
-MEASURE_LABELS = {
-    "success_1": "P@1",
-    "success_10": "P@10",
-    "recip_rank": "MRR",
-    "map": "MAP",
-    "ndcg_cut_10": "nDCG@10",
-    "recall_20": "R@20",
-}
 
 
 def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
