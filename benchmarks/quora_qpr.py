@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -95,6 +96,42 @@ ROWS: dict[str, tuple] = {
         {"loss": "amsoftmax", "am_margin": 0.35, "am_scale": 30.0, "batch_size": 512},
         {"model": {"normalize": True}},
     ),
+    # The 1 ms query path: FAISS time grows with D (docs/results/embedding_size.md).
+    "SDML, D 128": (
+        "models",
+        {"loss": "sdml", "smoothing": 0.3, "batch_size": 512},
+        {"model": {"output_dim": 128}},
+    ),
+    # The paper's closing proposal: the smoothing mass follows all-MiniLM-L6-v2's
+    # similarities over the batch instead of spreading uniformly (ε and τ: the best of
+    # short budgeted runs on the validation split, see docs/models.md).
+    "SDML + MiniLM prior (ε 0.5, τ 0.1), D 128": (
+        "models",
+        {
+            "loss": "sdml",
+            "smoothing": 0.5,
+            "prior": "teacher",
+            "teacher": {"temperature": 0.1},
+            "batch_size": 512,
+        },
+        {"model": {"output_dim": 128}},
+    ),
+    # BM25 fused with the encoder's ranking, α chosen on validation (index.lexical); the
+    # training is the named row's own (its checkpoints are reused, not trained again).
+    "SDML (ε 0.3, N 512) + BM25 fusion": (
+        "models",
+        {"loss": "sdml", "smoothing": 0.3, "batch_size": 512},
+        {"index": {"lexical": {"enabled": True}}},
+    ),
+    "SDML, D 128 + BM25 fusion": (
+        "models",
+        {"loss": "sdml", "smoothing": 0.3, "batch_size": 512},
+        {"model": {"output_dim": 128}, "index": {"lexical": {"enabled": True}}},
+    ),
+}
+TRAINED_AS = {
+    "SDML (ε 0.3, N 512) + BM25 fusion": "SDML (ε 0.3, N 512)",
+    "SDML, D 128 + BM25 fusion": "SDML, D 128",
 }
 # Rows that measure the untrained encoder as a baseline beside their own figures.
 UNTRAINED_TOO = {"MiniLM fine-tuned, SDML"}
@@ -108,6 +145,8 @@ def base_settings(data: Path, seed: int):
     raw["data"]["source"] = "quora"
     raw["data"]["path"] = str(data)
     raw["mlflow"]["experiment"] = "qpr-quora-benchmark"
+    # The paper's protocol ranks by the encoder alone; rows that fuse BM25 in say so.
+    raw["index"]["lexical"]["enabled"] = False
     return raw
 
 
@@ -123,7 +162,11 @@ def with_overrides(
     tree = json.loads(json.dumps(raw))
     tree["train"].update(train)
     for section, values in (extra or {}).items():
-        tree[section].update(values)
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(tree[section].get(key), dict):
+                tree[section][key] = {**tree[section][key], **value}
+            else:
+                tree[section][key] = value
     tree["train"]["max_epochs"] = max_epochs
     tree["evaluate"]["baselines"] = baselines
     tree["evaluate"]["min_success_1"] = 0.0  # a benchmark row reports, it does not gate
@@ -141,6 +184,24 @@ def reindex_row(settings, row_dir: Path, done: dict, log: Callable[[str], None])
     index = run_index(settings, paths, log=log)
     evaluation = run_evaluate(settings, paths, log=log)
     return {**done, "index": index, "evaluate": evaluation, "reindexed": True}
+
+
+def row_dir_of(rows_dir: Path, name: str) -> Path:
+    return rows_dir / name.replace(" ", "_").replace("/", "-")
+
+
+def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> None:
+    """A row trained like another (TRAINED_AS) starts from that row's checkpoints: the
+    train stage resumes after its last epoch, so nothing is trained twice. The training
+    fingerprint in the checkpoint still has to match, or the stage trains from scratch."""
+    source = TRAINED_AS.get(name)
+    if source is None:
+        return
+    src = row_dir_of(rows_dir, source) / "artifacts" / "train"
+    dst = row_dir_of(rows_dir, name) / "artifacts" / "train"
+    if (src / "checkpoints" / "last.pt").is_file() and not dst.exists():
+        shutil.copytree(src, dst)
+        log(f"{name}: training checkpoints of {source!r} reused")
 
 
 def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
@@ -176,12 +237,15 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
 def index_config(settings) -> dict[str, Any]:
     """What decides a row's index: rows with another index are measured again."""
     cfg = settings.index
-    return {
+    described = {
         "factory": cfg.factory,
         "nprobe": cfg.nprobe,
         "ef_search": cfg.ef_search,
         "ef_construction": cfg.ef_construction,
     }
+    if cfg.lexical.enabled:  # only when on: rows measured before fusion existed stay valid
+        described["lexical"] = cfg.lexical.model_dump(mode="json")
+    return described
 
 
 def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], None]) -> dict:
@@ -233,7 +297,7 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             f"| {name} | {ev['success_1']:.4f} | {ev['success_10']:.4f} | {ev['recip_rank']:.4f}"
             f" | {ev['ndcg_cut_10']:.4f} | {ev['val']['recip_rank']:.4f} | "
             f"{train.get('epochs', '')} ({train.get('best_epoch', '')}) | "
-            f"{row['train_wall_seconds'] / 60:.1f} | "
+            f"{train.get('train_seconds', row['train_wall_seconds']) / 60:.1f} | "
             f"{row.get('query_latency', {}).get('p50_ms', '')} | "
             + (" / ".join(f"{v:.4f}" for v in paper) if paper else "")
             + " |"
@@ -252,6 +316,27 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} | {values['success_1']:.4f} | {values['success_10']:.4f} | "
                 f"{values['recip_rank']:.4f} | {values['ndcg_cut_10']:.4f} | | | | | |"
+            )
+    fused = [(name, row) for name, row in results["rows"].items() if "fusion" in row["evaluate"]]
+    if fused:
+        lines += [
+            "",
+            "BM25 fusion rows: the dense weight α chosen on the validation split, and the "
+            "same model ranking by its encoder alone. Their encoder is the named row's (its "
+            "checkpoints reused: the train minutes above are only the resumed stage's):",
+            "",
+            "| row | encoder of | α | val P@1 fused | val P@1 dense | test P@1 dense | "
+            "test MRR dense |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, row in fused:
+            fusion = row["evaluate"]["fusion"]
+            lines.append(
+                f"| {name} | {TRAINED_AS.get(name, name)} | {fusion['dense_weight']:g} | "
+                f"{row['evaluate']['val']['success_1']:.4f} | "
+                f"{fusion['dense_val']['success_1']:.4f} | "
+                f"{fusion['dense_test']['success_1']:.4f} | "
+                f"{fusion['dense_test']['recip_rank']:.4f} |"
             )
     missing = [name for name in results["planned"] if name not in results["rows"]]
     notes = [
@@ -354,6 +439,8 @@ def main() -> None:
             "other encoders and losses (the `models` rows): the overrides in the row's "
             "`config.overrides` and `config.train` in quora.json (MiniLM: Adam 3e-5, batches "
             "of 64, a 1,500 s training budget on a seeded 30k-pair subset)",
+            "train min: the epochs' batch time summed over the training history (kept in the "
+            "checkpoints, so a resumed or reused training counts its earlier epochs)",
             "query p50 ms: one question at a time through the served bundle (tokenise + ONNX "
             "encode + FAISS, one thread each), 500 test questions",
         ]
@@ -393,7 +480,7 @@ def main() -> None:
         if extra:
             config["overrides"] = extra
         done = results["rows"].get(name)
-        row_dir = work / "rows" / name.replace(" ", "_").replace("/", "-")
+        row_dir = row_dir_of(work / "rows", name)
         if done and done.get("config") == config:
             if "query_latency" not in done and (row_dir / "models" / "encoder.onnx").is_file():
                 done["query_latency"] = query_latency(row_dir / "models", latency_questions)
@@ -415,6 +502,7 @@ def main() -> None:
                 log(f"{name}: trained before; indexing and evaluating again ({config['index']})")
                 row = reindex_row(settings, row_dir, done, log)
             else:
+                reuse_training(work / "rows", name, log)
                 log(f"{name}: training with {train}, up to {epochs} epochs")
                 row = run_row(settings, row_dir, cluster_dir, log)
             row["config"] = config

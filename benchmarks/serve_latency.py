@@ -258,6 +258,17 @@ def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, s
     )
 
 
+def trained_fusion(models: Path) -> dict[str, Any] | None:
+    """The BM25 fusion (α, candidates) the trained bundle's evaluate stage chose, if any."""
+    from qpr.serve.bundle import THRESHOLD_FILE
+
+    try:
+        payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return payload.get("fusion") if isinstance(payload, dict) else None
+
+
 def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
     """vocab.json + encoder.onnx in `out`; says which encoder it is."""
     from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
@@ -266,7 +277,7 @@ def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
     if trained is not None:
         shutil.copy2(trained / VOCAB_FILE, out / VOCAB_FILE)
         shutil.copy2(trained / ENCODER_FILE, out / ENCODER_FILE)
-        return {"kind": "trained", "note": why}
+        return {"kind": "trained", "note": why, "fusion": trained_fusion(trained)}
 
     import torch
 
@@ -424,9 +435,12 @@ def _index_bytes(index: faiss.Index) -> int:
     return int(faiss.serialize_index(index).size)
 
 
-def write_bundle(out: Path, corpus: Corpus, index: faiss.Index) -> None:
+def write_bundle(
+    out: Path, corpus: Corpus, index: faiss.Index, fusion: dict[str, Any] | None = None
+) -> None:
+    """The served bundle; with `fusion`, BM25 weights of the corpus and α beside it."""
     from qpr.index import IdMap, save_index
-    from qpr.serve.bundle import IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from qpr.serve.bundle import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
 
     save_index(index, out / INDEX_FILE)
     IdMap(corpus.qids).save(out / IDS_FILE)
@@ -439,8 +453,24 @@ def write_bundle(out: Path, corpus: Corpus, index: faiss.Index) -> None:
     )
     pq.write_table(table, out / QUESTIONS_FILE)
     # No threshold chosen (nothing was evaluated): every query with a hit is "answered".
-    payload = {"threshold": None, "target_precision": None, "metric": "l2"}
+    payload = {"threshold": None, "target_precision": None, "metric": "l2", "fusion": fusion}
     (out / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    if fusion is not None:
+        from qpr.lexical import BM25Index
+
+        BM25Index.build(corpus.texts).save(out / BM25_FILE)
+
+
+def dense_twin(bundle_dir: Path, out: Path) -> Path:
+    """The same bundle without BM25 (links to its files, fusion null): the dense path."""
+    from qpr.serve.bundle import IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+
+    (out / "index").mkdir(parents=True, exist_ok=True)
+    for rel in (Path("vocab.json"), Path("encoder.onnx"), INDEX_FILE, IDS_FILE, QUESTIONS_FILE):
+        (out / rel).symlink_to(bundle_dir / rel)
+    payload = json.loads((bundle_dir / THRESHOLD_FILE).read_text(encoding="utf-8"))
+    (out / THRESHOLD_FILE).write_text(json.dumps({**payload, "fusion": None}), encoding="utf-8")
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -774,8 +804,13 @@ def bench_latency(
     try:
         server = HttpPoint(bundle_dir, knob, value, queries_file, tmp)
         inproc = InProcess(bundle_dir, knob, value, questions, plan)
+        dense = None
+        if inproc.bundle.fusion is not None:
+            dense = InProcess(dense_twin(bundle_dir, tmp / "dense"), knob, value, questions, plan)
         for _ in range(plan.repeats):
             inproc.repeat()
+            if dense is not None:
+                dense.repeat()
             server.repeat(plan)
         load = []
         for level in plan.load_levels:
@@ -808,6 +843,8 @@ def bench_latency(
                 "served": version["model"].get(knob),
                 "in_process": inproc.report(),
                 "http": server.report(),
+                "fusion": inproc.bundle.fusion,
+                "in_process_dense": None if dense is None else dense.report(),
             }
         ],
         "load": load,
@@ -989,6 +1026,22 @@ def chosen_sentence(idx: dict[str, Any]) -> str:
     )
 
 
+def fusion_lines(chosen: dict[str, Any]) -> list[str]:
+    dense = chosen.get("in_process_dense")
+    if not chosen.get("fusion") or not dense:
+        return []
+    fused = chosen["in_process"]
+    return [
+        f"BM25 is fused in (α = {chosen['fusion']['dense_weight']:g}, "
+        f"{chosen['fusion']['candidates']} candidates per side, as the trained bundle's "
+        "evaluate stage chose): the figures above include BM25 and the fusion. The same "
+        f"bundle ranking by its encoder alone, measured alternately: p50 "
+        f"{fmt_range(dense['p50_ms'])} ms, p99 {fmt_range(dense['p99_ms'])} ms "
+        f"(fused: p50 {fmt_range(fused['p50_ms'])} ms).",
+        "",
+    ]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     m, idx, paper = report["machine"], report["index"], report["paper_index"]
     chosen = chosen_point(report)
@@ -1070,6 +1123,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "
         f"in-process p50 = {fmt_range(overhead(chosen))} ms.",
         "",
+        *fusion_lines(chosen),
         reading(report),
         "",
         f"## Throughput under concurrent load ({idx['knob']} {idx['chosen']}, second process, "
@@ -1189,7 +1243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         chosen = index_report["chosen"]
         dim = int(vectors.shape[1])
-        write_bundle(bundle_dir, corpus, index)
+        fusion = encoder.get("fusion")
+        write_bundle(bundle_dir, corpus, index, fusion)
+        if fusion is not None:
+            say(f"BM25 fused in as the trained bundle serves it: {fusion}")
         del index, vectors, session
 
         latency_questions = perturbed(

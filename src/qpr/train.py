@@ -25,6 +25,11 @@ Losses that classify (`needs_labels`, e.g. AM-Softmax) get each pair's cluster a
 class index 0..C-1 (np.unique order of the cluster ids trained on) and must be built with
 num_classes = C = num_training_classes(cluster_ids, max_pairs=..., seed=...).
 
+Losses with a teacher prior (`needs_teacher`, TeacherPriorSDMLLoss) get each batch's
+teacher vectors: `teacher_vectors` = (float [P, T] for side 1, float [P, T] for side 2),
+row i belonging to pair i and swapped with it when the pair is flipped. They are computed
+before training (qpr.teacher) and enter the checkpoint fingerprint by digest.
+
 Two limits on the work done:
 
 - max_pairs: train on a subset of that many pairs, drawn uniformly without replacement by a
@@ -69,7 +74,7 @@ from torch import nn
 from tqdm import tqdm
 
 from qpr.model.factory import build_encoder
-from qpr.model.losses import needs_labels
+from qpr.model.losses import needs_labels, needs_teacher
 from qpr.model.sampler import ClusterDisjointBatchSampler
 from qpr.text.vocab import Vocabulary
 
@@ -392,6 +397,7 @@ class _EncodedPairs:
         q2: Sequence[str],
         max_len: int,
         labels: np.ndarray | None = None,
+        teacher: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         a_ids, a_len = vocab.encode_batch(q1, max_len=max_len)
         b_ids, b_len = vocab.encode_batch(q2, max_len=max_len)
@@ -402,6 +408,19 @@ class _EncodedPairs:
         self.pair_len = torch.from_numpy(np.maximum(a_len, b_len))
         # Dense class index per pair, for losses that classify (None: no such loss).
         self.labels = None if labels is None else torch.from_numpy(np.asarray(labels, np.int64))
+        # Teacher vectors per side, for a loss with a teacher prior (None: no such loss).
+        self.teacher = None
+        if teacher is not None:
+            self.teacher = tuple(torch.from_numpy(np.asarray(t, np.float32)) for t in teacher)
+
+    def teacher_batch(
+        self, idx: torch.Tensor, flip: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(anchor, positive) teacher vectors, float32 [n, T] each, oriented like batch()."""
+        assert self.teacher is not None, "a loss with a teacher prior needs teacher vectors"
+        side_a, side_b = self.teacher[0][idx], self.teacher[1][idx]
+        swap = flip[idx].unsqueeze(1)
+        return torch.where(swap, side_b, side_a), torch.where(swap, side_a, side_b)
 
     def batch(self, idx: torch.Tensor, flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(anchor ids, positive ids), int64 [n, w] each; flip[i] swaps pair i's sides."""
@@ -435,6 +454,7 @@ def _train_epoch(
     batches run)."""
     encoder.train()
     with_labels = needs_labels(loss)
+    with_teacher = needs_teacher(loss)
     loss_sum, pairs_seen, done = 0.0, 0, 0
     t0 = time.perf_counter()
     for batch in batches:
@@ -448,6 +468,9 @@ def _train_epoch(
         if with_labels:
             assert pairs.labels is not None, "a loss that classifies needs labelled pairs"
             value = loss(emb[:n], emb[n:], pairs.labels[idx].to(device))
+        elif with_teacher:
+            t_anchors, t_positives = pairs.teacher_batch(idx, flip)
+            value = loss(emb[:n], emb[n:], t_anchors.to(device), t_positives.to(device))
         else:
             value = loss(emb[:n], emb[n:])
         batch_loss = value.detach().item()
@@ -517,6 +540,7 @@ def train_encoder(
     eval_batch_size: int = 1024,
     max_pairs: int | None = None,
     time_budget_s: float | None = None,
+    teacher_vectors: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainResult:
     """Train `encoder` in place; on return it holds the best epoch's weights.
 
@@ -547,6 +571,25 @@ def train_encoder(
         raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs}")
     if time_budget_s is not None and not time_budget_s > 0:
         raise ValueError(f"time_budget_s must be > 0 or None, got {time_budget_s}")
+    if needs_teacher(loss) != (teacher_vectors is not None):
+        raise ValueError(
+            f"{type(loss).__name__} "
+            + ("needs teacher_vectors" if needs_teacher(loss) else "takes no teacher_vectors")
+        )
+    teacher_digest = None
+    if teacher_vectors is not None:
+        teacher_vectors = tuple(np.asarray(t, np.float32) for t in teacher_vectors)
+        if any(t.ndim != 2 or t.shape[0] != len(q1) for t in teacher_vectors) or (
+            teacher_vectors[0].shape != teacher_vectors[1].shape
+        ):
+            raise ValueError(
+                f"teacher_vectors must be two [{len(q1)}, T] arrays, got "
+                f"{[t.shape for t in teacher_vectors]}"
+            )
+        h = hashlib.sha256()
+        for t in teacher_vectors:
+            h.update(np.ascontiguousarray(t).tobytes())
+        teacher_digest = h.hexdigest()
     data_digest = _data_digest(q1, q2, cluster_ids)
     chosen = select_training_pairs(len(q1), max_pairs, seed)
     if chosen.shape[0] < len(q1):
@@ -554,6 +597,8 @@ def train_encoder(
         q1 = [all_q1[i] for i in chosen]
         q2 = [all_q2[i] for i in chosen]
         cluster_ids = cluster_ids[chosen]
+        if teacher_vectors is not None:
+            teacher_vectors = (teacher_vectors[0][chosen], teacher_vectors[1][chosen])
     _, labels = np.unique(cluster_ids, return_inverse=True)
     num_classes = int(labels.max()) + 1
     if needs_labels(loss) and getattr(loss, "num_classes", None) != num_classes:
@@ -591,6 +636,8 @@ def train_encoder(
             fingerprint["max_pairs"] = max_pairs
         if time_budget_s is not None:
             fingerprint["time_budget_s"] = float(time_budget_s)
+        if teacher_digest is not None:
+            fingerprint["teacher_vectors"] = teacher_digest
         encoder.to(device)
         loss.to(device)
         # The fused kernel: at paper size (16.5M parameters, mostly the embedding) the
@@ -601,7 +648,7 @@ def train_encoder(
             fused=torch.device(device).type in ("cpu", "cuda"),
         )
 
-        pairs = _EncodedPairs(vocab, q1, q2, max_len, labels)
+        pairs = _EncodedPairs(vocab, q1, q2, max_len, labels, teacher_vectors)
         val_ids, val_len = vocab.encode_batch(val.texts, max_len=max_len)
 
         sampler = ClusterDisjointBatchSampler(cluster_ids, batch_size, seed=seed)

@@ -32,11 +32,21 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     run_files = sorted(p.name for p in (root / "reports" / "evaluate").glob("*.run"))
     assert run_files == [
         "test.bm25.run",
+        "test.dense.run",
         "test.jaccard.run",
         "test.model.run",
         "test.untrained.run",
+        "val.dense.run",
         "val.model.run",
     ]
+    # BM25 fused in (the default): α chosen on val from the grid, where the service reads it
+    fusion = evaluation["fusion"]
+    assert str(fusion["dense_weight"]) in fusion["val_success_1"]
+    assert evaluation["val"]["success_1"] == max(fusion["val_success_1"].values())
+    assert evaluation["val"]["success_1"] >= fusion["dense_val"]["success_1"]
+    stored = json.loads((root / "models" / "threshold.json").read_text())
+    assert stored["fusion"] == {"dense_weight": fusion["dense_weight"], "candidates": 100}
+    assert (root / "plots" / "evaluate" / "fusion.png").stat().st_size > 0
     # TREC files carry ids only, never question text.
     first = (root / "reports" / "evaluate" / "test.model.run").read_text().splitlines()[0]
     assert len(first.split()) == 6 and first.split()[0].isdigit()
@@ -49,5 +59,6 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     assert len(history) == train["epochs"]  # one point per epoch: the learning curve
 
     bundle = Bundle.load(root / "models")
+    assert bundle.fusion is not None
     text = bundle.search("how tall is the eiffel tower", k=3)
-    assert len(text.hits) == 3 and text.hits[0].distance <= text.hits[-1].distance
+    assert len(text.hits) == 3 and text.hits[0].score >= text.hits[-1].score

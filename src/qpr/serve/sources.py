@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from qpr.serve.bundle import (
+    BM25_FILE,
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -61,7 +62,15 @@ BUNDLE_SUBDIR = Path("artifacts") / "bundle"
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"
 TAG_GIT_COMMIT = "qpr.git_commit"
 # The files whose stat signature tells a local bundle changed (all that Bundle.load reads).
-_WATCHED = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
+_WATCHED = (
+    VOCAB_FILE,
+    ENCODER_FILE,
+    INDEX_FILE,
+    IDS_FILE,
+    QUESTIONS_FILE,
+    THRESHOLD_FILE,
+    BM25_FILE,
+)
 
 
 class SourceError(RuntimeError):

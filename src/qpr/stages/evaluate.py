@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from qpr.evaluate import (
     write_qrels,
     write_run,
 )
+from qpr.lexical import lexical_search
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
 from qpr.stages.index import load_index_bundle, onnx_max_len
@@ -107,6 +108,114 @@ def score_system(
     return SystemResult(name, summary, per_query, run, top1.astype(np.float64), seconds)
 
 
+@dataclass(frozen=True)
+class HybridCandidates:
+    """One split's candidates from both retrievers, before fusion."""
+
+    queries: QuerySet
+    vectors: np.ndarray  # float32 [Q, D] query embeddings
+    dense_sims: np.ndarray  # float32 [Q, C] minus the L2 distance
+    dense_rows: np.ndarray  # int64 [Q, C]
+    lexical_scores: np.ndarray  # float32 [Q, C] BM25
+    lexical_rows: np.ndarray  # int64 [Q, C]
+    seconds: float
+
+
+def load_bm25(index_dir: Path):
+    """models/index/bm25.npz, written by the index stage when index.lexical.enabled."""
+    from qpr.lexical import BM25Index
+    from qpr.stages.index import BM25_FILE
+
+    path = index_dir / BM25_FILE
+    if not path.is_file():
+        raise MissingInputError(
+            f"{path} not found: index.lexical.enabled is true but the index stage ran without "
+            "it; run the index stage again"
+        )
+    return BM25Index.load(path)
+
+
+def fused_result(
+    candidates: HybridCandidates, dense_weight: float, index, row_to_qid: np.ndarray, k: int
+) -> SystemResult:
+    """The served ranking: fusion at α = dense_weight; top1 is the rank-1 question's L2
+    distance (the unit of the no-answer threshold), whichever retriever found it."""
+    from qpr.index import distances_to
+    from qpr.lexical import fuse
+
+    started = time.perf_counter()
+    scores, rows = fuse(
+        candidates.dense_sims,
+        candidates.dense_rows,
+        candidates.lexical_scores,
+        candidates.lexical_rows,
+        dense_weight,
+        k,
+    )
+    result = score_system(
+        "model",
+        candidates.queries,
+        rows,
+        scores,
+        row_to_qid,
+        higher_is_better=True,
+        seconds=candidates.seconds + time.perf_counter() - started,
+    )
+    top1 = distances_to(index, candidates.vectors, rows[:, :1])[:, 0].astype(np.float64)
+    return replace(result, top1=top1)
+
+
+def choose_dense_weight(
+    val: HybridCandidates,
+    weights: Sequence[float],
+    index,
+    row_to_qid: np.ndarray,
+    k: int,
+    plot: Path,
+) -> dict:
+    """The α of `weights` with the best validation success@1 (ties: the larger α, the
+    ranking closer to the dense one); the curve is plotted."""
+    by_weight: dict[str, float] = {}
+    for weight in sorted(set(weights)):
+        by_weight[str(weight)] = fused_result(val, weight, index, row_to_qid, k).summary[
+            "success_1"
+        ]
+    best = max(by_weight.items(), key=lambda item: (item[1], float(item[0])))
+    plot_fusion_curve(by_weight, float(best[0]), plot)
+    return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
+
+
+def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: Path) -> Path:
+    """Validation P@1 against α; without fusion (empty by_weight) a figure that says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    if by_weight and chosen is not None:
+        ax.plot([float(w) for w in by_weight], list(by_weight.values()), marker="o")
+        ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen α = {chosen:g}")
+        ax.legend()
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            "index.lexical.enabled is false:\nthe dense ranking alone is served",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
+    ax.set_xlabel("dense weight α (0 = BM25 alone, 1 = dense alone)")
+    ax.set_ylabel("validation P@1")
+    ax.set_title("Fusion of the dense ranking with BM25")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def dense_search(index, vectors: np.ndarray, query_rows: np.ndarray, k: int):
     from qpr.index import search
 
@@ -164,14 +273,23 @@ def untrained_encoder_search(
 
 
 def write_threshold(
-    path: Path, threshold: float | None, target: float, val_share: float | None
+    path: Path,
+    threshold: float | None,
+    target: float,
+    val_share: float | None,
+    *,
+    fusion: dict[str, float | int] | None = None,
 ) -> Path:
+    """models/threshold.json: what the service decides with, chosen on the validation
+    split: the no-answer threshold and, when BM25 is fused in, the dense weight α and the
+    candidates taken from each side (null: the dense ranking alone)."""
     payload = {
         "threshold": threshold,
         "target_precision": target,
         "metric": "l2",
         "chosen_on": "val",
         "val_answered_share": val_share,
+        "fusion": fusion,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
@@ -281,24 +399,69 @@ def run_evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     k = cfg.k
 
+    lexical = settings.index.lexical
+    bm25 = load_bm25(paths.index_dir) if lexical.enabled else None
+    candidates = max(k, lexical.candidates) if bm25 is not None else k
+
     results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
+    hybrid: dict[str, HybridCandidates] = {}
     for split in ("val", "test"):
         queries = query_set(questions, split)
         query_rows = ids.to_rows(queries.query_ids)
         started = time.perf_counter()
         vectors = encode(session, vocab, queries.texts, batch_size=256, max_len=max_len)
-        distances, rows = dense_search(index, vectors, query_rows, k)
-        results[split]["model"] = score_system(
-            "model",
+        distances, rows = dense_search(index, vectors, query_rows, candidates)
+        dense_seconds = time.perf_counter() - started
+        results[split]["dense" if bm25 is not None else "model"] = score_system(
+            "dense" if bm25 is not None else "model",
             queries,
-            rows,
-            distances,
+            rows[:, :k],
+            distances[:, :k],
             ids.qids,
             higher_is_better=False,
-            seconds=time.perf_counter() - started,
+            seconds=dense_seconds,
         )
+        if bm25 is not None:
+            started = time.perf_counter()
+            lex_scores, lex_rows = lexical_search(
+                bm25, queries.texts, candidates, exclude_rows=query_rows
+            )
+            hybrid[split] = HybridCandidates(
+                queries,
+                vectors,
+                -distances,
+                rows,
+                lex_scores,
+                lex_rows,
+                dense_seconds + time.perf_counter() - started,
+            )
         write_qrels(out_dir / f"{split}.qrels", queries.qrels)
+    fusion = None
+    fusion_plot = paths.plots_dir / "evaluate" / "fusion.png"
+    if bm25 is None:
+        plot_fusion_curve({}, None, fusion_plot)
+    else:
+        fusion = choose_dense_weight(
+            hybrid["val"],
+            lexical.dense_weights,
+            index,
+            ids.qids,
+            k,
+            paths.plots_dir / "evaluate" / "fusion.png",
+        )
+        for split in ("val", "test"):
+            results[split]["model"] = fused_result(
+                hybrid[split], fusion["dense_weight"], index, ids.qids, k
+            )
+        log(
+            f"fusion with BM25 (α = dense weight, chosen on val): α {fusion['dense_weight']:g}, "
+            f"val success@1 {fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} against "
+            f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
+        )
+    for split in ("val", "test"):
+        queries = hybrid[split].queries if bm25 is not None else query_set(questions, split)
         if split == "test":
+            query_rows = ids.to_rows(queries.query_ids)
             run_baselines(
                 settings,
                 vocab,
@@ -321,7 +484,15 @@ def run_evaluate(
         out_dir,
         paths.plots_dir / "evaluate" / "threshold.png",
     )
-    write_threshold(paths.threshold, chosen, cfg.target_precision, threshold["val_answered_share"])
+    write_threshold(
+        paths.threshold,
+        chosen,
+        cfg.target_precision,
+        threshold["val_answered_share"],
+        fusion=None
+        if fusion is None
+        else {"dense_weight": fusion["dense_weight"], "candidates": candidates},
+    )
 
     metrics: dict = {key: test.summary[key] for key in test.summary}
     metrics["query_ms"] = 1000.0 * test.seconds / max(len(test.run), 1)
@@ -329,9 +500,16 @@ def run_evaluate(
     metrics["baselines"] = {
         name: {**result.summary, "seconds": result.seconds}
         for name, result in results["test"].items()
-        if name != "model"
+        if name not in ("model", "dense")
     }
     metrics["threshold"] = threshold
+    if fusion is not None:
+        metrics["fusion"] = {
+            **fusion,
+            "candidates": candidates,
+            "dense_test": dict(results["test"]["dense"].summary),
+            "dense_val": dict(results["val"]["dense"].summary),
+        }
     rows_table = [
         {"system": name, **{m: r.summary[m] for m in MEASURES_SHOWN}}
         for name, r in results["test"].items()

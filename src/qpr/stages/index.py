@@ -1,8 +1,10 @@
 """The index stage: every index question encoded with ONNX Runtime → a FAISS index.
 
 Writes models/index/{index.faiss, index.ids.npy, questions.parquet}: the index, the
-row → question_id map and the questions for display. Gate: one vector per question,
-all finite and non-zero, and sampled questions retrieve themselves first.
+row → question_id map and the questions for display; with index.lexical.enabled also
+bm25.npz, the BM25 weights of the same rows (qpr.lexical), fused with the dense ranking.
+Gate: one vector per question, all finite and non-zero, and sampled questions retrieve
+themselves first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 INDEX_FILE = "index.faiss"
 QUESTIONS_FILE = "questions.parquet"
+BM25_FILE = "bm25.npz"
 CHUNK = 20_000  # questions per progress line
 
 
@@ -138,6 +141,18 @@ def run_index(
     questions[["question_id", "text", "cluster_id"]].to_parquet(
         staging / QUESTIONS_FILE, index=False
     )
+    lexical_seconds = 0.0
+    if cfg.lexical.enabled:
+        from qpr.lexical import BM25Index
+
+        started = time.perf_counter()
+        bm25 = BM25Index.build(questions["text"].tolist())
+        bm25.save(staging / BM25_FILE)
+        lexical_seconds = time.perf_counter() - started
+        log(
+            f"BM25: {len(bm25.terms):,} words, {bm25.rows.size:,} postings "
+            f"({lexical_seconds:.1f} s)"
+        )
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)
 
@@ -151,6 +166,7 @@ def run_index(
         "encode_seconds": encode_seconds,
         "questions_per_s": len(questions) / max(encode_seconds, 1e-9),
         "build_seconds": build_seconds,
+        "lexical_seconds": lexical_seconds,
         "self_retrieval_rate": self_rate,
         "index_bytes": sum(f.stat().st_size for f in paths.index_dir.iterdir()),
     }

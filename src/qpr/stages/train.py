@@ -114,6 +114,10 @@ def build_training_loss(settings: Settings, *, num_classes: int | None, dim: int
     from qpr.model.losses import build_loss
 
     train = settings.train
+    if train.loss == "sdml" and train.prior == "teacher":
+        return build_loss(
+            "sdml_teacher", smoothing=train.smoothing, temperature=train.teacher.temperature
+        )
     if train.loss == "sdml":
         return build_loss("sdml", smoothing=train.smoothing)
     if train.loss == "triplet":
@@ -144,6 +148,45 @@ def build_training_loss(settings: Settings, *, num_classes: int | None, dim: int
             scale=train.am_scale,
         )
     raise SettingsError(f"train.loss: unknown loss {train.loss!r}")
+
+
+def training_teacher_vectors(
+    settings: Settings,
+    paths: ProjectPaths,
+    train_pairs: pd.DataFrame,
+    *,
+    log: Callable[[str], None] = print,
+) -> tuple[np.ndarray, np.ndarray]:
+    """train.prior = teacher: the teacher's vectors of both questions of every training
+    pair, each distinct question encoded once and cached in artifacts/train/teacher.
+
+    Raises SettingsError when the teacher's package (the optional `transformer`
+    dependencies) is not installed."""
+    import importlib.util
+
+    from qpr.teacher import pair_teacher_vectors, teacher_vectors
+
+    teacher = settings.train.teacher
+    for module in (teacher.package, "transformers"):
+        if importlib.util.find_spec(module) is None:
+            raise SettingsError(
+                f"train.prior: teacher needs the package {module!r}, which is not installed: "
+                "pip install '.[transformer]' (or train.prior: uniform)"
+            )
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return teacher_vectors(
+            texts,
+            package=teacher.package,
+            max_len=teacher.max_len,
+            cache_dir=paths.train_dir / "teacher",
+            threads=settings.train.threads,
+            log=log,
+        )
+
+    return pair_teacher_vectors(
+        train_pairs["q1_text"].tolist(), train_pairs["q2_text"].tolist(), encode
+    )
 
 
 def load_trained_encoder(checkpoint: Path):
@@ -261,6 +304,9 @@ def run_train(
             f"({num_classes:,} clusters)"
         )
     encoder, loss = build_encoder_and_loss(settings, vocab.size, num_classes=num_classes)
+    teacher_pairs = None
+    if train.loss == "sdml" and train.prior == "teacher":
+        teacher_pairs = training_teacher_vectors(settings, paths, train_pairs, log=log)
     arguments = dict(
         vocab=vocab,
         train_pairs=(
@@ -281,6 +327,7 @@ def run_train(
         threads=train.threads,
         max_pairs=train.max_pairs,
         time_budget_s=train.time_budget_s,
+        teacher_vectors=teacher_pairs,
     )
     try:
         result = train_encoder(encoder=encoder, loss=loss, resume=True, **arguments)

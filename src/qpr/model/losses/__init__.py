@@ -8,6 +8,10 @@ classifier over the training clusters instead: forward(anchors, positives, label
 labels int [N] the dense class index (0..C-1) of each pair's cluster, and it must be built
 with num_classes = C, the number of distinct clusters among the pairs trained on
 (qpr.train.num_training_classes). Its class vectors are parameters of the loss.
+
+A loss with `needs_teacher = True` (SDML with a teacher prior) is called as
+forward(anchors, positives, teacher_anchors, teacher_positives), the last two a fixed
+pretrained encoder's vectors [N, T] of the same questions.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from torch import nn
 from qpr.model.losses.amsoftmax import AMSoftmaxLoss
 from qpr.model.losses.sdml import SDMLLoss
 from qpr.model.losses.simpler_asoftmax import SimplerASoftmaxLoss
+from qpr.model.losses.teacher_prior_sdml import TeacherPriorSDMLLoss
 from qpr.model.losses.triplet import TripletLoss
 
 LOSSES: dict[str, type[nn.Module]] = {
     "sdml": SDMLLoss,
+    "sdml_teacher": TeacherPriorSDMLLoss,
     "triplet": TripletLoss,
     "amsoftmax": AMSoftmaxLoss,
     "simpler_asoftmax": SimplerASoftmaxLoss,
@@ -44,12 +50,19 @@ def needs_labels(loss: nn.Module) -> bool:
     return bool(getattr(loss, "needs_labels", False))
 
 
+def needs_teacher(loss: nn.Module) -> bool:
+    """True for losses called as forward(anchors, positives, teacher_a, teacher_p)."""
+    return bool(getattr(loss, "needs_teacher", False))
+
+
 __all__ = [
     "LOSSES",
     "AMSoftmaxLoss",
     "SDMLLoss",
     "SimplerASoftmaxLoss",
+    "TeacherPriorSDMLLoss",
     "TripletLoss",
     "build_loss",
     "needs_labels",
+    "needs_teacher",
 ]

@@ -1,0 +1,265 @@
+"""BM25 beside the dense index, and the fusion of the two rankings.
+
+BM25 (Lucene variant, as bm25s computes it: k1 1.5, b 0.75)
+
+    idf(t)    = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    w(d, t)   = idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 - b + b · |d| / avgdl))
+    score(q, d) = Σ_{t ∈ q} w(d, t)        (each query token counts, repeats included)
+
+is precomputed per (document, term) into a term-major sparse matrix, so one query costs the
+length of its terms' posting lists, not the corpus size. Words: qpr.evaluate.tokenize (the
+lexical baselines' own tokens, English stop words removed).
+
+Fusion (`fuse`): each side's top candidates, scores min-max normalised per query to [0, 1]
+(a candidate missing from one side gets 0 there), combined as α·dense + (1 - α)·lexical.
+α is chosen on the validation split by the evaluate stage; α = 1 is the dense ranking.
+
+Arrays: float32 scores, int64 rows (-1 = empty slot); small functions, no framework code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "qpr-bm25/1"
+
+# bm25s's default token pattern: words of 2+ word characters, lower-cased.
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+@functools.cache
+def _english_stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+def _stopword_set(stopwords: str | Iterable[str] | None) -> frozenset[str]:
+    if stopwords is None:
+        return frozenset()
+    if isinstance(stopwords, str):
+        if stopwords not in ("en", "english"):
+            raise ValueError(f"only 'en' or an explicit word list, got {stopwords!r}")
+        return _english_stopwords()
+    return frozenset(stopwords)
+
+
+def tokenize(texts: Iterable[str], stopwords: str | Iterable[str] | None = "en") -> list[list[str]]:
+    """Lower-cased words of 2+ characters, stop words removed (bm25s's tokenisation, and
+    its English list by default), so both baselines see the same words."""
+    stop = _stopword_set(stopwords)
+    return [[w for w in _TOKEN.findall(str(t).lower()) if w not in stop] for t in texts]
+
+
+@dataclass(frozen=True)
+class BM25Index:
+    """Term-major BM25 weights of N documents: term t's postings are
+    rows[indptr[t]:indptr[t+1]] (int32, ascending) with weights[...] (float32)."""
+
+    terms: dict[str, int]
+    indptr: np.ndarray  # int64 [V + 1]
+    rows: np.ndarray  # int32 [nnz]
+    weights: np.ndarray  # float32 [nnz]
+    num_docs: int
+    k1: float = 1.5
+    b: float = 0.75
+
+    @classmethod
+    def build(cls, texts: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> BM25Index:
+        docs = tokenize(texts)
+        terms: dict[str, int] = {}
+        doc_of, term_of = [], []
+        for row, words in enumerate(docs):
+            for word in words:
+                doc_of.append(row)
+                term_of.append(terms.setdefault(word, len(terms)))
+        n = len(docs)
+        lengths = np.fromiter((len(w) for w in docs), np.float64, n)
+        avgdl = float(lengths.mean()) if n and lengths.sum() > 0 else 1.0
+        if not term_of:
+            return cls(
+                terms,
+                np.zeros(1, np.int64),
+                np.zeros(0, np.int32),
+                np.zeros(0, np.float32),
+                n,
+                k1,
+                b,
+            )
+        # (term, doc) pairs with their counts: sort once, run-length encode.
+        key = np.asarray(term_of, np.int64) * max(n, 1) + np.asarray(doc_of, np.int64)
+        key, tf = np.unique(key, return_counts=True)
+        term, row = key // max(n, 1), key % max(n, 1)
+        df = np.bincount(term, minlength=len(terms)).astype(np.float64)
+        idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        norm = k1 * (1.0 - b + b * lengths[row] / avgdl)
+        weights = idf[term] * tf / (tf + norm)
+        indptr = np.zeros(len(terms) + 1, np.int64)
+        np.cumsum(np.bincount(term, minlength=len(terms)), out=indptr[1:])
+        return cls(terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b)
+
+    def query_terms(self, text: str) -> np.ndarray:
+        """int64 term ids of the question's known words (unknown words score nothing)."""
+        ids = [self.terms[w] for w in tokenize([text])[0] if w in self.terms]
+        return np.asarray(ids, np.int64)
+
+    def search(self, text: str, k: int, *, exclude_row: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
+        no word with the question are not results ((-inf, -1) slots)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        out_s = np.full(k, -np.inf, np.float32)
+        out_r = np.full(k, -1, np.int64)
+        terms = self.query_terms(text)
+        if terms.size == 0:
+            return out_s, out_r
+        # Scatter-add into a dense accumulator: a term's postings hold each row once, so
+        # `+=` per term is exact, and no sort over the (possibly long) postings is needed.
+        acc = np.zeros(self.num_docs, np.float32)
+        touched = []
+        for t in terms:
+            a, z = int(self.indptr[t]), int(self.indptr[t + 1])
+            acc[self.rows[a:z]] += self.weights[a:z]
+            touched.append(self.rows[a:z])
+        if exclude_row >= 0:
+            acc[exclude_row] = 0.0
+        # A row appears once per query term it holds: the best k·len(terms) entries hold
+        # at least k distinct rows, so only those are de-duplicated (sorted).
+        docs = np.concatenate(touched)
+        scores = acc[docs]
+        wanted = k * len(terms)
+        if docs.size > wanted:
+            cut = np.argpartition(-scores, wanted - 1)[:wanted]
+            kth = scores[cut].min()
+            cut = np.flatnonzero(scores >= kth)  # keep ties at the cut: rows break them
+            docs, scores = docs[cut], scores[cut]
+        docs, first = np.unique(docs, return_index=True)
+        scores = scores[first]
+        keep = scores > 0
+        docs, scores = docs[keep].astype(np.int64), scores[keep]
+        order = np.lexsort((docs, -scores))[:k]
+        out_s[: order.size] = scores[order]
+        out_r[: order.size] = docs[order]
+        return out_s, out_r
+
+    # -- files ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """One .npz (arrays + a JSON header with the terms), written atomically."""
+        path = Path(path)
+        header = {
+            "format": FORMAT,
+            "num_docs": self.num_docs,
+            "k1": self.k1,
+            "b": self.b,
+            "terms": sorted(self.terms, key=self.terms.__getitem__),
+        }
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                header=np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8),
+                indptr=self.indptr,
+                rows=self.rows,
+                weights=self.weights,
+            )
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BM25Index:
+        """ValueError (naming the file) for a file that is not a BM25 index of this format."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                header = json.loads(bytes(data["header"]).decode("utf-8"))
+                indptr, rows, weights = data["indptr"], data["rows"], data["weights"]
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable BM25 index ({exc})") from exc
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
+        terms = {t: i for i, t in enumerate(header["terms"])}
+        if (
+            indptr.shape != (len(terms) + 1,)
+            or rows.shape != weights.shape
+            or (indptr[-1] != rows.shape[0])
+        ):
+            raise ValueError(f"{path}: inconsistent BM25 arrays")
+        return cls(terms, indptr, rows, weights, int(header["num_docs"]), header["k1"], header["b"])
+
+
+def lexical_search(
+    bm25: BM25Index,
+    texts: Sequence[str],
+    k: int,
+    *,
+    exclude_rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BM25Index.search for each text: (scores float32 [Q, k], rows int64 [Q, k]).
+    exclude_rows: int64 [Q], the row left out of query i's results (-1: none)."""
+    q = len(texts)
+    exclude = np.full(q, -1, np.int64) if exclude_rows is None else np.asarray(exclude_rows)
+    if exclude.shape != (q,):
+        raise ValueError(f"exclude_rows must be int64 [{q}], got {exclude.shape}")
+    scores = np.full((q, k), -np.inf, np.float32)
+    rows = np.full((q, k), -1, np.int64)
+    for i, text in enumerate(texts):
+        scores[i], rows[i] = bm25.search(text, k, exclude_row=int(exclude[i]))
+    return scores, rows
+
+
+def _unit_range(scores: np.ndarray) -> np.ndarray:
+    """Per row min-max to [0, 1] over the finite entries; a constant row becomes 1."""
+    finite = np.isfinite(scores)
+    lo = np.where(finite, scores, np.inf).min(axis=1, keepdims=True)
+    hi = np.where(finite, scores, -np.inf).max(axis=1, keepdims=True)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    out = np.where(finite, (scores - lo) / span, 0.0)
+    return np.where(finite & (hi == lo), 1.0, out).astype(np.float32)
+
+
+def fuse(
+    dense_sims: np.ndarray,
+    dense_rows: np.ndarray,
+    lexical_scores: np.ndarray,
+    lexical_rows: np.ndarray,
+    dense_weight: float,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fused (scores float32 [Q, k], rows int64 [Q, k]), best first, ties by row.
+
+    dense_sims: float [Q, C] higher = closer (e.g. minus the L2 distance), rows int64 [Q, C];
+    lexical_scores / lexical_rows likewise (BM25). -1 rows are empty slots.
+    dense_weight α in [0, 1]: α·dense + (1 - α)·lexical after per-query min-max scaling.
+    """
+    if not 0.0 <= dense_weight <= 1.0:
+        raise ValueError(f"dense_weight must be in [0, 1], got {dense_weight}")
+    dense_rows = np.asarray(dense_rows, np.int64)
+    lexical_rows = np.asarray(lexical_rows, np.int64)
+    q = dense_rows.shape[0]
+    if lexical_rows.shape[0] != q:
+        raise ValueError(f"{q} dense rows but {lexical_rows.shape[0]} lexical rows")
+    d_scaled = _unit_range(np.where(dense_rows >= 0, dense_sims, -np.inf))
+    l_scaled = _unit_range(np.where(lexical_rows >= 0, lexical_scores, -np.inf))
+    out_s = np.full((q, k), -np.inf, np.float32)
+    out_r = np.full((q, k), -1, np.int64)
+    for i in range(q):
+        rows = np.concatenate([dense_rows[i], lexical_rows[i]])
+        parts = np.concatenate([dense_weight * d_scaled[i], (1.0 - dense_weight) * l_scaled[i]])
+        keep = rows >= 0
+        rows, parts = rows[keep], parts[keep]
+        if rows.size == 0:
+            continue
+        cand, inverse = np.unique(rows, return_inverse=True)
+        score = np.bincount(inverse, weights=parts).astype(np.float32)
+        order = np.lexsort((cand, -score))[:k]
+        out_s[i, : order.size] = score[order]
+        out_r[i, : order.size] = cand[order]
+    return out_s, out_r

@@ -1,0 +1,111 @@
+"""BM25 weights against hand-computed values and bm25s; fusion on hand-made rankings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qpr.evaluate import bm25_search
+from qpr.lexical import BM25Index, fuse, lexical_search, tokenize
+
+DOCS = ["reset router password", "router", "bake bread"]
+
+
+def test_bm25_weights_hand_computed() -> None:
+    index = BM25Index.build(DOCS)
+    # N = 3, lengths 3, 1, 2 → avgdl 2. "router": df 2 → idf = ln(1 + 1.5/2.5) = ln 1.6.
+    idf = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))
+    # doc 0: tf 1, |d| 3 → 1 / (1 + 1.5·(0.25 + 0.75·3/2)) = 1 / 3.0625
+    w0 = idf * 1 / (1 + 1.5 * (0.25 + 0.75 * 1.5))
+    # doc 1: tf 1, |d| 1 → 1 / (1 + 1.5·(0.25 + 0.375)) = 1 / 1.9375
+    w1 = idf * 1 / (1 + 1.5 * (0.25 + 0.75 * 0.5))
+    scores, rows = index.search("Router?", 5)
+    assert rows.tolist() == [1, 0, -1, -1, -1]  # the short document first; bread never
+    assert scores[:2].tolist() == pytest.approx([w1, w0], rel=1e-6)
+    assert np.isneginf(scores[2:]).all()
+
+
+def test_repeated_query_words_count_each_time() -> None:
+    index = BM25Index.build(DOCS)
+    once, _ = index.search("router", 1)
+    twice, _ = index.search("router router", 1)
+    assert twice[0] == pytest.approx(2 * once[0])
+
+
+def test_unknown_and_stop_words_find_nothing() -> None:
+    index = BM25Index.build(DOCS)
+    scores, rows = index.search("what is the", 3)  # stop words only
+    assert (rows == -1).all() and np.isneginf(scores).all()
+    assert (index.search("zebra", 2)[1] == -1).all()
+    with pytest.raises(ValueError, match="k must be"):
+        index.search("router", 0)
+
+
+def test_exclude_row_and_ties_break_by_row() -> None:
+    index = BM25Index.build(["apple pie", "apple pie", "apple pie"])
+    assert index.search("apple", 3)[1].tolist() == [0, 1, 2]
+    assert index.search("apple", 3, exclude_row=1)[1].tolist() == [0, 2, -1]
+
+
+def test_same_scores_and_ranking_as_bm25s() -> None:
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    docs = [" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(300)]
+    queries = [" ".join(rng.choice(words, size=3)) for _ in range(25)]
+    exclude = rng.integers(-1, 300, size=25)
+    ref_scores, ref_rows = bm25_search(docs, queries, 10, exclude_rows=exclude)
+    scores, rows = lexical_search(BM25Index.build(docs), queries, 10, exclude_rows=exclude)
+    assert np.array_equal(rows, ref_rows)
+    finite = np.isfinite(ref_scores)
+    assert np.allclose(scores[finite], ref_scores[finite], rtol=1e-5)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:
+    index = BM25Index.build(DOCS)
+    path = index.save(tmp_path / "bm25.npz")
+    again = BM25Index.load(path)
+    assert again.terms == index.terms and again.num_docs == 3
+    assert np.array_equal(again.search("router", 2)[1], index.search("router", 2)[1])
+    (tmp_path / "junk.npz").write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match=r"junk\.npz"):
+        BM25Index.load(tmp_path / "junk.npz")
+
+
+def test_tokenize_lowercases_and_drops_stop_words_and_single_letters() -> None:
+    assert tokenize(["How do I reset the Router?"]) == [["how", "do", "reset", "router"]]
+
+
+# -- fusion -------------------------------------------------------------------------------
+
+
+def test_fuse_hand_computed() -> None:
+    # dense: rows 5, 7, 9 with sims 0, -1, -2 → scaled 1, 0.5, 0
+    # bm25:  rows 9, 3 with scores 4, 2        → scaled 1, 0
+    dense_s, dense_r = np.array([[0.0, -1.0, -2.0]]), np.array([[5, 7, 9]])
+    lex_s, lex_r = np.array([[4.0, 2.0, -np.inf]]), np.array([[9, 3, -1]])
+    scores, rows = fuse(dense_s, dense_r, lex_s, lex_r, 0.5, 4)
+    # 5: 0.5·1 = 0.5; 7: 0.5·0.5 = 0.25; 9: 0.5·0 + 0.5·1 = 0.5; 3: 0 → 5 and 9 tie: by row
+    assert rows.tolist() == [[5, 9, 7, 3]]
+    assert scores.tolist()[0] == pytest.approx([0.5, 0.5, 0.25, 0.0])
+
+
+def test_fuse_limits_are_the_single_rankings() -> None:
+    rng = np.random.default_rng(1)
+    dense_r = np.stack([rng.permutation(50)[:10] for _ in range(4)])
+    dense_s = -np.sort(rng.random((4, 10)), axis=1)
+    lex_r = np.stack([rng.permutation(50)[:10] for _ in range(4)])
+    lex_s = -np.sort(-rng.random((4, 10)), axis=1)
+    assert np.array_equal(fuse(dense_s, dense_r, lex_s, lex_r, 1.0, 5)[1], dense_r[:, :5])
+    assert np.array_equal(fuse(dense_s, dense_r, lex_s, lex_r, 0.0, 5)[1], lex_r[:, :5])
+
+
+def test_fuse_with_an_empty_side_and_bad_weight() -> None:
+    empty_s, empty_r = np.full((1, 2), -np.inf), np.full((1, 2), -1)
+    scores, rows = fuse(np.array([[0.0, -3.0]]), np.array([[4, 2]]), empty_s, empty_r, 0.3, 3)
+    assert rows.tolist() == [[4, 2, -1]]
+    assert scores[0, :2].tolist() == pytest.approx([0.3, 0.0]) and np.isneginf(scores[0, 2])
+    with pytest.raises(ValueError, match="dense_weight"):
+        fuse(empty_s, empty_r, empty_s, empty_r, 1.5, 1)
