@@ -95,6 +95,7 @@ class ModelInfo:
     nprobe: int | None
     threshold: float | None
     ef_search: int | None = None
+    fusion: dict[str, float] | None = None  # BM25 fused in: dense weight α and candidates
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +111,7 @@ class ModelInfo:
             "nprobe": self.nprobe,
             "ef_search": self.ef_search,
             "threshold": self.threshold,
+            "fusion": self.fusion,
             **self.details,
         }
 
@@ -333,6 +335,7 @@ class Reloader:
             nprobe=bundle.nprobe,
             ef_search=bundle.ef_search,
             threshold=bundle.threshold,
+            fusion=bundle.fusion,
             details=dict(candidate.details),
         )
         self._settled_token = candidate.token
