@@ -1,0 +1,85 @@
+"""Index and evaluate stages with BM25 fused in, and without: what each writes, what the
+service then serves, and that the served ranking is the one the stage measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qpr.config import settings_from_dict
+from qpr.data.synth import SynthSpec, write_logs
+from qpr.paths import ProjectPaths
+from tests.conftest import tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+QUIET = lambda _: None  # noqa: E731
+
+
+def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
+    from qpr.stages.cluster import run_cluster
+    from qpr.stages.evaluate import run_evaluate
+    from qpr.stages.export import run_export
+    from qpr.stages.index import run_index
+    from qpr.stages.train import run_train
+
+    settings = settings_from_dict(
+        tiny_overrides(tmp_path, index={"self_check_sample": 100, "threads": 1, "lexical": lexical})
+    )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
+    paths = ProjectPaths(tmp_path)
+    run_cluster(
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=QUIET
+    )
+    run_train(settings, paths, progress=False, log=QUIET)
+    run_export(settings, paths, log=QUIET)
+    run_index(settings, paths, log=QUIET)
+    return paths, run_evaluate(settings, paths, log=QUIET)
+
+
+def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
+    from qpr.export import encode, load_session
+    from qpr.index import IdMap, load_index, search
+    from qpr.lexical import BM25Index, fuse, lexical_search
+    from qpr.serve.bundle import Bundle
+    from qpr.text import load_tokenizer
+
+    paths, metrics = _pipeline(tmp_path, enabled=True, candidates=30)
+    fusion = metrics["fusion"]
+    assert set(fusion["val_success_1"]) == {str(w / 10) for w in range(11)}
+    # α = 1 (the dense ranking) is among those tried, so fusion never loses on validation
+    assert fusion["val_success_1"]["1.0"] == pytest.approx(fusion["dense_val"]["success_1"])
+    assert metrics["val"]["success_1"] == max(fusion["val_success_1"].values())
+    assert "dense" not in metrics["baselines"]
+    assert (paths.index_dir / "bm25.npz").is_file()
+    stored = json.loads(paths.threshold.read_text())["fusion"]
+    assert stored == {"dense_weight": fusion["dense_weight"], "candidates": 30}
+
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.fusion == stored
+    # New questions through the stage's functions (dense candidates, BM25 candidates, fuse
+    # at the stored α) rank exactly as the service does.
+    new = ["how can i reset my account password quickly", "where is the invoice for my order"]
+    vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
+    index = load_index(paths.index_dir / "index.faiss", nprobe=1)
+    distances, rows = search(index, vectors, 30)
+    lex_scores, lex_rows = lexical_search(BM25Index.load(paths.index_dir / "bm25.npz"), new, 30)
+    _, fused_rows = fuse(-distances, rows, lex_scores, lex_rows, fusion["dense_weight"], 10)
+    row_qids = IdMap.load(paths.index_dir / "index.ids.npy").qids
+    for question, expected in zip(new, fused_rows, strict=True):
+        served = [h.question_id for h in bundle.search(question, k=10).hits]
+        assert served == [int(row_qids[r]) for r in expected if r >= 0]
+
+
+def test_without_lexical_the_dense_ranking_is_served(tmp_path: Path) -> None:
+    from qpr.serve.bundle import Bundle
+
+    paths, metrics = _pipeline(tmp_path, enabled=False)
+    assert "fusion" not in metrics
+    assert not (paths.index_dir / "bm25.npz").exists()
+    assert json.loads(paths.threshold.read_text())["fusion"] is None
+    assert sorted(p.name for p in paths.evaluation_dir.glob("val.*.run")) == ["val.model.run"]
+    assert Bundle.load(paths.models_dir).fusion is None
+    assert (paths.plots_dir / "evaluate" / "fusion.png").is_file()  # says fusion is off
