@@ -706,10 +706,20 @@ def _print_results(metrics: dict) -> None:
     table.add_column("system")
     for label in shown.values():
         table.add_column(label, justify="right")
+    fusion = metrics.get("fusion")
     rows = {"model": metrics, **metrics.get("baselines", {})}
+    if fusion:
+        rows = {"model": metrics, "dense": fusion["dense_test"], **metrics.get("baselines", {})}
     for name, values in rows.items():
         table.add_row(name, *(f"{values.get(m, float('nan')):.4f}" for m in shown))
     console.print(table)
+    if fusion:
+        weight = fusion["dense_weight"]
+        what = {1.0: "the dense ranking alone", 0.0: "BM25 alone"}.get(weight, "both fused")
+        console.print(
+            f"model = dense (the encoder) and BM25 fused at α {weight:g}, chosen on "
+            f"validation: {what}"
+        )
     chosen = metrics.get("threshold", {})
     if chosen:
         console.print(

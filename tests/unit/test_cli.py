@@ -1,6 +1,8 @@
 """The qpr command reads like documentation: every stage and user task is a sub-command
 with help text."""
 
+import json
+
 from typer.testing import CliRunner
 
 from qpr.cli import app
@@ -64,3 +66,22 @@ def test_metrics_prints_strings_nulls_and_numbers(tmp_path):
     result = runner.invoke(app, ["metrics", "--metrics-dir", str(metrics)])
     assert result.exit_code == 0, result.output
     assert "within margin" in result.output and "0.8125" in result.output
+
+
+def test_metrics_shows_the_fused_model_beside_its_encoder_alone(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    measures = {"success_1": 0.75, "success_10": 0.9, "recip_rank": 0.8}
+    evaluation = {
+        **measures,
+        "num_queries": 10,
+        "baselines": {"bm25": {**measures, "success_1": 0.7}},
+        "fusion": {"dense_weight": 0.3, "dense_test": {**measures, "success_1": 0.625}},
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(evaluation))
+    result = runner.invoke(app, ["metrics", "--metrics-dir", str(tmp_path / "metrics")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any("dense" in line and "0.6250" in line for line in lines)
+    assert any("model" in line and "0.7500" in line for line in lines)
+    text = " ".join(result.output.split())  # the console wraps long lines
+    assert "fused at α 0.3, chosen on validation: both fused" in text
