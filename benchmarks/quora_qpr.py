@@ -50,6 +50,14 @@ PAPER: dict[str, tuple[float, float, float]] = {
     "TL(Rand) EUC": (0.4641, 0.6523, 0.5297),
 }
 
+# SDML whose smoothing mass follows all-MiniLM-L6-v2's similarities (train.prior: teacher).
+TEACHER_PRIOR = {
+    "loss": "sdml",
+    "smoothing": 0.5,
+    "prior": "teacher",
+    "teacher": {"temperature": 0.1},
+    "batch_size": 512,
+}
 # name → (group, training overrides[, other sections' overrides]). Sweep rows get
 # --sweep-epochs epochs; "models" rows (other encoders and losses) their own budget.
 ROWS: dict[str, tuple] = {
@@ -107,13 +115,7 @@ ROWS: dict[str, tuple] = {
     # short budgeted runs on the validation split, see docs/models.md).
     "SDML + MiniLM prior (ε 0.5, τ 0.1), D 128": (
         "models",
-        {
-            "loss": "sdml",
-            "smoothing": 0.5,
-            "prior": "teacher",
-            "teacher": {"temperature": 0.1},
-            "batch_size": 512,
-        },
+        TEACHER_PRIOR,
         {"model": {"output_dim": 128}},
     ),
     # BM25 fused with the encoder's ranking, α chosen on validation (index.lexical); the
@@ -130,13 +132,7 @@ ROWS: dict[str, tuple] = {
     ),
     "SDML + MiniLM prior (ε 0.5, τ 0.1), D 128 + BM25 fusion": (
         "models",
-        {
-            "loss": "sdml",
-            "smoothing": 0.5,
-            "prior": "teacher",
-            "teacher": {"temperature": 0.1},
-            "batch_size": 512,
-        },
+        TEACHER_PRIOR,
         {"model": {"output_dim": 128}, "index": {"lexical": {"enabled": True}}},
     ),
 }
