@@ -405,8 +405,8 @@ def run_evaluate(
 
     results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
     hybrid: dict[str, HybridCandidates] = {}
-    for split in ("val", "test"):
-        queries = query_set(questions, split)
+    splits = {split: query_set(questions, split) for split in ("val", "test")}
+    for split, queries in splits.items():
         query_rows = ids.to_rows(queries.query_ids)
         started = time.perf_counter()
         vectors = encode(session, vocab, queries.texts, batch_size=256, max_len=max_len)
@@ -442,12 +442,7 @@ def run_evaluate(
         plot_fusion_curve({}, None, fusion_plot)
     else:
         fusion = choose_dense_weight(
-            hybrid["val"],
-            lexical.dense_weights,
-            index,
-            ids.qids,
-            k,
-            paths.plots_dir / "evaluate" / "fusion.png",
+            hybrid["val"], lexical.dense_weights, index, ids.qids, k, fusion_plot
         )
         for split in ("val", "test"):
             results[split]["model"] = fused_result(
@@ -458,21 +453,19 @@ def run_evaluate(
             f"val success@1 {fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} against "
             f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
         )
+    test_queries = splits["test"]
+    run_baselines(
+        settings,
+        vocab,
+        index_questions,
+        test_queries,
+        ids.to_rows(test_queries.query_ids),
+        ids.qids,
+        results["test"],
+        max_len=max_len,
+        log=log,
+    )
     for split in ("val", "test"):
-        queries = hybrid[split].queries if bm25 is not None else query_set(questions, split)
-        if split == "test":
-            query_rows = ids.to_rows(queries.query_ids)
-            run_baselines(
-                settings,
-                vocab,
-                index_questions,
-                queries,
-                query_rows,
-                ids.qids,
-                results[split],
-                max_len=max_len,
-                log=log,
-            )
         for name, result in results[split].items():
             write_run(out_dir / f"{split}.{name}.run", result.run, tag=f"qpr-{name}")
 
