@@ -48,6 +48,29 @@ def tiny_overrides(tmp: Path, **sections: dict) -> dict:
     return tree
 
 
+def run_stages(settings, root: Path) -> dict:
+    """Synthetic logs of `settings`, then cluster → train → export → index → evaluate in
+    `root` (quietly); returns the evaluate stage's metrics."""
+    from qpr.data.synth import SynthSpec, write_logs
+    from qpr.paths import ProjectPaths
+    from qpr.stages.cluster import run_cluster
+    from qpr.stages.evaluate import run_evaluate
+    from qpr.stages.export import run_export
+    from qpr.stages.index import run_index
+    from qpr.stages.train import run_train
+
+    quiet = lambda _: None  # noqa: E731
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
+    paths = ProjectPaths(root)
+    run_cluster(
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
+    )
+    run_train(settings, paths, progress=False, log=quiet)
+    run_export(settings, paths, log=quiet)
+    run_index(settings, paths, log=quiet)
+    return run_evaluate(settings, paths, log=quiet)
+
+
 @pytest.fixture
 def tiny_settings(tmp_path: Path):
     """Validated Settings for a tiny run on freshly generated synthetic logs."""

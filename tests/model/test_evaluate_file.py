@@ -20,12 +20,11 @@ from typer.testing import CliRunner
 
 from qpr.cli import app
 from qpr.config import Settings, settings_from_dict
-from qpr.data.synth import SynthSpec, write_day, write_logs
-from qpr.paths import ProjectPaths
+from qpr.data.synth import write_day
 from qpr.serve.bundle import QUESTIONS_FILE, Bundle
 from qpr.stages.evaluate_file import EXACT_MAX_QUESTIONS, FileEvaluation, evaluate_file
 from qpr.text.normalize import normalize
-from tests.conftest import tiny_overrides
+from tests.conftest import run_stages, tiny_overrides
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -39,24 +38,11 @@ def _quiet(_: str) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
     """(settings, project root) with a trained bundle in root/models and root/params.yaml."""
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.export import run_export
-    from qpr.stages.index import run_index
-    from qpr.stages.train import run_train
 
     root = tmp_path_factory.mktemp("evaluate-file-project")
     settings = settings_from_dict(tiny_overrides(root))
-    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     (root / "params.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json")))
-    paths = ProjectPaths(root)
-    run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=_quiet
-    )
-    run_train(settings, paths, progress=False, log=_quiet)
-    run_export(settings, paths, log=_quiet)
-    run_index(settings, paths, log=_quiet)
-    run_evaluate(settings, paths, log=_quiet)
+    run_stages(settings, root)
     return settings, root
 
 

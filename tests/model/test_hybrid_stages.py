@@ -9,34 +9,18 @@ from pathlib import Path
 import pytest
 
 from qpr.config import settings_from_dict
-from qpr.data.synth import SynthSpec, write_logs
 from qpr.paths import ProjectPaths
-from tests.conftest import tiny_overrides
+from tests.conftest import run_stages, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
-QUIET = lambda _: None  # noqa: E731
-
 
 def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.export import run_export
-    from qpr.stages.index import run_index
-    from qpr.stages.train import run_train
 
     settings = settings_from_dict(
         tiny_overrides(tmp_path, index={"self_check_sample": 100, "threads": 1, "lexical": lexical})
     )
-    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
-    paths = ProjectPaths(tmp_path)
-    run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=QUIET
-    )
-    run_train(settings, paths, progress=False, log=QUIET)
-    run_export(settings, paths, log=QUIET)
-    run_index(settings, paths, log=QUIET)
-    return paths, run_evaluate(settings, paths, log=QUIET)
+    return ProjectPaths(tmp_path), run_stages(settings, tmp_path)
 
 
 def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
