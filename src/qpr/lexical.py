@@ -6,8 +6,9 @@ BM25 (Lucene variant, as bm25s computes it: k1 1.5, b 0.75)
     w(d, t)   = idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 - b + b · |d| / avgdl))
     score(q, d) = Σ_{t ∈ q} w(d, t)        (each query token counts, repeats included)
 
-is precomputed per (document, term) into a term-major sparse matrix, so one query costs the
-length of its terms' posting lists, not the corpus size. Words: qpr.evaluate.tokenize (the
+is precomputed per (document, term) into a term-major sparse matrix, so one query costs at
+most the length of its terms' posting lists, not the corpus size, and MaxScore pruning skips
+most of the long lists of common words ("how", "what") while keeping the top k exact. Words: qpr.evaluate.tokenize (the
 lexical baselines' own tokens, English stop words removed).
 
 Fusion (`fuse`): each side's top candidates, scores min-max normalised per query to [0, 1]
@@ -23,6 +24,7 @@ import functools
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,12 @@ from pathlib import Path
 import numpy as np
 
 FORMAT = "qpr-bm25/1"
+
+# Posting lists shorter than this are added in full: skipping them saves less than the
+# pruning check costs.
+_WORTH_PRUNING = 2048
+# A candidate's binary search in a posting list costs about this many list entries added.
+_LOOKUP_COST = 8
 
 # bm25s's default token pattern: words of 2+ word characters, lower-cased.
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
@@ -111,44 +119,86 @@ class BM25Index:
         ids = [self.terms[w] for w in tokenize([text])[0] if w in self.terms]
         return np.asarray(ids, np.int64)
 
+    @functools.cached_property
+    def upper_bounds(self) -> np.ndarray:
+        """float32 [V]: each term's largest weight, the most it can add to any score."""
+        out = np.zeros(len(self.terms), np.float32)
+        filled = np.flatnonzero(np.diff(self.indptr) > 0)
+        if filled.size:
+            out[filled] = np.maximum.reduceat(self.weights, self.indptr[filled])
+        return out
+
     def search(self, text: str, k: int, *, exclude_row: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
-        no word with the question are not results ((-inf, -1) slots)."""
+        no word with the question are not results ((-inf, -1) slots).
+
+        Exact top k with MaxScore pruning (Turtle & Flood 1995): terms are visited from the
+        largest possible contribution down; once the k-th best score so far beats the sum
+        of what the terms left could still add, no unseen document can enter the top k, so
+        the long posting lists of common words are only looked up for the candidates kept
+        instead of being added in full.
+        """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         out_s = np.full(k, -np.inf, np.float32)
         out_r = np.full(k, -1, np.int64)
-        terms = self.query_terms(text)
-        if terms.size == 0:
+        counts = Counter(self.query_terms(text).tolist())
+        if not counts:
             return out_s, out_r
-        # Scatter-add into a dense accumulator: a term's postings hold each row once, so
-        # `+=` per term is exact, and no sort over the (possibly long) postings is needed.
+        terms = np.fromiter(counts.keys(), np.int64, len(counts))
+        repeats = np.fromiter(counts.values(), np.int64, len(counts))
+        bounds = self.upper_bounds[terms].astype(np.float64) * repeats
+        order = np.argsort(-bounds, kind="stable")
+        terms, repeats = terms[order], repeats[order].astype(np.float32)
+        # left[j]: the most the terms j, j+1, ... can still add to one document's score.
+        left = np.append(np.cumsum(bounds[order][::-1])[::-1], 0.0)
         acc = np.zeros(self.num_docs, np.float32)
-        touched = []
-        for t in terms:
-            a, z = int(self.indptr[t]), int(self.indptr[t + 1])
-            acc[self.rows[a:z]] += self.weights[a:z]
+        touched: list[np.ndarray] = []
+        candidates = None
+        for j, (term, times) in enumerate(zip(terms.tolist(), repeats.tolist(), strict=True)):
+            a, z = int(self.indptr[term]), int(self.indptr[term + 1])
+            if candidates is not None:
+                if candidates.size * _LOOKUP_COST < z - a:
+                    self._add_to(acc, candidates, a, z, times)
+                else:  # binary searches would cost more than adding the whole list
+                    acc[self.rows[a:z]] += self.weights[a:z] * times
+                continue
+            # A term's postings hold each row once, so `+=` per term is exact.
+            acc[self.rows[a:z]] += self.weights[a:z] * times
             touched.append(self.rows[a:z])
+            if exclude_row >= 0:
+                acc[exclude_row] = 0.0
+            # Checking costs a partial sort: worth it only before a long posting list.
+            if j + 1 < terms.size and self._length(terms[j + 1]) > _WORTH_PRUNING:
+                seen = _distinct_best(acc, touched, k)
+                # Relative slack: float32 sums may round a hair above the float64 bounds.
+                if seen.size >= k and left[j + 1] * (1.0 + 1e-5) < acc[seen[k - 1]]:
+                    kth = float(acc[seen[k - 1]])
+                    everything = np.concatenate(touched)
+                    # Only a document that can still reach the k-th score stays a candidate.
+                    alive = acc[everything] + left[j + 1] * (1.0 + 1e-5) >= kth
+                    candidates = _distinct(everything[alive])
         if exclude_row >= 0:
             acc[exclude_row] = 0.0
-        # A row appears once per query term it holds: the best k·len(terms) entries hold
-        # at least k distinct rows, so only those are de-duplicated (sorted).
-        docs = np.concatenate(touched)
+        docs = _distinct_best(acc, touched, k) if candidates is None else candidates
         scores = acc[docs]
-        wanted = k * len(terms)
-        if docs.size > wanted:
-            cut = np.argpartition(-scores, wanted - 1)[:wanted]
-            kth = scores[cut].min()
-            cut = np.flatnonzero(scores >= kth)  # keep ties at the cut: rows break them
-            docs, scores = docs[cut], scores[cut]
-        docs, first = np.unique(docs, return_index=True)
-        scores = scores[first]
         keep = scores > 0
         docs, scores = docs[keep].astype(np.int64), scores[keep]
         order = np.lexsort((docs, -scores))[:k]
         out_s[: order.size] = scores[order]
         out_r[: order.size] = docs[order]
         return out_s, out_r
+
+    def _length(self, term: int) -> int:
+        return int(self.indptr[term + 1] - self.indptr[term])
+
+    def _add_to(self, acc: np.ndarray, docs: np.ndarray, a: int, z: int, times: float) -> None:
+        """acc[docs] += the term's weights for those of `docs` in its postings rows[a:z]."""
+        postings = self.rows[a:z]
+        at = np.searchsorted(postings, docs)
+        found = at < postings.size
+        found[found] = postings[at[found]] == docs[found]
+        acc[docs[found]] += self.weights[a + at[found]] * times
 
     # -- files ----------------------------------------------------------------------------
 
@@ -193,6 +243,27 @@ class BM25Index:
         ):
             raise ValueError(f"{path}: inconsistent BM25 arrays")
         return cls(terms, indptr, rows, weights, int(header["num_docs"]), header["k1"], header["b"])
+
+
+def _distinct(rows: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path costs more on these small arrays)."""
+    rows = np.sort(rows)
+    return rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if rows.size else rows
+
+
+def _distinct_best(acc: np.ndarray, touched: list[np.ndarray], k: int) -> np.ndarray:
+    """Distinct rows among `touched` holding the k best acc values (more on ties at the
+    cut), best first. A row appears once per list, so the best k·len(touched) entries
+    hold at least k distinct rows: only those are de-duplicated."""
+    docs = np.concatenate(touched)
+    scores = acc[docs]
+    wanted = k * len(touched)
+    if docs.size > wanted:
+        cut = np.argpartition(-scores, wanted - 1)[:wanted]
+        cut = np.flatnonzero(scores >= scores[cut].min())  # keep ties: rows break them
+        docs = docs[cut]
+    docs = _distinct(docs)
+    return docs[np.argsort(-acc[docs], kind="stable")]
 
 
 def lexical_search(

@@ -63,6 +63,58 @@ def test_same_scores_and_ranking_as_bm25s() -> None:
     assert np.allclose(scores[finite], ref_scores[finite], rtol=1e-5)
 
 
+def _exhaustive(index: BM25Index, text: str, k: int, exclude_row: int) -> list[int]:
+    """Every document scored, best k by (score desc, row): what pruning must reproduce."""
+    acc = np.zeros(index.num_docs, np.float64)
+    for t in index.query_terms(text):
+        a, z = index.indptr[t], index.indptr[t + 1]
+        acc[index.rows[a:z]] += index.weights[a:z]
+    if exclude_row >= 0:
+        acc[exclude_row] = 0.0
+    docs = np.flatnonzero(acc > 0)
+    return docs[np.lexsort((docs, -acc[docs]))][:k].tolist()
+
+
+def test_upper_bounds_are_each_terms_largest_weight() -> None:
+    index = BM25Index.build([*DOCS, "stone"])
+    for term, t in index.terms.items():
+        a, z = index.indptr[t], index.indptr[t + 1]
+        assert index.upper_bounds[t] == index.weights[a:z].max(), term
+
+
+def test_pruned_search_returns_the_exhaustive_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qpr.lexical as lexical
+
+    # Zipf-like words: a few in most documents (like "how", "what"), most rare.
+    rng = np.random.default_rng(3)
+    vocab = [f"w{i}" for i in range(400)]
+    p = 1.0 / np.arange(1, 401)
+    docs = [
+        " ".join(rng.choice(vocab, size=rng.integers(2, 10), p=p / p.sum())) for _ in range(3000)
+    ]
+    index = BM25Index.build(docs)
+    looked_up = []
+    real_add_to = BM25Index._add_to
+
+    def spy(self: BM25Index, acc: np.ndarray, docs_: np.ndarray, a: int, z: int, t: float) -> None:
+        looked_up.append((docs_.size, z - a))
+        real_add_to(self, acc, docs_, a, z, t)
+
+    monkeypatch.setattr(BM25Index, "_add_to", spy)
+    monkeypatch.setattr(lexical, "_WORTH_PRUNING", 50)  # small corpus: prune its long lists
+    for _i in range(300):
+        query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p / p.sum()))
+        query += " " + vocab[int(rng.integers(100, 400))]  # one rare word, as most questions
+        for k in (1, 5, 20):
+            exclude = int(rng.integers(-1, 3000))
+            _scores, rows = index.search(query, k, exclude_row=exclude)
+            want = _exhaustive(index, query, k, exclude)
+            assert rows[: len(want)].tolist() == want, (query, k, exclude)
+            assert (rows[len(want) :] == -1).all()
+    # Pruning did happen: long lists were looked up for a few candidates instead of added.
+    assert looked_up and all(n * lexical._LOOKUP_COST < size for n, size in looked_up)
+
+
 def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:
     index = BM25Index.build(DOCS)
     path = index.save(tmp_path / "bm25.npz")
