@@ -255,6 +255,8 @@ def index_config(settings) -> dict[str, Any]:
         "ef_search": cfg.ef_search,
         "ef_construction": cfg.ef_construction,
     }
+    if "RFlat" in cfg.factory:  # only then: rows measured before the knob existed stay valid
+        described["refine_k_factor"] = cfg.refine_k_factor
     if cfg.lexical.enabled:  # only when on: rows measured before fusion existed stay valid
         described["lexical"] = cfg.lexical.model_dump(mode="json")
     return described

@@ -139,6 +139,7 @@ class IndexSettings(_Section):
     nprobe: int = Field(16, ge=1)  # IVF: inverted lists visited per query
     ef_search: int = Field(256, ge=1)  # HNSW: candidates kept per query
     ef_construction: int = Field(200, ge=1)  # HNSW: candidates kept per insertion
+    refine_k_factor: float = Field(8.0, ge=1.0)  # ...,RFlat: candidates re-ranked exactly per hit
     use_gpu: bool | None = None  # None: when FAISS sees a GPU
     encode_batch_size: int = Field(1024, ge=1)
     threads: int = Field(2, ge=1)

@@ -42,11 +42,14 @@ __all__ = [
     "gpu_available",
     "higher_is_better",
     "load_index",
+    "nlist_of",
+    "refine_k_factor_of",
     "save_index",
     "search",
     "self_retrieval_rate",
     "set_ef_search",
     "set_nprobe",
+    "set_refine_k_factor",
 ]
 
 # FAISS's k-means warns below 39 training points per centroid (ClusteringParameters
@@ -64,13 +67,16 @@ _PQ = re.compile(r"(?:^|,)PQ(\d+)(?:x(\d+))?")
 # ---------------------------------------------------------------- factory strings
 
 
-def fit_factory(factory: str, n_train: int) -> tuple[str, str | None]:
-    """Rewrite a factory string so that it can be trained on ``n_train`` vectors.
+def fit_factory(factory: str, n_train: int, d: int | None = None) -> tuple[str, str | None]:
+    """Rewrite a factory string so that it can be trained on ``n_train`` vectors of
+    dimension ``d``.
 
-    Rule: an ``IVF{nlist}`` component with ``n_train < 39 * nlist`` becomes
+    Rules: an ``IVF{nlist}`` component with ``n_train < 39 * nlist`` becomes
     ``IVF{max(1, n_train // 39)}``: the largest nlist FAISS trains without its
     "too few training points" warning, so inverted lists stay as fine as the data allows
-    (IVF2000 with 30,000 vectors → IVF769). Everything else is kept as written.
+    (IVF2000 with 30,000 vectors → IVF769). A ``PQ{m}`` component whose m does not divide
+    ``d`` (when given) becomes the largest divisor of d below m (PQ150 on 128-d vectors →
+    PQ128), so one factory string serves every embedding size. Everything else is kept.
 
     Returns ``(factory, note)``; ``note`` is a human sentence when something was changed,
     else None. Raises ValueError when ``n_train`` is below a PQ codebook's 2**nbits
@@ -95,6 +101,13 @@ def fit_factory(factory: str, n_train: int) -> tuple[str, str | None]:
                 f"IVF{nlist} needs {needed:,} training vectors, have {n_train:,}: "
                 f"using IVF{new_nlist}"
             )
+    pq = _PQ.search(factory)
+    if pq and d is not None and d % int(pq.group(1)) != 0:
+        m = int(pq.group(1))
+        fitted_m = max(q for q in range(1, min(m, d) + 1) if d % q == 0)
+        factory = f"{factory[: pq.start(1)]}{fitted_m}{factory[pq.end(1) :]}"
+        change = f"PQ{m} needs a dimension divisible by {m}, have {d}: using PQ{fitted_m}"
+        note = change if note is None else f"{note}; {change}"
     for pq in _PQ.finditer(factory):
         nbits = int(pq.group(2) or 8)
         if n_train < 2**nbits:
@@ -185,10 +198,46 @@ def set_ef_search(index: faiss.Index, ef_search: int) -> bool:
     return True
 
 
+def nlist_of(index: faiss.Index) -> int | None:
+    """The number of inverted lists of an IVF index (also wrapped); None for others."""
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:  # Flat, HNSW: no inverted lists
+        return None
+
+
 def ef_search_of(index: faiss.Index) -> int | None:
     """The efSearch an HNSW index searches with (stored in its file); None for others."""
     graph = _hnsw(index)
     return int(graph.hnsw.efSearch) if graph is not None else None
+
+
+def _refine(index: faiss.Index) -> faiss.IndexRefine | None:
+    """The exact re-ranking wrapper (factory suffix ``,RFlat``) around ``index``, or None."""
+    inner = faiss.downcast_index(index)
+    return inner if isinstance(inner, faiss.IndexRefine) else None
+
+
+def set_refine_k_factor(index: faiss.Index, k_factor: float) -> bool:
+    """Set how many candidates per wanted result an ``...,RFlat`` index re-ranks exactly.
+
+    A compressed index (PQ fast-scan) returns k·k_factor candidates, whose exact distances
+    then decide the k results: recall grows with it at little cost (a few hundred exact
+    distances). Returns False (and changes nothing) for indexes without a refine step.
+    """
+    if k_factor < 1:
+        raise ValueError(f"refine k_factor must be >= 1, got {k_factor}")
+    refine = _refine(index)
+    if refine is None:
+        return False
+    refine.k_factor = float(k_factor)
+    return True
+
+
+def refine_k_factor_of(index: faiss.Index) -> float | None:
+    """The k_factor an ``...,RFlat`` index re-ranks with (stored in its file); else None."""
+    refine = _refine(index)
+    return float(refine.k_factor) if refine is not None else None
 
 
 def _seed_training(index: faiss.Index, seed: int) -> None:
@@ -231,6 +280,7 @@ def build_index(
     use_gpu: bool | None = None,
     ef_search: int = 256,
     ef_construction: int = 200,
+    refine_k_factor: float = 8.0,
     log: Callable[[str], None] = print,
 ) -> faiss.Index:
     """Train an index on ``vectors`` and add them all (row r = ``vectors[r]``).
@@ -254,6 +304,8 @@ def build_index(
         vectors are added on one thread: FAISS's parallel insertion order, hence the
         graph, differs from run to run, and a pipeline stage must give the same index
         for the same inputs.
+    refine_k_factor : for ``...,RFlat`` indexes (ignored otherwise): candidates re-ranked
+        with exact distances per wanted result, see `set_refine_k_factor`.
     log : where progress lines go.
 
     Returns the trained, filled index: a GPU index when built on GPU (`save_index`
@@ -268,7 +320,7 @@ def build_index(
     if metric not in _METRICS:
         raise ValueError(f"metric must be one of {sorted(_METRICS)}, got {metric!r}")
 
-    fitted, note = fit_factory(factory, n)
+    fitted, note = fit_factory(factory, n, d)
     if note:
         log(note)
     index = faiss.index_factory(d, fitted, _METRICS[metric])
@@ -306,6 +358,7 @@ def build_index(
     added = time.perf_counter()
     probing = set_nprobe(index, nprobe)
     walking = set_ef_search(index, ef_search)
+    refining = set_refine_k_factor(index, refine_k_factor)
     if not probing and not walking:
         log(f"{fitted} has no inverted lists: nprobe={nprobe} ignored")
     log(
@@ -313,6 +366,7 @@ def build_index(
         f"train {trained - started:.2f} s, add {added - trained:.2f} s"
         + (f", nprobe {nprobe}" if probing else "")
         + (f", efConstruction {ef_construction}, efSearch {ef_search}" if walking else "")
+        + (f", exact re-ranking of {refine_k_factor:g}x k candidates" if refining else "")
     )
     return index
 

@@ -8,8 +8,8 @@ BM25 (Lucene variant, as bm25s computes it: k1 1.5, b 0.75)
 
 is precomputed per (document, term) into a term-major sparse matrix, so one query costs at
 most the length of its terms' posting lists, not the corpus size, and MaxScore pruning skips
-most of the long lists of common words ("how", "what") while keeping the top k exact. Words: qpr.evaluate.tokenize (the
-lexical baselines' own tokens, English stop words removed).
+most of the long lists of common words ("how", "what") while keeping the top k exact.
+Words: qpr.evaluate.tokenize (the lexical baselines' own tokens, English stop words removed).
 
 Fusion (`fuse`): each side's top candidates, scores min-max normalised per query to [0, 1]
 (a candidate missing from one side gets 0 there), combined as α·dense + (1 - α)·lexical.

@@ -16,11 +16,14 @@ from qpr.index import (
     gpu_available,
     higher_is_better,
     load_index,
+    nlist_of,
+    refine_k_factor_of,
     save_index,
     search,
     self_retrieval_rate,
     set_ef_search,
     set_nprobe,
+    set_refine_k_factor,
 )
 
 
@@ -66,7 +69,59 @@ def test_fit_factory_message_and_pq_floor():
         fit_factory("Flat", 0)
 
 
+@pytest.mark.parametrize(
+    ("factory", "n", "d", "expected"),
+    [
+        ("IVF1024,PQ150x4fs,RFlat", 200_000, 300, "IVF1024,PQ150x4fs,RFlat"),
+        ("IVF1024,PQ150x4fs,RFlat", 200_000, 128, "IVF1024,PQ128x4fs,RFlat"),
+        ("IVF1024,PQ150x4fs,RFlat", 200_000, 384, "IVF1024,PQ128x4fs,RFlat"),
+        ("IVF1024,PQ150x4fs,RFlat", 3_900, 100, "IVF100,PQ100x4fs,RFlat"),
+        ("IVF64,PQ16", 10_000, 30, "IVF64,PQ15"),
+        ("OPQ16_64,IVF64,PQ16", 10_000, 30, "OPQ16_64,IVF64,PQ15"),
+        ("HNSW32,Flat", 10, 300, "HNSW32,Flat"),
+    ],
+)
+def test_fit_factory_fits_pq_to_the_dimension(factory, n, d, expected):
+    fitted, note = fit_factory(factory, n, d)
+    assert fitted == expected
+    assert (note is None) == (fitted == factory)
+    if "PQ128" in fitted:
+        assert note.endswith(
+            "PQ150 needs a dimension divisible by 150, have " + f"{d}: using PQ128"
+        )
+
+
 # ---------------------------------------------------------------- build
+
+
+def test_fast_scan_with_exact_re_ranking(tmp_path):
+    """IVF + 4-bit PQ fast scan + exact re-ranking: k_factor set, kept on disk, and more
+    candidates re-ranked give the exact neighbours back (PQ alone misses some)."""
+    vectors, queries = _vectors(4_000, 32), _vectors(100, 32, seed=1)
+    _, exact = search(build_index(vectors, "Flat", nprobe=1, seed=1, log=_quiet), queries, 10)
+    lines: list[str] = []
+    index = build_index(
+        vectors, "IVF16,PQ16x4fs,RFlat", nprobe=16, seed=1, refine_k_factor=1, log=lines.append
+    )
+    assert refine_k_factor_of(index) == 1.0 and nlist_of(index) == 16
+    assert "exact re-ranking of 1x k candidates" in lines[-1]
+
+    def recall() -> float:
+        _, rows = search(index, queries, 10)
+        return float(np.mean([len(set(r) & set(e)) / 10 for r, e in zip(rows, exact, strict=True)]))
+
+    compressed_only = recall()
+    assert set_refine_k_factor(index, 16)
+    assert compressed_only < 0.9 < 0.99 <= recall()  # nprobe = nlist: only PQ can miss
+    again = load_index(save_index(index, tmp_path / "fs.faiss"), nprobe=16)
+    assert refine_k_factor_of(again) == 16.0
+    # Reconstruction reads the exact vectors kept for re-ranking.
+    assert np.array_equal(again.reconstruct(7), vectors[7])
+    with pytest.raises(ValueError, match="k_factor"):
+        set_refine_k_factor(index, 0.5)
+    flat = build_index(vectors, "Flat", nprobe=1, seed=1, log=_quiet)
+    assert not set_refine_k_factor(flat, 4) and refine_k_factor_of(flat) is None
+    assert nlist_of(flat) is None
 
 
 def test_nlist_reduction_is_logged_and_applied():

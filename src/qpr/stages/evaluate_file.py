@@ -421,10 +421,11 @@ def evaluate_file(
         use_gpu=settings.index.use_gpu,
         ef_search=settings.index.ef_search,
         ef_construction=settings.index.ef_construction,
+        refine_k_factor=settings.index.refine_k_factor,
         log=log,
     )
     index_seconds = time.perf_counter() - index_started
-    fitted, _ = fit_factory(factory, len(vectors))  # what build_index built, as a string
+    fitted, _ = fit_factory(factory, *vectors.shape)  # what build_index built, as a string
     probed = "IVF" in fitted
 
     ids = IdMap(corpus["question_id"].to_numpy(np.int64))

@@ -74,7 +74,14 @@ def run_index(
 ) -> dict[str, float | int | str]:
     """The whole stage; the index directory is swapped in only after the gate passed."""
     from qpr.export import load_session
-    from qpr.index import IdMap, build_index, ef_search_of, save_index, self_retrieval_rate
+    from qpr.index import (
+        IdMap,
+        build_index,
+        ef_search_of,
+        nlist_of,
+        save_index,
+        self_retrieval_rate,
+    )
 
     if not paths.encoder_onnx.is_file():
         raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
@@ -104,6 +111,7 @@ def run_index(
         use_gpu=cfg.use_gpu,
         ef_search=cfg.ef_search,
         ef_construction=cfg.ef_construction,
+        refine_k_factor=cfg.refine_k_factor,
         log=log,
     )
     build_seconds = time.perf_counter() - started
@@ -156,7 +164,7 @@ def run_index(
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)
 
-    described = getattr(index, "nlist", None)
+    described = nlist_of(index)
     metrics = {
         "questions": len(questions),
         "dim": int(vectors.shape[1]),
