@@ -720,6 +720,13 @@ def _print_results(metrics: dict) -> None:
             f"model = dense (the encoder) and BM25 fused at α {weight:g}, chosen on "
             f"validation: {what}"
         )
+        lexical = fusion.get("lexical")
+        if lexical:
+            words = f"{lexical['stemmer']} stems" if lexical["stemmer"] else "words as written"
+            console.print(
+                f"lexical = the bundle's BM25 alone ({words}, k1 {lexical['k1']:g}, "
+                f"b {lexical['b']:g}); bm25 = plain BM25 (bm25s, words as written)"
+            )
     chosen = metrics.get("threshold", {})
     if chosen:
         console.print(

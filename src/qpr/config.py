@@ -107,6 +107,7 @@ class TrainSettings(_Section):
     lr: float = Field(1e-3, gt=0.0)
     max_epochs: int = Field(10, ge=1)
     patience: int = Field(3, ge=1)
+    monitor: Literal["val_auc", "val_mrr"] = "val_mrr"  # early stopping and the epoch kept
     threads: int = Field(2, ge=1)
     max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
@@ -123,8 +124,18 @@ class LexicalSettings(_Section):
 
     enabled: bool = True
     candidates: int = Field(100, ge=1)  # top candidates taken from each side before fusion
+    stemmer: str | None = "english"  # Snowball stems of the words (None: the words as written)
+    k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation
+    b: float = Field(0.75, ge=0.0, le=1.0)  # BM25 length normalisation
     # Dense weights α tried on the validation split; the best P@1 is served (1.0 = dense).
     dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+    @field_validator("stemmer")
+    @classmethod
+    def _known_stemmer(cls, value: str | None) -> str | None:
+        from qpr.lexical import check_stemmer
+
+        return check_stemmer(value)
 
     @field_validator("dense_weights")
     @classmethod

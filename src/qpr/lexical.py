@@ -1,6 +1,6 @@
 """BM25 beside the dense index, and the fusion of the two rankings.
 
-BM25 (Lucene variant, as bm25s computes it: k1 1.5, b 0.75)
+BM25 (Lucene variant, as bm25s computes it; k1 and b from index.lexical)
 
     idf(t)    = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
     w(d, t)   = idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 - b + b · |d| / avgdl))
@@ -9,7 +9,9 @@ BM25 (Lucene variant, as bm25s computes it: k1 1.5, b 0.75)
 is precomputed per (document, term) into a term-major sparse matrix, so one query costs at
 most the length of its terms' posting lists, not the corpus size, and MaxScore pruning skips
 most of the long lists of common words ("how", "what") while keeping the top k exact.
-Words: qpr.evaluate.tokenize (the lexical baselines' own tokens, English stop words removed).
+Words: `tokenize` (the lexical baselines' own tokens, English stop words removed), optionally
+reduced to their Snowball stems (PyStemmer: "losing" and "loses" → "lose"), recorded in the
+index file so that questions are stemmed the same way at search time.
 
 Fusion (`fuse`): each side's top candidates, scores min-max normalised per query to [0, 1]
 (a candidate missing from one side gets 0 there), combined as α·dense + (1 - α)·lexical.
@@ -24,8 +26,9 @@ import functools
 import json
 import os
 import re
+import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +63,48 @@ def _stopword_set(stopwords: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(stopwords)
 
 
-def tokenize(texts: Iterable[str], stopwords: str | Iterable[str] | None = "en") -> list[list[str]]:
+_STEMMERS = threading.local()
+
+
+def check_stemmer(name: str | None) -> str | None:
+    """``name`` when it is None or one of PyStemmer's Snowball algorithms, else ValueError."""
+    if name is None:
+        return None
+    import Stemmer
+
+    if name not in Stemmer.algorithms():
+        raise ValueError(
+            f"unknown stemmer {name!r}; Snowball has {', '.join(Stemmer.algorithms())}"
+        )
+    return name
+
+
+def _stem_words(name: str) -> Callable[[list[str]], list[str]]:
+    """The stemWords of a Snowball stemmer of this thread: a PyStemmer object (and its
+    cache) must not be shared between threads, and the service searches on several."""
+    stemmers = _STEMMERS.__dict__
+    if name not in stemmers:
+        import Stemmer
+
+        stemmers[name] = Stemmer.Stemmer(check_stemmer(name)).stemWords
+    return stemmers[name]
+
+
+def tokenize(
+    texts: Iterable[str],
+    stopwords: str | Iterable[str] | None = "en",
+    stemmer: str | None = None,
+) -> list[list[str]]:
     """Lower-cased words of 2+ characters, stop words removed (bm25s's tokenisation, and
-    its English list by default), so both baselines see the same words."""
+    its English list by default), so both baselines see the same words; with ``stemmer``
+    (a Snowball algorithm, e.g. "english") each kept word becomes its stem, as bm25s does
+    with a PyStemmer stemmer (stop words are removed before stemming)."""
     stop = _stopword_set(stopwords)
-    return [[w for w in _TOKEN.findall(str(t).lower()) if w not in stop] for t in texts]
+    words = [[w for w in _TOKEN.findall(str(t).lower()) if w not in stop] for t in texts]
+    if stemmer is None:
+        return words
+    stem = _stem_words(stemmer)
+    return [stem(w) for w in words]
 
 
 @dataclass(frozen=True)
@@ -79,10 +119,20 @@ class BM25Index:
     num_docs: int
     k1: float = 1.5
     b: float = 0.75
+    stemmer: str | None = None  # Snowball algorithm applied to document and query words
 
     @classmethod
-    def build(cls, texts: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> BM25Index:
-        docs = tokenize(texts)
+    def build(
+        cls,
+        texts: Sequence[str],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        stemmer: str | None = None,
+    ) -> BM25Index:
+        if k1 < 0 or not 0.0 <= b <= 1.0:
+            raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1 {k1}, b {b}")
+        docs = tokenize(texts, stemmer=check_stemmer(stemmer))
         terms: dict[str, int] = {}
         doc_of, term_of = [], []
         for row, words in enumerate(docs):
@@ -101,6 +151,7 @@ class BM25Index:
                 n,
                 k1,
                 b,
+                stemmer,
             )
         # (term, doc) pairs with their counts: sort once, run-length encode.
         key = np.asarray(term_of, np.int64) * max(n, 1) + np.asarray(doc_of, np.int64)
@@ -112,11 +163,14 @@ class BM25Index:
         weights = idf[term] * tf / (tf + norm)
         indptr = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(np.bincount(term, minlength=len(terms)), out=indptr[1:])
-        return cls(terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b)
+        return cls(
+            terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b, stemmer
+        )
 
     def query_terms(self, text: str) -> np.ndarray:
         """int64 term ids of the question's known words (unknown words score nothing)."""
-        ids = [self.terms[w] for w in tokenize([text])[0] if w in self.terms]
+        words = tokenize([text], stemmer=self.stemmer)[0]
+        ids = [self.terms[w] for w in words if w in self.terms]
         return np.asarray(ids, np.int64)
 
     @functools.cached_property
@@ -210,6 +264,7 @@ class BM25Index:
             "num_docs": self.num_docs,
             "k1": self.k1,
             "b": self.b,
+            "stemmer": self.stemmer,
             "terms": sorted(self.terms, key=self.terms.__getitem__),
         }
         tmp = path.with_name(f".{path.name}.tmp")
@@ -242,7 +297,20 @@ class BM25Index:
             or (indptr[-1] != rows.shape[0])
         ):
             raise ValueError(f"{path}: inconsistent BM25 arrays")
-        return cls(terms, indptr, rows, weights, int(header["num_docs"]), header["k1"], header["b"])
+        try:
+            stemmer = check_stemmer(header.get("stemmer"))  # absent in unstemmed older files
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        return cls(
+            terms,
+            indptr,
+            rows,
+            weights,
+            int(header["num_docs"]),
+            header["k1"],
+            header["b"],
+            stemmer,
+        )
 
 
 def _distinct(rows: np.ndarray) -> np.ndarray:

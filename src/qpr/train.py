@@ -517,6 +517,45 @@ class TrainResult:
     train_classes: int = 0
 
 
+MONITORS = ("val_auc", "val_mrr")
+
+
+def _save_best(
+    path: Path,
+    epoch: int,
+    encoder_info: dict[str, Any],
+    encoder: nn.Module,
+    metrics: dict[str, Any],
+    vocab: Vocabulary,
+    max_len: int,
+) -> None:
+    atomic_torch_save(
+        {
+            "version": CHECKPOINT_VERSION,
+            "epoch": epoch,
+            "encoder": encoder_info,
+            "model": encoder.state_dict(),
+            "metrics": {k: metrics[k] for k in ("val_auc", "val_mrr")},
+            "vocab": vocab.checksum,
+            "max_len": max_len,
+        },
+        path,
+    )
+
+
+def _best_under(
+    monitor: str, best: dict[str, Any], history: list[dict[str, Any]]
+) -> tuple[dict[str, Any], int]:
+    """(best, bad_epochs) of a resumed run under another monitor: the better, by
+    `monitor`, of the two epochs whose weights exist (best.pt's and the last epoch's);
+    bad_epochs = epochs since it (the patience count)."""
+    last = history[-1]
+    kept = next((r for r in history if r["epoch"] == best["epoch"]), None)
+    chosen = last if kept is None or last[monitor] > kept[monitor] else kept
+    record = {"epoch": chosen["epoch"], "val_auc": chosen["val_auc"], "val_mrr": chosen["val_mrr"]}
+    return {**record, "monitor": monitor}, int(last["epoch"] - chosen["epoch"])
+
+
 def train_encoder(
     *,
     encoder: nn.Module,
@@ -530,6 +569,7 @@ def train_encoder(
     max_epochs: int = 50,
     patience: int = 3,
     min_delta: float = 0.0,
+    monitor: str = "val_auc",
     max_len: int = 64,
     seed: int = 0,
     resume: bool = True,
@@ -546,7 +586,10 @@ def train_encoder(
 
     train_pairs: (questions_1, questions_2, cluster_ids int [P]); pair i is a paraphrase
     pair of cluster cluster_ids[i]. Early stopping: stop after `patience` epochs without
-    the validation AUC improving by more than `min_delta`, or at max_epochs.
+    the validation `monitor` ("val_auc", ROC AUC of paraphrase vs other pairs, or
+    "val_mrr", the retrieval MRR) improving by more than `min_delta`, or at max_epochs; the
+    best epoch by `monitor` is the one kept. A run resumed under another monitor picks its
+    best again among the epochs whose weights are still there (best.pt's and the last).
     on_epoch gets {epoch, train_loss, val_auc, val_mrr, pairs_per_s, seconds, ...} after
     the epoch's checkpoints are on disk (an exception there leaves a resumable run).
     threads: torch intra-op threads for this call (restored afterwards); None keeps torch's.
@@ -567,6 +610,8 @@ def train_encoder(
         raise ValueError("no training pairs")
     if max_epochs < 0 or patience < 1:
         raise ValueError(f"need max_epochs >= 0 and patience >= 1, got {max_epochs}, {patience}")
+    if monitor not in MONITORS:
+        raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
     if max_pairs is not None and max_pairs < 1:
         raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs}")
     if time_budget_s is not None and not time_budget_s > 0:
@@ -682,6 +727,10 @@ def train_encoder(
             best: dict[str, Any] = dict(state["best"])
             bad_epochs = int(state["bad_epochs"])
             epoch = resumed_from = int(state["epoch"])
+            if best.get("monitor", "val_auc") != monitor and history:
+                best, bad_epochs = _best_under(monitor, best, history)
+                if best["epoch"] == epoch:  # the last epoch is the new best: its weights
+                    _save_best(best_path, epoch, encoder_info, encoder, best, vocab, max_len)
         else:
             # A stale best.pt from an earlier run must not survive into this one.
             best_path.unlink(missing_ok=True)
@@ -690,6 +739,7 @@ def train_encoder(
             history, bad_epochs, epoch = [], 0, 0
             initial = evaluate()
             best = {"epoch": 0, "val_auc": float("-inf"), "val_mrr": float("nan")}
+        best["monitor"] = monitor
 
         def budget_spent() -> bool:
             spent = sum(float(r["seconds"]) for r in history)
@@ -739,24 +789,14 @@ def train_encoder(
                 "cut_by_budget": batches_run < len(sampler),
             }
             history.append(record)
-            if metrics["val_auc"] > best["val_auc"] + min_delta:
-                best = {"epoch": epoch, **metrics}
+            so_far = best[monitor] if best["epoch"] > 0 else float("-inf")
+            if metrics[monitor] > so_far + min_delta:
+                best = {"epoch": epoch, **metrics, "monitor": monitor}
                 bad_epochs = 0
                 # best.pt before last.pt: a kill between the two replays this epoch on
                 # resume, which rewrites the same best.pt; the other order could leave
                 # last.pt naming a best epoch that best.pt does not hold.
-                atomic_torch_save(
-                    {
-                        "version": CHECKPOINT_VERSION,
-                        "epoch": epoch,
-                        "encoder": encoder_info,
-                        "model": encoder.state_dict(),
-                        "metrics": metrics,
-                        "vocab": vocab.checksum,
-                        "max_len": max_len,
-                    },
-                    best_path,
-                )
+                _save_best(best_path, epoch, encoder_info, encoder, metrics, vocab, max_len)
             else:
                 bad_epochs += 1
             atomic_torch_save(

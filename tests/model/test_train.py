@@ -189,6 +189,41 @@ def test_early_stopping_on_validation_auc(tiny_paraphrases, tmp_path: Path) -> N
     assert result.best_val_auc == max(aucs)
 
 
+def test_early_stopping_on_validation_mrr_keeps_the_best_mrr_epoch(
+    tiny_paraphrases, tmp_path: Path
+) -> None:
+    result = _train(
+        tiny_paraphrases, tmp_path, max_epochs=30, patience=2, lr=1e-2, monitor="val_mrr"
+    )
+    assert result.stopped_early
+    assert result.last_epoch == result.best_epoch + 2
+    mrrs = [r["val_mrr"] for r in result.history]
+    assert result.best_val_mrr == max(mrrs) == mrrs[result.best_epoch - 1]
+    assert load_checkpoint(result.best_checkpoint)["epoch"] == result.best_epoch
+    with pytest.raises(ValueError, match="monitor"):
+        _train(tiny_paraphrases, tmp_path / "bad", monitor="loss")
+
+
+def test_a_run_resumed_under_another_monitor_keeps_an_epoch_it_has_weights_for(
+    tiny_paraphrases, tmp_path: Path
+) -> None:
+    by_auc = _train(tiny_paraphrases, tmp_path, max_epochs=3, monitor="val_auc")
+    kept, last = by_auc.history[by_auc.best_epoch - 1], by_auc.history[-1]
+    by_mrr = _train(tiny_paraphrases, tmp_path, max_epochs=3, monitor="val_mrr")
+    assert by_mrr.resumed_from_epoch == 3 and by_mrr.history == by_auc.history
+    expected = last if last["val_mrr"] > kept["val_mrr"] else kept
+    assert by_mrr.best_epoch == expected["epoch"]
+    assert by_mrr.best_val_mrr == expected["val_mrr"]
+    best = load_checkpoint(by_mrr.best_checkpoint)
+    assert best["epoch"] == by_mrr.best_epoch
+    # and training goes on under the new monitor
+    longer = _train(tiny_paraphrases, tmp_path, max_epochs=4, monitor="val_mrr")
+    assert [r["epoch"] for r in longer.history] == [1, 2, 3, 4]
+    assert longer.best_val_mrr == max(
+        [expected["val_mrr"], *(r["val_mrr"] for r in longer.history[3:])]
+    )
+
+
 def test_atomic_save_keeps_the_old_file_when_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,8 @@ def test_typo_in_a_key_is_named(tmp_path):
         ({"cluster": {"split": {"train": 0.8, "val": 0.3, "test": 0.1}}}, "sum to 1"),
         ({"data": {"source": "csv"}}, r"data\.source"),
         ({"cluster": {"coherence_threshold": 2}}, r"cluster\.coherence_threshold"),
+        ({"index": {"lexical": {"stemmer": "klingon"}}}, r"unknown stemmer 'klingon'"),
+        ({"index": {"lexical": {"b": 1.5}}}, r"index\.lexical\.b"),
     ],
 )
 def test_invalid_values_are_rejected(tree, message):

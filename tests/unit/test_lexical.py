@@ -115,6 +115,72 @@ def test_pruned_search_returns_the_exhaustive_top_k(monkeypatch: pytest.MonkeyPa
     assert looked_up and all(n * lexical._LOOKUP_COST < size for n, size in looked_up)
 
 
+def test_stemming_reduces_inflections_after_removing_stop_words() -> None:
+    assert tokenize(["Losing the weights QUICKLY?"], stemmer="english") == [
+        ["lose", "weight", "quick"]
+    ]
+    assert tokenize(["Losing the weights"]) == [["losing", "weights"]]  # default: as written
+    with pytest.raises(ValueError, match="unknown stemmer 'klingon'"):
+        tokenize(["a"], stemmer="klingon")
+
+
+def test_a_stemmed_index_matches_other_inflections_and_says_so(tmp_path: Path) -> None:
+    docs = ["losing weights fast", "weight of a car", "fast cars"]
+    plain = BM25Index.build(docs)
+    stemmed = BM25Index.build(docs, stemmer="english", k1=0.9)
+    # "lose weight": no word in common with document 0 as written; both stems with stems.
+    assert plain.search("how to lose weight", 3)[1].tolist() == [1, -1, -1]
+    assert stemmed.search("how to lose weight", 3)[1].tolist()[:2] == [0, 1]
+    again = BM25Index.load(stemmed.save(tmp_path / "bm25.npz"))
+    assert (again.stemmer, again.k1) == ("english", 0.9)
+    assert np.array_equal(again.search("losses", 3)[1], stemmed.search("losses", 3)[1])
+    with pytest.raises(ValueError, match="k1 >= 0"):
+        BM25Index.build(docs, b=2.0)
+
+
+def test_stemmed_scores_and_ranking_as_bm25s_with_a_pystemmer() -> None:
+    import bm25s
+    import Stemmer
+
+    rng = np.random.default_rng(1)
+    words = ["run", "runs", "running", "ran", "walk", "walks", "walked", "car", "cars", "fly"]
+    docs = [" ".join(rng.choice(words, size=rng.integers(1, 7))) for _ in range(200)]
+    queries = [" ".join(rng.choice(words, size=2)) for _ in range(20)]
+    stemmer = Stemmer.Stemmer("english")
+    retriever = bm25s.BM25(k1=0.9, b=0.75)
+    retriever.index(
+        bm25s.tokenize(docs, stopwords="en", stemmer=stemmer, show_progress=False),
+        show_progress=False,
+    )
+    ours = BM25Index.build(docs, k1=0.9, b=0.75, stemmer="english")
+    for query in queries:
+        rows, scores = retriever.retrieve(
+            bm25s.tokenize([query], stopwords="en", stemmer=stemmer, show_progress=False),
+            k=200,
+            show_progress=False,
+        )
+        want = np.zeros(200, np.float32)
+        want[rows[0]] = scores[0]
+        got_scores, got_rows = ours.search(query, 200)
+        found = got_rows >= 0
+        assert np.allclose(got_scores[found], want[got_rows[found]], rtol=1e-5)
+        assert found.sum() == (want > 0).sum()
+
+
+def test_searches_from_several_threads_agree() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(2)
+    words = [f"word{i}ing" for i in range(50)] + [f"word{i}s" for i in range(50)]
+    docs = [" ".join(rng.choice(words, size=5)) for _ in range(500)]
+    index = BM25Index.build(docs, stemmer="english")
+    queries = [" ".join(rng.choice(words, size=3)) for _ in range(200)]
+    alone = [index.search(q, 5)[1].tolist() for q in queries]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda q: index.search(q, 5)[1].tolist(), queries))
+    assert together == alone
+
+
 def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:
     index = BM25Index.build(DOCS)
     path = index.save(tmp_path / "bm25.npz")

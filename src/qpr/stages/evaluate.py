@@ -448,6 +448,10 @@ def run_evaluate(
             results[split]["model"] = fused_result(
                 hybrid[split], fusion["dense_weight"], index, ids.qids, k
             )
+            # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
+            # for what the encoder adds.
+            lexical_alone = fused_result(hybrid[split], 0.0, index, ids.qids, k)
+            results[split]["lexical"] = replace(lexical_alone, name="lexical")
         log(
             f"fusion with BM25 (α = dense weight, chosen on val): α {fusion['dense_weight']:g}, "
             f"val success@1 {fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} against "
@@ -502,6 +506,13 @@ def run_evaluate(
             "candidates": candidates,
             "dense_test": dict(results["test"]["dense"].summary),
             "dense_val": dict(results["val"]["dense"].summary),
+            "lexical_test": dict(results["test"]["lexical"].summary),
+            "lexical_val": dict(results["val"]["lexical"].summary),
+            "lexical": {
+                "stemmer": lexical.stemmer,
+                "k1": lexical.k1,
+                "b": lexical.b,
+            },
         }
     rows_table = [
         {"system": name, **{m: r.summary[m] for m in MEASURES_SHOWN}}

@@ -154,12 +154,18 @@ def run_index(
         from qpr.lexical import BM25Index
 
         started = time.perf_counter()
-        bm25 = BM25Index.build(questions["text"].tolist())
+        bm25 = BM25Index.build(
+            questions["text"].tolist(),
+            k1=cfg.lexical.k1,
+            b=cfg.lexical.b,
+            stemmer=cfg.lexical.stemmer,
+        )
         bm25.save(staging / BM25_FILE)
         lexical_seconds = time.perf_counter() - started
         log(
-            f"BM25: {len(bm25.terms):,} words, {bm25.rows.size:,} postings "
-            f"({lexical_seconds:.1f} s)"
+            f"BM25 ({f'{bm25.stemmer} stems' if bm25.stemmer else 'words as written'}, "
+            f"k1 {bm25.k1:g}, b {bm25.b:g}): {len(bm25.terms):,} terms, "
+            f"{bm25.rows.size:,} postings ({lexical_seconds:.1f} s)"
         )
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)

@@ -320,6 +320,7 @@ def run_train(
         batch_size=train.batch_size,
         max_epochs=train.max_epochs,
         patience=train.patience,
+        monitor=train.monitor,
         max_len=max_len,
         seed=settings.seed,
         on_epoch=on_epoch,
@@ -410,7 +411,7 @@ def run_train(
         "parameters": int(sum(p.numel() for p in encoder.parameters())),
     }
     log(
-        f"best epoch {result.best_epoch} of {result.last_epoch}: val AUC "
+        f"best epoch {result.best_epoch} of {result.last_epoch} (by {train.monitor}): val AUC "
         f"{result.initial['val_auc']:.3f} → {result.best_val_auc:.3f}, val MRR "
         f"{result.initial['val_mrr']:.3f} → {result.best_val_mrr:.3f}; "
         f"{metrics['pairs_per_s']:.0f} pairs/s"
