@@ -37,6 +37,12 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     assert fusion["val_success_1"]["1.0"] == pytest.approx(fusion["dense_val"]["success_1"])
     assert metrics["val"]["success_1"] == max(fusion["val_success_1"].values())
     assert "dense" not in metrics["baselines"]
+    # α = 0: the bundle's own BM25 alone, reported beside the plain bm25 baseline
+    assert fusion["val_success_1"]["0.0"] == pytest.approx(fusion["lexical_val"]["success_1"])
+    assert metrics["baselines"]["lexical"]["success_1"] == fusion["lexical_test"]["success_1"]
+    assert fusion["lexical"] == {"stemmer": "english", "k1": 0.9, "b": 0.75}
+    assert (paths.evaluation_dir / "test.lexical.run").is_file()
+    assert BM25Index.load(paths.index_dir / "bm25.npz").stemmer == "english"
     assert (paths.index_dir / "bm25.npz").is_file()
     stored = json.loads(paths.threshold.read_text())["fusion"]
     assert stored == {"dense_weight": fusion["dense_weight"], "candidates": 30}
@@ -45,7 +51,8 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     assert bundle.fusion == stored
     # New questions through the stage's functions (dense candidates, BM25 candidates, fuse
     # at the stored α) rank exactly as the service does.
-    new = ["how can i reset my account password quickly", "where is the invoice for my order"]
+    # inflected words: both sides must stem them alike
+    new = ["how can i resetting my accounts passwords quickly", "where are invoices for orders"]
     vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
     index = load_index(paths.index_dir / "index.faiss", nprobe=1)
     distances, rows = search(index, vectors, 30)
