@@ -23,9 +23,10 @@ another encoder width, an id map or question table of another index. Such a mix 
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
 Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call → one
-FAISS search; with fusion also BM25 over the question's words, the two candidate lists
-fused (`qpr.lexical.fuse`) and the distances of the kept rows computed from the stored
-vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
+FAISS search; with fusion also BM25 over the question's words (on a worker thread, started
+before the encoder runs, so it overlaps encoding and the FAISS search on a second core), the
+two candidate lists fused (`qpr.lexical.fuse`) and the distances of the kept rows computed
+from the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
 bundle) tokenizers; torch and transformers are never imported (a service image need not
 ship them, and importing torch costs seconds and ~0.5 GB).
 
@@ -42,7 +43,9 @@ import hashlib
 import json
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -394,16 +397,19 @@ class Bundle:
         if not questions:
             return []
         sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
-        vectors = self._embed(sequences)
         k = min(k, self.size)
         if self._bm25 is not None and self._fusion is not None:
-            distances, rows, scores = self._fused(questions, vectors, k)
+            candidates = min(max(k, int(self._fusion["candidates"])), self.size)
+            lexical = _lexical_pool().submit(lexical_search, self._bm25, questions, candidates)
+            vectors = self._embed(sequences)
+            distances, rows, scores = self._fused(vectors, lexical, candidates, k)
             return [
                 self._result(q, d, r, limit, s)
                 for q, d, r, s in zip(
                     questions, distances.tolist(), rows.tolist(), scores.tolist(), strict=True
                 )
             ]
+        vectors = self._embed(sequences)
         distances, rows = search(self._index, vectors, k)
         return [
             self._result(q, d, r, limit)
@@ -440,13 +446,17 @@ class Bundle:
         return out
 
     def _fused(
-        self, questions: Sequence[str], vectors: np.ndarray, k: int
+        self,
+        vectors: np.ndarray,
+        lexical: Future[tuple[np.ndarray, np.ndarray]],
+        candidates: int,
+        k: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused."""
-        assert self._bm25 is not None and self._fusion is not None
-        candidates = min(max(k, int(self._fusion["candidates"])), self.size)
+        """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
+        BM25 candidates come from `lexical`, a search already running."""
+        assert self._fusion is not None
         dense_distances, dense_rows = search(self._index, vectors, candidates)
-        lexical_scores, lexical_rows = lexical_search(self._bm25, questions, candidates)
+        lexical_scores, lexical_rows = lexical.result()
         scores, rows = fuse(
             -dense_distances,
             dense_rows,
@@ -482,6 +492,20 @@ class Bundle:
 
 
 # ---------------------------------------------------------------- loading helpers
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _lexical_pool() -> ThreadPoolExecutor:
+    """One pool per process for the BM25 half of fused searches, shared by every bundle
+    (a reloaded bundle leaves no threads behind), one worker per core."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            workers = max(1, os.cpu_count() or 1)
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qpr-bm25")
+        return _POOL
 
 
 def _signatures(paths: Iterable[Path]) -> list[tuple[int, int, int]]:
