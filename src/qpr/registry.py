@@ -136,6 +136,7 @@ _RUNTIME_PACKAGES = (
     "onnxruntime",
     "faiss-cpu",
     "tokenizers",
+    "PyStemmer",  # a fused bundle's BM25 stems the questions
 )
 
 
