@@ -331,6 +331,15 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
         transformer = overrides.get("model", {}).get("encoder") == "transformer"
         for baseline, values in ev.get("baselines", {}).items():
             label = baseline
+            if baseline == "lexical":
+                lexical = row["evaluate"].get("fusion", {}).get("lexical", {})
+                words = (
+                    f"Snowball {lexical['stemmer']} stems" if lexical.get("stemmer") else "words"
+                )
+                label = (
+                    f"BM25, {words}, k1 {lexical.get('k1', 1.5):g} (the row's lexical half "
+                    "alone, α = 0)"
+                )
             if baseline == "untrained":
                 label = (
                     "MiniLM off the shelf (all-MiniLM-L6-v2 as packaged; its training data "
@@ -351,14 +360,22 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             "row's: that row's checkpoints are reused when they still match the settings "
             "(else it is trained again, same settings and seed):",
             "",
-            "| row | trained like | α | val P@1 fused | val P@1 dense | test P@1 dense | "
-            "test MRR dense |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| row | trained like | BM25 words | α | val P@1 fused | val P@1 dense | "
+            "test P@1 dense | test MRR dense |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for name, row in fused:
             fusion = row["evaluate"]["fusion"]
+            # rows measured before index.lexical had a stemmer: words as written, k1 1.5
+            lexical = row.get("config", {}).get("index", {}).get("lexical", {})
+            words = (
+                f"{lexical['stemmer']} stems, k1 {lexical.get('k1', 1.5):g}"
+                if lexical.get("stemmer")
+                else f"as written, k1 {lexical.get('k1', 1.5):g}"
+            )
             lines.append(
-                f"| {name} | {TRAINED_AS.get(name, name)} | {fusion['dense_weight']:g} | "
+                f"| {name} | {TRAINED_AS.get(name, name)} | {words} | "
+                f"{fusion['dense_weight']:g} | "
                 f"{row['evaluate']['val']['success_1']:.4f} | "
                 f"{fusion['dense_val']['success_1']:.4f} | "
                 f"{fusion['dense_test']['success_1']:.4f} | "
