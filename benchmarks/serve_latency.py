@@ -990,7 +990,8 @@ def reading(report: dict[str, Any]) -> str:
     ivf = chosen_row(paper)
     text = (
         f"**Reading it.** Tokenising and encoding one question cost {fixed:.2f} ms (p50) "
-        f"whatever the index; FAISS adds {steps['search']:.2f} ms at efSearch {idx['chosen']}. "
+        f"whatever the index; FAISS adds {steps['search']:.2f} ms at {idx['knob']} "
+        f"{idx['chosen']}. "
         "An HNSW search visits a few thousand vectors along a graph, so its cost grows "
         "with efSearch and only logarithmically with the corpus; an IVF-Flat search reads "
         "every vector of the probed lists, a share of the whole corpus. For recall@20 >= "
@@ -1144,10 +1145,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "## The index: recall@20 against exact search",
         "",
-        f"`{idx['factory']}` (params.yaml `index.factory`, efConstruction "
-        f"{idx['ef_construction']}) on {report['questions']:,} vectors of {dim} dims; built "
-        f"in {idx['build_seconds']} s (graph insertion on one thread, for a reproducible "
-        f"index), {idx['index_bytes'] / 2**20:.0f} MiB. recall@20 = mean |approximate "
+        f"`{idx['factory']}` ({report.get('index_source', 'params.yaml `index.factory`')}"
+        + (
+            f", efConstruction {idx['ef_construction']}"
+            if idx.get("ef_construction")
+            else f", nlist {idx['nlist']}"
+        )
+        + f") on {report['questions']:,} vectors of {dim} dims; built "
+        f"in {idx['build_seconds']} s"
+        + (
+            " (graph insertion on one thread, for a reproducible index)"
+            if idx.get("ef_construction")
+            else ""
+        )
+        + f", {idx['index_bytes'] / 2**20:.0f} MiB. recall@20 = mean |approximate "
         "top-20 ∩ exact top-20| / 20 over "
         f"{idx['recall_queries']:,} new questions (sampled questions with one word dropped) "
         "and over the same number of indexed questions; FAISS time is one query per call, "
@@ -1169,7 +1180,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         *fastscan_lines(report),
         "## Single-question latency (k = 10)",
         "",
-        "At the chosen efSearch, with one `qpr serve` process; in every repeat the "
+        f"At the chosen {idx['knob']}, with one `qpr serve` process; in every repeat the "
         "in-process and the HTTP measurement run one after the other, so a busy spell of "
         "the machine hits both alike.",
         "",
@@ -1238,6 +1249,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
+        "--factory",
+        default=None,
+        help="serve this FAISS factory instead of params.yaml's index.factory "
+        "(e.g. IVF1024,PQ150x4fs,RFlat; its knob, efSearch or nprobe, is swept)",
+    )
+    parser.add_argument("--name", default=NAME, help="output file stem")
+    parser.add_argument(
         "--render",
         type=Path,
         default=None,
@@ -1289,6 +1307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         query_vectors = encode(session, vocab, new_questions, max_len=MAX_LEN)
         self_rows = rng.choice(len(corpus.texts), size=plan.recall_queries, replace=False)
         pipeline = pipeline_index_params()
+        if args.factory:
+            pipeline["factory"] = args.factory
         # The serving knob of the pipeline's index: efSearch for a graph, nprobe for lists.
         knob = "ef_search" if "HNSW" in pipeline["factory"] else "nprobe"
         paper, paper_report = bench_index(
@@ -1349,15 +1369,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dim": dim,
         "index": index_report,
         "paper_index": paper_report,
+        "index_source": "`--factory`" if args.factory else "params.yaml `index.factory`",
         "fastscan_index": fastscan_report,
         "latency": latency,
         "seconds": round(time.perf_counter() - started, 1),
     }
     report["targets"] = targets(report)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / f"{NAME}.json", json.dumps(report, indent=2) + "\n")
-    write_atomic(out / f"{NAME}.md", render_markdown(report))
-    say(f"wrote {out / NAME}.json and .md in {report['seconds']:.0f} s")
+    write_atomic(out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
+    write_atomic(out / f"{args.name}.md", render_markdown(report))
+    say(f"wrote {out / args.name}.json and .md in {report['seconds']:.0f} s")
     for t in report["targets"]:
         say(f"  {t['target']}: {t['measured']} ({t['bound']}) {'met' if t['met'] else 'NOT met'}")
     return 0
