@@ -146,8 +146,10 @@ class LexicalSettings(_Section):
 
 
 class IndexSettings(_Section):
-    factory: str = "HNSW32,Flat"  # or the paper's "IVF2000,Flat" (nlist shrinks on small corpora)
-    nprobe: int = Field(16, ge=1)  # IVF: inverted lists visited per query
+    # PQ fast scan + exact re-ranking; "HNSW32,Flat", the paper's "IVF2000,Flat" (nlist
+    # shrinks on small corpora, PQ fits the dimension: qpr.index.fit_factory)
+    factory: str = "IVF1024,PQ150x4fs,RFlat"
+    nprobe: int = Field(384, ge=1)  # IVF: inverted lists visited per query
     ef_search: int = Field(256, ge=1)  # HNSW: candidates kept per query
     ef_construction: int = Field(200, ge=1)  # HNSW: candidates kept per insertion
     refine_k_factor: float = Field(8.0, ge=1.0)  # ...,RFlat: candidates re-ranked exactly per hit

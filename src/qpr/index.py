@@ -58,6 +58,9 @@ MIN_POINTS_PER_CENTROID = 39
 
 _METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
 
+# `search` asks a refine index ("...,RFlat") for at least this many results (then keeps k).
+MIN_REFINED_K = 10
+
 # "IVF2000" as a whole component: "IVF2000,Flat", "IVF2000_HNSW32,Flat", "OPQ16,IVF2000,PQ16".
 _IVF = re.compile(r"(?<![A-Za-z0-9])IVF(\d+)(?=[_,(]|$)")
 # "PQ16", "PQ16x8", "PQ16np" as a component (not "OPQ16_64", which is a transform).
@@ -78,9 +81,11 @@ def fit_factory(factory: str, n_train: int, d: int | None = None) -> tuple[str, 
     ``d`` (when given) becomes the largest divisor of d below m (PQ150 on 128-d vectors →
     PQ128), so one factory string serves every embedding size. Everything else is kept.
 
+    Fewer vectors than a PQ codebook's 2**nbits centroids (FAISS cannot train it at all):
+    ``Flat``, exact search, which is what so small a corpus needs anyway.
+
     Returns ``(factory, note)``; ``note`` is a human sentence when something was changed,
-    else None. Raises ValueError when ``n_train`` is below a PQ codebook's 2**nbits
-    centroids (FAISS cannot train it at all).
+    else None.
     """
     factory = ",".join(part.strip() for part in factory.split(","))
     if not factory:
@@ -111,9 +116,10 @@ def fit_factory(factory: str, n_train: int, d: int | None = None) -> tuple[str, 
     for pq in _PQ.finditer(factory):
         nbits = int(pq.group(2) or 8)
         if n_train < 2**nbits:
-            raise ValueError(
-                f"{factory!r}: a PQ codebook of 2**{nbits} centroids needs at least "
-                f"{2**nbits} training vectors, have {n_train}"
+            # So few questions are searched exactly in no time: no codebook to train.
+            return "Flat", (
+                f"{factory}: a PQ codebook of 2**{nbits} centroids needs at least "
+                f"{2**nbits} training vectors, have {n_train}: using exact search (Flat)"
             )
     return factory, note
 
@@ -547,7 +553,11 @@ def search(
         raise ValueError(f"k must be >= 1, got {k}")
     queries = _as_matrix(queries, "queries", index.d)
     ask = k + 1 if exclude is not None else k
-    distances, rows = index.search(queries, ask)
+    # A refine index re-ranks k·k_factor candidates picked by their PQ codes: for k = 1
+    # that is 8, too few to survive the codes' error between near-identical questions.
+    wide = max(ask, MIN_REFINED_K) if _refine(index) is not None else ask
+    distances, rows = index.search(queries, wide)
+    distances, rows = distances[:, :ask], rows[:, :ask]
     distances, rows = drop_excluded(distances, rows.astype(np.int64, copy=False), exclude, k)
     return np.ascontiguousarray(distances, dtype=np.float32), np.ascontiguousarray(rows)
 

@@ -27,16 +27,19 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     evaluation = json.loads((root / "metrics.json").read_text())
     for key in ("success_1", "success_10", "recip_rank", "map", "ndcg_cut_10", "recall_20"):
         assert 0.0 <= evaluation[key] <= 1.0
-    assert set(evaluation["baselines"]) == {"bm25", "jaccard", "untrained"}
+    # lexical: the bundle's own (stemmed) BM25 alone, beside plain bm25
+    assert set(evaluation["baselines"]) == {"bm25", "jaccard", "lexical", "untrained"}
     assert evaluation["success_1"] > evaluation["baselines"]["untrained"]["success_1"]
     run_files = sorted(p.name for p in (root / "reports" / "evaluate").glob("*.run"))
     assert run_files == [
         "test.bm25.run",
         "test.dense.run",
         "test.jaccard.run",
+        "test.lexical.run",
         "test.model.run",
         "test.untrained.run",
         "val.dense.run",
+        "val.lexical.run",
         "val.model.run",
     ]
     # BM25 fused in (the default): α chosen on val from the grid, where the service reads it

@@ -54,7 +54,7 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     # inflected words: both sides must stem them alike
     new = ["how can i resetting my accounts passwords quickly", "where are invoices for orders"]
     vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
-    index = load_index(paths.index_dir / "index.faiss", nprobe=1)
+    index = load_index(paths.index_dir / "index.faiss", nprobe=384)  # params' nprobe
     distances, rows = search(index, vectors, 30)
     lex_scores, lex_rows = lexical_search(BM25Index.load(paths.index_dir / "bm25.npz"), new, 30)
     _, fused_rows = fuse(-distances, rows, lex_scores, lex_rows, fusion["dense_weight"], 10)

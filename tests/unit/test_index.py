@@ -63,8 +63,13 @@ def test_fit_factory_message_and_pq_floor():
     assert fit_factory("IVF2000,Flat", 30_000)[1] == (
         "IVF2000 needs 78,000 training vectors, have 30,000: using IVF769"
     )
-    with pytest.raises(ValueError, match="PQ codebook"):
-        fit_factory("IVF64,PQ8", 200)  # 2**8 centroids per sub-quantizer
+    # 2**8 centroids per sub-quantizer need 256 vectors: 200 are searched exactly
+    assert fit_factory("IVF64,PQ8", 200) == (
+        "Flat",
+        "IVF5,PQ8: a PQ codebook of 2**8 centroids needs at least 256 training vectors, "
+        "have 200: using exact search (Flat)",
+    )
+    assert fit_factory("IVF1024,PQ150x4fs,RFlat", 9, 32)[0] == "Flat"
     with pytest.raises(ValueError):
         fit_factory("Flat", 0)
 
@@ -111,6 +116,8 @@ def test_fast_scan_with_exact_re_ranking(tmp_path):
         return float(np.mean([len(set(r) & set(e)) / 10 for r, e in zip(rows, exact, strict=True)]))
 
     compressed_only = recall()
+    # k = 1 is asked as at least MIN_REFINED_K re-ranked ones: the same first hit as k = 10
+    assert np.array_equal(search(index, queries, 1)[1][:, 0], search(index, queries, 10)[1][:, 0])
     assert set_refine_k_factor(index, 16)
     assert compressed_only < 0.9 < 0.99 <= recall()  # nprobe = nlist: only PQ can miss
     again = load_index(save_index(index, tmp_path / "fs.faiss"), nprobe=16)
