@@ -266,14 +266,20 @@ def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, s
 
 
 def trained_fusion(models: Path) -> dict[str, Any] | None:
-    """The BM25 fusion (α, candidates) the trained bundle's evaluate stage chose, if any."""
-    from qpr.serve.bundle import THRESHOLD_FILE
+    """The BM25 fusion (α, candidates) the trained bundle's evaluate stage chose, if any,
+    with its BM25's settings (stemmer, k1, b) under "bm25"."""
+    from qpr.lexical import BM25Index
+    from qpr.serve.bundle import BM25_FILE, THRESHOLD_FILE
 
     try:
         payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    return payload.get("fusion") if isinstance(payload, dict) else None
+    fusion = payload.get("fusion") if isinstance(payload, dict) else None
+    if not fusion:
+        return None
+    trained = BM25Index.load(models / BM25_FILE)
+    return {**fusion, "bm25": {"stemmer": trained.stemmer, "k1": trained.k1, "b": trained.b}}
 
 
 def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
@@ -471,12 +477,14 @@ def write_bundle(
     )
     pq.write_table(table, out / QUESTIONS_FILE)
     # No threshold chosen (nothing was evaluated): every query with a hit is "answered".
-    payload = {"threshold": None, "target_precision": None, "metric": "l2", "fusion": fusion}
+    served = None if fusion is None else {k: v for k, v in fusion.items() if k != "bm25"}
+    payload = {"threshold": None, "target_precision": None, "metric": "l2", "fusion": served}
     (out / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
     if fusion is not None:
         from qpr.lexical import BM25Index
 
-        BM25Index.build(corpus.texts).save(out / BM25_FILE)
+        settings = fusion.get("bm25", {})  # the trained bundle's words, k1 and b
+        BM25Index.build(corpus.texts, **settings).save(out / BM25_FILE)
 
 
 def dense_twin(bundle_dir: Path, out: Path) -> Path:
@@ -1065,13 +1073,17 @@ def chosen_sentence(idx: dict[str, Any]) -> str:
     )
 
 
-def fusion_lines(chosen: dict[str, Any]) -> list[str]:
+def fusion_lines(chosen: dict[str, Any], bm25: dict[str, Any] | None = None) -> list[str]:
     dense = chosen.get("in_process_dense")
     if not chosen.get("fusion") or not dense:
         return []
     fused = chosen["in_process"]
+    words = ""
+    if bm25:
+        stems = f"{bm25['stemmer']} stems" if bm25.get("stemmer") else "words as written"
+        words = f"; {stems}, k1 {bm25['k1']:g}, b {bm25['b']:g} like the trained bundle's"
     return [
-        f"BM25 is fused in (α = {chosen['fusion']['dense_weight']:g}, "
+        f"BM25 is fused in (α = {chosen['fusion']['dense_weight']:g}{words}, "
         f"{chosen['fusion']['candidates']} candidates per side, as the trained bundle's "
         "evaluate stage chose): the figures above include BM25 and the fusion. The same "
         f"bundle ranking by its encoder alone, measured alternately: p50 "
@@ -1200,7 +1212,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "
         f"in-process p50 = {fmt_range(overhead(chosen))} ms.",
         "",
-        *fusion_lines(chosen),
+        *fusion_lines(chosen, (report["encoder"].get("fusion") or {}).get("bm25")),
         reading(report),
         "",
         f"## Throughput under concurrent load ({idx['knob']} {idx['chosen']}, second process, "
