@@ -58,8 +58,10 @@ MIN_POINTS_PER_CENTROID = 39
 
 _METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
 
-# `search` asks a refine index ("...,RFlat") for at least this many results (then keeps k).
+# `search` asks a refine index ("...,RFlat") for at least MIN_REFINED_K results (then keeps
+# k) and re-ranks k_factor·min(k, REFINE_BASE_K) candidates exactly (see _refined_search).
 MIN_REFINED_K = 10
+REFINE_BASE_K = 20
 
 # "IVF2000" as a whole component: "IVF2000,Flat", "IVF2000_HNSW32,Flat", "OPQ16,IVF2000,PQ16".
 _IVF = re.compile(r"(?<![A-Za-z0-9])IVF(\d+)(?=[_,(]|$)")
@@ -553,13 +555,30 @@ def search(
         raise ValueError(f"k must be >= 1, got {k}")
     queries = _as_matrix(queries, "queries", index.d)
     ask = k + 1 if exclude is not None else k
-    # A refine index re-ranks k·k_factor candidates picked by their PQ codes: for k = 1
-    # that is 8, too few to survive the codes' error between near-identical questions.
-    wide = max(ask, MIN_REFINED_K) if _refine(index) is not None else ask
-    distances, rows = index.search(queries, wide)
-    distances, rows = distances[:, :ask], rows[:, :ask]
+    refine = _refine(index)
+    if refine is None:
+        distances, rows = index.search(queries, ask)
+    else:
+        distances, rows = _refined_search(refine, queries, ask)
     distances, rows = drop_excluded(distances, rows.astype(np.int64, copy=False), exclude, k)
     return np.ascontiguousarray(distances, dtype=np.float32), np.ascontiguousarray(rows)
+
+
+def _refined_search(
+    index: faiss.IndexRefine, queries: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A refine index re-ranks k·k_factor candidates picked by their PQ codes. For k = 1
+    that is 8, too few to survive the codes' error between near-identical questions: at
+    least MIN_REFINED_K are asked for. For large k (a fused search takes 100 candidates)
+    k_factor·k exact distances cost more than the PQ scan itself while the best ones
+    rarely change: at most k_factor·REFINE_BASE_K are re-ranked (and never fewer than k).
+    """
+    wide = max(k, MIN_REFINED_K)
+    reranked = max(wide, index.k_factor * min(wide, REFINE_BASE_K))
+    params = faiss.IndexRefineSearchParameters()
+    params.k_factor = float((reranked + 0.5) / wide)  # FAISS truncates k·k_factor
+    distances, rows = index.search(queries, wide, params=params)
+    return distances[:, :k], rows[:, :k]
 
 
 def distances_to(index: faiss.Index, queries: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -116,6 +116,11 @@ def test_fast_scan_with_exact_re_ranking(tmp_path):
         return float(np.mean([len(set(r) & set(e)) / 10 for r, e in zip(rows, exact, strict=True)]))
 
     compressed_only = recall()
+    # The re-ranked budget is k_factor·min(k, 20): asking for 100 re-ranks the same 20·k_factor
+    # PQ candidates as asking for 20, so the first 20 do not change.
+    set_refine_k_factor(index, 8)
+    assert np.array_equal(search(index, queries, 100)[1][:, :20], search(index, queries, 20)[1])
+    set_refine_k_factor(index, 1)
     # k = 1 is asked as at least MIN_REFINED_K re-ranked ones: the same first hit as k = 10
     assert np.array_equal(search(index, queries, 1)[1][:, 0], search(index, queries, 10)[1][:, 0])
     assert set_refine_k_factor(index, 16)
