@@ -178,6 +178,21 @@ UNTRAINED_TOO = {"MiniLM fine-tuned, SDML"}
 OWN_BASELINES = {"MiniLM fine-tuned, SDML + BM25 fusion": ["bm25"]}
 
 
+def indexes_used(results: dict[str, Any]) -> str:
+    """'HNSW32,Flat efSearch 256: 23 rows; ...' over the rows measured so far."""
+    counts: dict[str, int] = {}
+    for row in results.get("rows", {}).values():
+        index = row.get("config", {}).get("index", {})
+        factory = index.get("factory", "?")
+        knob = (
+            f"efSearch {index.get('ef_search')}"
+            if "HNSW" in factory
+            else f"nprobe {index.get('nprobe')}"
+        )
+        counts[f"`{factory}` {knob}"] = counts.get(f"`{factory}` {knob}", 0) + 1
+    return "; ".join(f"{name}: {n} rows" for name, n in counts.items()) or "none yet"
+
+
 def base_settings(data: Path, seed: int):
     from qpr.config import load_settings
 
@@ -412,6 +427,7 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
         "## Protocol",
         "",
         *[f"- {line}" for line in protocol["text"]],
+        f"- rows by index: {indexes_used(results)}",
         "",
         "## Results (test split)",
         "",
@@ -508,9 +524,16 @@ def main() -> None:
             f"{args.sweep_epochs} for the ε and batch-size sweeps, {args.long_epochs} for the "
             "`long` rows (resumed from the named row's checkpoints); CNN e_dim 300, window 5, "
             "300 channels, n 300; vocabulary top 50k words + 5k hash bins",
-            f"index: params.yaml's `{settings0.index.factory}` (efSearch "
-            f"{settings0.index.ef_search}, efConstruction {settings0.index.ef_construction}; "
-            f"nprobe {settings0.index.nprobe} if IVF) for every row and baseline",
+            f"index: params.yaml's `{settings0.index.factory}` ("
+            + (
+                f"efSearch {settings0.index.ef_search}, efConstruction "
+                f"{settings0.index.ef_construction}"
+                if "HNSW" in settings0.index.factory
+                else f"nprobe {settings0.index.nprobe}"
+            )
+            + ") for the rows a run measures, their baselines beside them; each row's own "
+            "index is its `config.index` in quora.json, and rows measured under earlier "
+            "params keep theirs (counted in the next line)",
             "other encoders and losses (the `models` rows): the overrides in the row's "
             "`config.overrides` and `config.train` in quora.json (MiniLM: Adam 3e-5, batches "
             "of 64, a 1,500 s training budget on a seeded 30k-pair subset)",
