@@ -461,6 +461,12 @@ def main() -> None:
     )
     parser.add_argument("--sweep-epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only this row of the chosen groups (repeatable), e.g. --only 'SDML, D 128'",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-quora-benchmark"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--fresh", action="store_true", help="ignore rows already measured")
@@ -486,6 +492,11 @@ def main() -> None:
         raise SystemExit(f"Quora file not found: {args.data}")
     groups = set(args.rows.split(","))
     planned = [name for name, (group, *_) in ROWS.items() if group in groups]
+    if args.only:
+        unknown = sorted(set(args.only) - set(ROWS))
+        if unknown:
+            raise SystemExit(f"no such rows: {unknown}; rows: {list(ROWS)}")
+        planned = [name for name in planned if name in args.only]
     raw = base_settings(args.data, args.seed)
     json_path = args.out / "quora.json"
     results: dict[str, Any] = {"rows": {}}
