@@ -339,6 +339,8 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
 
 
 def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
+    from qpr.lexical import describe_bm25
+
     header = (
         "| row | P@1 | P@10 | MRR | nDCG@10 | val MRR | epochs (best) | train min | "
         "query p50 ms | paper P@1 / P@10 / MRR |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
@@ -363,13 +365,7 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             label = baseline
             if baseline == "lexical":
                 lexical = row["evaluate"].get("fusion", {}).get("lexical", {})
-                words = (
-                    f"Snowball {lexical['stemmer']} stems" if lexical.get("stemmer") else "words"
-                )
-                label = (
-                    f"BM25, {words}, k1 {lexical.get('k1', 1.5):g} (the row's lexical half "
-                    "alone, α = 0)"
-                )
+                label = f"BM25, {describe_bm25(lexical)} (the row's lexical half alone, α = 0)"
             if baseline == "untrained":
                 label = (
                     "MiniLM off the shelf (all-MiniLM-L6-v2 as packaged; its training data "
@@ -398,13 +394,8 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             fusion = row["evaluate"]["fusion"]
             # rows measured before index.lexical had a stemmer: words as written, k1 1.5
             lexical = row.get("config", {}).get("index", {}).get("lexical", {})
-            words = (
-                f"{lexical['stemmer']} stems, k1 {lexical.get('k1', 1.5):g}"
-                if lexical.get("stemmer")
-                else f"as written, k1 {lexical.get('k1', 1.5):g}"
-            )
             lines.append(
-                f"| {name} | {TRAINED_AS.get(name, name)} | {words} | "
+                f"| {name} | {TRAINED_AS.get(name, name)} | {describe_bm25(lexical)} | "
                 f"{fusion['dense_weight']:g} | "
                 f"{row['evaluate']['val']['success_1']:.4f} | "
                 f"{fusion['dense_val']['success_1']:.4f} | "

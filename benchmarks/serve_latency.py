@@ -278,8 +278,7 @@ def trained_fusion(models: Path) -> dict[str, Any] | None:
     fusion = payload.get("fusion") if isinstance(payload, dict) else None
     if not fusion:
         return None
-    trained = BM25Index.load(models / BM25_FILE)
-    return {**fusion, "bm25": {"stemmer": trained.stemmer, "k1": trained.k1, "b": trained.b}}
+    return {**fusion, "bm25": BM25Index.load(models / BM25_FILE).settings}
 
 
 def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
@@ -1081,8 +1080,9 @@ def fusion_lines(chosen: dict[str, Any], bm25: dict[str, Any] | None = None) -> 
     fused = chosen["in_process"]
     words = ""
     if bm25:
-        stems = f"{bm25['stemmer']} stems" if bm25.get("stemmer") else "words as written"
-        words = f"; {stems}, k1 {bm25['k1']:g}, b {bm25['b']:g} like the trained bundle's"
+        from qpr.lexical import describe_bm25
+
+        words = f"; {describe_bm25(bm25)} like the trained bundle's"
     return [
         f"BM25 is fused in (α = {chosen['fusion']['dense_weight']:g}{words}, "
         f"{chosen['fusion']['candidates']} candidates per side, as the trained bundle's "

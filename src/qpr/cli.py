@@ -722,10 +722,11 @@ def _print_results(metrics: dict) -> None:
         )
         lexical = fusion.get("lexical")
         if lexical:
-            words = f"{lexical['stemmer']} stems" if lexical["stemmer"] else "words as written"
+            from qpr.lexical import describe_bm25
+
             console.print(
-                f"lexical = the bundle's BM25 alone ({words}, k1 {lexical['k1']:g}, "
-                f"b {lexical['b']:g}); bm25 = plain BM25 (bm25s, words as written)"
+                f"lexical = the bundle's BM25 alone ({describe_bm25(lexical)}); bm25 = plain "
+                "BM25 (bm25s, words as written)"
             )
     chosen = metrics.get("threshold", {})
     if chosen:

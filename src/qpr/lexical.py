@@ -28,9 +28,10 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +89,15 @@ def _stem_words(name: str) -> Callable[[list[str]], list[str]]:
 
         stemmers[name] = Stemmer.Stemmer(check_stemmer(name)).stemWords
     return stemmers[name]
+
+
+def describe_bm25(settings: Mapping[str, Any]) -> str:
+    """'english stems, k1 0.9, b 0.75' or 'words as written, k1 1.5, b 0.75' for a
+    BM25Index.settings-like mapping; a missing key means BM25Index's default (files and
+    benchmark rows written before stemming recorded none)."""
+    stemmer = settings.get("stemmer")
+    words = f"{stemmer} stems" if stemmer else "words as written"
+    return f"{words}, k1 {settings.get('k1', 1.5):g}, b {settings.get('b', 0.75):g}"
 
 
 def tokenize(
@@ -167,6 +177,11 @@ class BM25Index:
             terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b, stemmer
         )
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What decides the weights and the words: stemmer, k1, b (see `describe_bm25`)."""
+        return {"stemmer": self.stemmer, "k1": self.k1, "b": self.b}
+
     def query_terms(self, text: str) -> np.ndarray:
         """int64 term ids of the question's known words (unknown words score nothing)."""
         words = tokenize([text], stemmer=self.stemmer)[0]
@@ -226,11 +241,11 @@ class BM25Index:
             if j + 1 < terms.size and self._length(terms[j + 1]) > _WORTH_PRUNING:
                 seen = _distinct_best(acc, touched, k)
                 # Relative slack: float32 sums may round a hair above the float64 bounds.
-                if seen.size >= k and left[j + 1] * (1.0 + 1e-5) < acc[seen[k - 1]]:
-                    kth = float(acc[seen[k - 1]])
+                still = left[j + 1] * (1.0 + 1e-5)
+                if seen.size >= k and still < acc[seen[k - 1]]:
                     everything = np.concatenate(touched)
                     # Only a document that can still reach the k-th score stays a candidate.
-                    alive = acc[everything] + left[j + 1] * (1.0 + 1e-5) >= kth
+                    alive = acc[everything] + still >= acc[seen[k - 1]]
                     candidates = _distinct(everything[alive])
         if exclude_row >= 0:
             acc[exclude_row] = 0.0

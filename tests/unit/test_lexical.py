@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from qpr.evaluate import bm25_search
-from qpr.lexical import BM25Index, fuse, lexical_search, tokenize
+from qpr.lexical import BM25Index, describe_bm25, fuse, lexical_search, tokenize
 
 DOCS = ["reset router password", "router", "bake bread"]
 
@@ -132,7 +133,9 @@ def test_a_stemmed_index_matches_other_inflections_and_says_so(tmp_path: Path) -
     assert plain.search("how to lose weight", 3)[1].tolist() == [1, -1, -1]
     assert stemmed.search("how to lose weight", 3)[1].tolist()[:2] == [0, 1]
     again = BM25Index.load(stemmed.save(tmp_path / "bm25.npz"))
-    assert (again.stemmer, again.k1) == ("english", 0.9)
+    assert again.settings == {"stemmer": "english", "k1": 0.9, "b": 0.75}
+    assert describe_bm25(again.settings) == "english stems, k1 0.9, b 0.75"
+    assert describe_bm25({}) == "words as written, k1 1.5, b 0.75"  # older files and rows
     assert np.array_equal(again.search("losses", 3)[1], stemmed.search("losses", 3)[1])
     with pytest.raises(ValueError, match="k1 >= 0"):
         BM25Index.build(docs, b=2.0)
@@ -179,6 +182,21 @@ def test_searches_from_several_threads_agree() -> None:
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda q: index.search(q, 5)[1].tolist(), queries))
     assert together == alone
+    # each thread stems with its own PyStemmer object (one must not be shared)
+    from qpr.lexical import _stem_words
+
+    owners: list[object] = []
+
+    def own_stemmer() -> None:
+        owners.append(_stem_words("english").__self__)
+
+    threads = [threading.Thread(target=own_stemmer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    here = _stem_words("english").__self__
+    assert owners[0] is not owners[1] and all(o is not here for o in owners)
 
 
 def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:

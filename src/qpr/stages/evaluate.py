@@ -508,11 +508,7 @@ def run_evaluate(
             "dense_val": dict(results["val"]["dense"].summary),
             "lexical_test": dict(results["test"]["lexical"].summary),
             "lexical_val": dict(results["val"]["lexical"].summary),
-            "lexical": {
-                "stemmer": lexical.stemmer,
-                "k1": lexical.k1,
-                "b": lexical.b,
-            },
+            "lexical": bm25.settings,  # what the index file holds
         }
     rows_table = [
         {"system": name, **{m: r.summary[m] for m in MEASURES_SHOWN}}

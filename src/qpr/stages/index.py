@@ -151,7 +151,7 @@ def run_index(
     )
     lexical_seconds = 0.0
     if cfg.lexical.enabled:
-        from qpr.lexical import BM25Index
+        from qpr.lexical import BM25Index, describe_bm25
 
         started = time.perf_counter()
         bm25 = BM25Index.build(
@@ -163,8 +163,7 @@ def run_index(
         bm25.save(staging / BM25_FILE)
         lexical_seconds = time.perf_counter() - started
         log(
-            f"BM25 ({f'{bm25.stemmer} stems' if bm25.stemmer else 'words as written'}, "
-            f"k1 {bm25.k1:g}, b {bm25.b:g}): {len(bm25.terms):,} terms, "
+            f"BM25 ({describe_bm25(bm25.settings)}): {len(bm25.terms):,} terms, "
             f"{bm25.rows.size:,} postings ({lexical_seconds:.1f} s)"
         )
     shutil.rmtree(paths.index_dir, ignore_errors=True)
