@@ -720,6 +720,15 @@ def _print_results(metrics: dict) -> None:
             f"model = dense (the encoder) and BM25 fused at α {weight:g}, chosen on "
             f"validation: {what}"
         )
+        served = fusion.get("served")
+        if served:
+            probing = "" if served["nprobe"] is None else f"at nprobe {served['nprobe']}, "
+            console.print(
+                f"served: BM25's {fusion['candidates']} and the index's "
+                f"{fusion['dense_candidates']} candidates scored exactly, {probing}recall@k "
+                f"{served['recall']:.4f} against an exact dense search"
+                + ("" if served["reached"] else f" (BELOW the target {served['target']})")
+            )
         lexical = fusion.get("lexical")
         if lexical:
             from qpr.lexical import describe_bm25

@@ -123,7 +123,13 @@ class LexicalSettings(_Section):
     """BM25 beside the dense index, fused per query (qpr.lexical)."""
 
     enabled: bool = True
-    candidates: int = Field(100, ge=1)  # top candidates taken from each side before fusion
+    candidates: int = Field(100, ge=1)  # BM25's top candidates taken before fusion
+    # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
+    # scored by its exact distance (qpr.lexical.candidate_union), so few are needed.
+    dense_candidates: int = Field(20, ge=1)
+    # Fused searches probe the fewest inverted lists whose served top k (evaluate.k) keeps
+    # this share of the results an exact dense search would give, on the validation split.
+    served_recall: float = Field(0.98, gt=0.0, le=1.0)
     stemmer: str | None = "english"  # Snowball stems of the words (None: the words as written)
     k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation
     b: float = Field(0.75, ge=0.0, le=1.0)  # BM25 length normalisation

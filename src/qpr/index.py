@@ -38,11 +38,13 @@ __all__ = [
     "drop_excluded",
     "ef_search_of",
     "exact_recall_at_k",
+    "exact_twin",
     "fit_factory",
     "gpu_available",
     "higher_is_better",
     "load_index",
     "nlist_of",
+    "recall_against",
     "refine_k_factor_of",
     "save_index",
     "search",
@@ -606,6 +608,39 @@ def distances_to(index: faiss.Index, queries: np.ndarray, rows: np.ndarray) -> n
     repeated = np.repeat(queries, found.sum(axis=1), axis=0)
     out[found] = ((repeated - stored) ** 2).sum(axis=1)
     return out
+
+
+def recall_against(approx_rows: np.ndarray, exact_rows: np.ndarray) -> float:
+    """Mean over queries of |approx ∩ exact| / |exact|: the share of the reference results
+    (int64 [Q, k], -1 = empty) that the approximate ones (int64 [Q, k']) also hold. NaN for
+    no queries; a query whose reference is empty counts as fully recalled."""
+    approx_rows = np.asarray(approx_rows)
+    exact_rows = np.asarray(exact_rows)
+    if len(approx_rows) != len(exact_rows):
+        raise ValueError(f"{len(approx_rows)} approximate but {len(exact_rows)} exact rows")
+    if not len(exact_rows):
+        return float("nan")
+    shares = []
+    for a, e in zip(approx_rows, exact_rows, strict=True):
+        e = e[e >= 0]
+        shares.append(np.intersect1d(a[a >= 0], e).size / e.size if e.size else 1.0)
+    return float(np.mean(shares))
+
+
+def exact_twin(index: faiss.Index) -> faiss.IndexFlat:
+    """An exhaustive IndexFlat over ``index``'s stored vectors, same metric and row order:
+    the reference an approximate search is measured against when the original vectors are
+    not at hand. Stored vectors are exact for Flat storage (Flat, HNSW…,Flat, IVF…,Flat,
+    …,RFlat) and the decoded codes otherwise. Costs ntotal·d·4 bytes."""
+    cpu = _to_cpu(index) if _is_gpu_index(index) else index
+    try:
+        stored = cpu.reconstruct_n(0, cpu.ntotal)
+    except RuntimeError:  # IVF without a direct map
+        faiss.extract_index_ivf(cpu).make_direct_map()
+        stored = cpu.reconstruct_n(0, cpu.ntotal)
+    flat = faiss.IndexFlat(cpu.d, cpu.metric_type)
+    flat.add(np.ascontiguousarray(stored, dtype=np.float32))
+    return flat
 
 
 # ---------------------------------------------------------------- gate checks

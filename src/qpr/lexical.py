@@ -369,6 +369,31 @@ def lexical_search(
     return scores, rows
 
 
+def candidate_union(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndarray:
+    """Each query's distinct candidates from both retrievers: int64 [Q, Cd + Cl], ascending,
+    -1 (empty) slots last. dense_rows int64 [Q, Cd], lexical_rows int64 [Q, Cl].
+
+    Every row of the union is then scored by its exact distance (`qpr.index.distances_to`),
+    so a BM25 candidate the approximate index did not return still gets its dense share
+    in `fuse`, and the dense side only has to add the few candidates BM25 missed.
+    """
+    dense_rows = np.asarray(dense_rows, np.int64)
+    lexical_rows = np.asarray(lexical_rows, np.int64)
+    if dense_rows.ndim != 2 or lexical_rows.ndim != 2 or len(dense_rows) != len(lexical_rows):
+        raise ValueError(
+            f"dense_rows and lexical_rows must be [Q, C] with the same Q, got "
+            f"{dense_rows.shape} and {lexical_rows.shape}"
+        )
+    empty = np.iinfo(np.int64).max  # sorts after every row
+    both = np.concatenate([dense_rows, lexical_rows], axis=1)
+    both = np.sort(np.where(both >= 0, both, empty), axis=1)
+    repeated = np.zeros(both.shape, bool)
+    repeated[:, 1:] = both[:, 1:] == both[:, :-1]
+    both[repeated] = empty
+    both.sort(axis=1)
+    return np.where(both == empty, -1, both)
+
+
 def _unit_range(scores: np.ndarray) -> np.ndarray:
     """Per row min-max to [0, 1] over the finite entries; a constant row becomes 1."""
     finite = np.isfinite(scores)
@@ -389,8 +414,10 @@ def fuse(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fused (scores float32 [Q, k], rows int64 [Q, k]), best first, ties by row.
 
-    dense_sims: float [Q, C] higher = closer (e.g. minus the L2 distance), rows int64 [Q, C];
-    lexical_scores / lexical_rows likewise (BM25). -1 rows are empty slots.
+    dense_sims: float [Q, C] higher = closer (e.g. minus the L2 distance), rows int64 [Q, C]:
+    the dense search's own candidates, or (the served fusion) every candidate of
+    `candidate_union` with its exact distance; lexical_scores / lexical_rows likewise (BM25).
+    -1 rows are empty slots. A row missing from one side gets 0 from that side.
     dense_weight α in [0, 1]: α·dense + (1 - α)·lexical after per-query min-max scaling.
     """
     if not 0.0 <= dense_weight <= 1.0:

@@ -25,8 +25,8 @@ def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
 
 def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     from qpr.export import encode, load_session
-    from qpr.index import IdMap, load_index, search
-    from qpr.lexical import BM25Index, fuse, lexical_search
+    from qpr.index import IdMap, distances_to, load_index, search
+    from qpr.lexical import BM25Index, candidate_union, fuse, lexical_search
     from qpr.serve.bundle import Bundle
     from qpr.text import load_tokenizer
 
@@ -45,18 +45,32 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     assert BM25Index.load(paths.index_dir / "bm25.npz").stemmer == "english"
     assert (paths.index_dir / "bm25.npz").is_file()
     stored = json.loads(paths.threshold.read_text())["fusion"]
-    assert stored == {"dense_weight": fusion["dense_weight"], "candidates": 30}
+    served = fusion["served"]
+    assert stored == {
+        "dense_weight": fusion["dense_weight"],
+        "candidates": 30,
+        "dense_candidates": 20,
+        "nprobe": served["nprobe"],
+    }
+    # the fewest lists tried that keep the served recall, or the index's own when none does
+    tried = [int(p) for p in served["by_nprobe"]]
+    assert served["nprobe"] == tried[-1] and tried == sorted(tried)
+    assert all(r < served["target"] for r in list(served["by_nprobe"].values())[:-1])
+    assert served["reached"] == (served["recall"] >= served["target"])
 
     bundle = Bundle.load(paths.models_dir)
     assert bundle.fusion == stored
-    # New questions through the stage's functions (dense candidates, BM25 candidates, fuse
-    # at the stored α) rank exactly as the service does.
+    assert bundle.nprobe == served["nprobe"]
+    # New questions through the stage's functions (dense candidates, BM25 candidates, every
+    # one scored exactly, fuse at the stored α) rank exactly as the service does.
     # inflected words: both sides must stem them alike
     new = ["how can i resetting my accounts passwords quickly", "where are invoices for orders"]
     vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
-    index = load_index(paths.index_dir / "index.faiss", nprobe=384)  # params' nprobe
-    distances, rows = search(index, vectors, 30)
+    index = load_index(paths.index_dir / "index.faiss", nprobe=served["nprobe"])
+    _, rows = search(index, vectors, 10)
     lex_scores, lex_rows = lexical_search(BM25Index.load(paths.index_dir / "bm25.npz"), new, 30)
+    rows = candidate_union(rows, lex_rows)
+    distances = distances_to(index, vectors, rows)
     _, fused_rows = fuse(-distances, rows, lex_scores, lex_rows, fusion["dense_weight"], 10)
     row_qids = IdMap.load(paths.index_dir / "index.ids.npy").qids
     for question, expected in zip(new, fused_rows, strict=True):

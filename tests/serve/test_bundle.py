@@ -358,14 +358,46 @@ def test_search_command_rejects_bad_input_without_a_traceback(
 # ---------------------------------------------------------------- BM25 fused in
 
 
-def _make_hybrid(models: Path, dense_weight: float, candidates: int = 20) -> None:
+def _make_hybrid(
+    models: Path, dense_weight: float, candidates: int = 20, **rescored: int | None
+) -> None:
+    """A fusion entry as the evaluate stage writes it (rescored: dense_candidates, nprobe)
+    or, without them, as bundles written before candidates were scored exactly."""
     from qpr.lexical import BM25Index
     from qpr.serve.bundle import BM25_FILE
 
     BM25Index.build(QUESTIONS).save(models / BM25_FILE)  # index row order = QUESTIONS
     payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
-    payload["fusion"] = {"dense_weight": dense_weight, "candidates": candidates}
+    payload["fusion"] = {"dense_weight": dense_weight, "candidates": candidates, **rescored}
     (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+
+
+def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir: Path) -> None:
+    from qpr.lexical import BM25Index
+
+    question = "best way to clean my laptop"
+    # α = 1 over BM25's 5 candidates and the index's max(k, 2): all ranked by exact distance
+    _make_hybrid(copy_dir, 1.0, candidates=5, dense_candidates=2, nprobe=1)
+    hybrid = Bundle.load(copy_dir)
+    assert hybrid.fusion == {
+        "dense_weight": 1.0,
+        "candidates": 5,
+        "dense_candidates": 2,
+        "nprobe": 1,
+    }
+    assert hybrid.nprobe == (None if bundle.nprobe is None else 1)
+    assert Bundle.load(copy_dir, nprobe=2).nprobe == (None if bundle.nprobe is None else 2)
+    hybrid = Bundle.load(copy_dir, nprobe=bundle.nprobe)  # the dense side as `bundle` searches
+    qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
+    lexical = {int(qids[r]) for r in BM25Index.build(QUESTIONS).search(question, 5)[1] if r >= 0}
+    distance = {h.question_id: h.distance for h in bundle.search(question, k=len(QUESTIONS)).hits}
+    for k in (1, 3, 8):
+        dense = {h.question_id for h in bundle.search(question, k=max(k, 2)).hits}
+        expected = sorted(lexical | dense, key=lambda q: (distance[q], q))[:k]
+        hits = hybrid.search(question, k=k).hits
+        assert [h.question_id for h in hits] == expected
+        for hit in hits:
+            assert hit.distance == pytest.approx(distance[hit.question_id], rel=1e-5, abs=1e-6)
 
 
 def test_fused_bundle_ranks_by_fused_score_with_true_distances(
@@ -416,7 +448,14 @@ def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "fusion",
-    [{"dense_weight": 1.5, "candidates": 10}, {"dense_weight": 0.5}, "yes", {"candidates": 3}],
+    [
+        {"dense_weight": 1.5, "candidates": 10},
+        {"dense_weight": 0.5},
+        "yes",
+        {"candidates": 3},
+        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 0},
+        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "nprobe": "all"},
+    ],
 )
 def test_bad_fusion_entry(copy_dir: Path, fusion: object) -> None:
     _make_hybrid(copy_dir, 0.5)

@@ -12,11 +12,13 @@ from qpr.index import (
     drop_excluded,
     ef_search_of,
     exact_recall_at_k,
+    exact_twin,
     fit_factory,
     gpu_available,
     higher_is_better,
     load_index,
     nlist_of,
+    recall_against,
     refine_k_factor_of,
     save_index,
     search,
@@ -345,3 +347,26 @@ def test_exact_recall_at_k():
     assert 0.0 < recall < 1.0
     faiss.extract_index_ivf(coarse).nprobe = 64  # every list: exact again
     assert exact_recall_at_k(coarse, x, queries, 10) == 1.0
+
+
+def test_recall_against_hand_computed():
+    approx = np.array([[1, 2, 3], [4, 5, -1], [7, 8, 9]])
+    exact = np.array([[3, 2, 0], [4, 6, 8], [-1, -1, -1]])
+    # 2/3, 1/3, and an empty reference counts as recalled
+    assert recall_against(approx, exact) == pytest.approx((2 / 3 + 1 / 3 + 1) / 3)
+    assert np.isnan(recall_against(approx[:0], exact[:0]))
+    with pytest.raises(ValueError, match="approximate"):
+        recall_against(approx[:1], exact)
+
+
+@pytest.mark.parametrize("factory", ["IVF16,PQ16x4fs,RFlat", "IVF16,Flat", "HNSW8,Flat"])
+def test_exact_twin_searches_the_stored_vectors_exhaustively(factory):
+    x, queries = _vectors(2_000, 32), _vectors(50, 32, seed=3)
+    index = build_index(x, factory, nprobe=1, seed=0, log=_quiet)
+    twin = exact_twin(index)
+    assert twin.ntotal == index.ntotal and twin.metric_type == index.metric_type
+    exact = faiss.IndexFlatL2(32)
+    exact.add(x)
+    assert np.array_equal(twin.search(queries, 10)[1], exact.search(queries, 10)[1])
+    if factory.startswith("IVF"):  # one list of 16 probed: approximate, the twin is not
+        assert recall_against(search(index, queries, 10)[1], twin.search(queries, 10)[1]) < 1

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from qpr.evaluate import bm25_search
-from qpr.lexical import BM25Index, describe_bm25, fuse, lexical_search, tokenize
+from qpr.lexical import (
+    BM25Index,
+    candidate_union,
+    describe_bm25,
+    fuse,
+    lexical_search,
+    tokenize,
+)
 
 DOCS = ["reset router password", "router", "bake bread"]
 
@@ -245,3 +252,22 @@ def test_fuse_with_an_empty_side_and_bad_weight() -> None:
     assert scores[0, :2].tolist() == pytest.approx([0.3, 0.0]) and np.isneginf(scores[0, 2])
     with pytest.raises(ValueError, match="dense_weight"):
         fuse(empty_s, empty_r, empty_s, empty_r, 1.5, 1)
+
+
+def test_candidate_union_is_each_querys_distinct_rows_ascending() -> None:
+    dense = np.array([[7, 3, -1], [2, 2, 5]])
+    lexical = np.array([[3, 9], [-1, -1]])
+    assert candidate_union(dense, lexical).tolist() == [[3, 7, 9, -1, -1], [2, 5, -1, -1, -1]]
+    with pytest.raises(ValueError, match="same Q"):
+        candidate_union(dense, lexical[:1])
+
+
+def test_fuse_over_the_union_gives_lexical_only_rows_their_dense_share() -> None:
+    # dense search found row 5 only; BM25 found 9 and 3; the union is scored exactly:
+    # sims 5: 0, 9: -1, 3: -2 → scaled 1, 0.5, 0; BM25 9: 4, 3: 2 → scaled 1, 0
+    union = candidate_union(np.array([[5]]), np.array([[9, 3]]))
+    sims = np.array([[{5: 0.0, 9: -1.0, 3: -2.0}[r] for r in union[0]]])
+    scores, rows = fuse(sims, union, np.array([[4.0, 2.0]]), np.array([[9, 3]]), 0.5, 3)
+    # 9: 0.5·0.5 + 0.5·1 = 0.75 beats 5: 0.5·1; without the union 9 would get 0.5 only
+    assert rows.tolist() == [[9, 5, 3]]
+    assert scores[0].tolist() == pytest.approx([0.75, 0.5, 0.0])

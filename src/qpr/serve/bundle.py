@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
 from qpr.index import IdMap, distances_to, ef_search_of, search, set_ef_search, set_nprobe
-from qpr.lexical import BM25Index, fuse, lexical_search
+from qpr.lexical import BM25Index, candidate_union, fuse, lexical_search
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -261,8 +261,10 @@ class Bundle:
                 f"{index_path} holds {index.d}-dimensional vectors but {onnx_path} outputs "
                 f"{dim} dimensions: the index was built by another encoder"
             )
+        if nprobe is None and fusion is not None:
+            nprobe = fusion.get("nprobe")  # the fewest lists keeping the fused recall
         if nprobe is not None:
-            set_nprobe(index, nprobe)  # False for non-IVF indexes: nothing to set
+            set_nprobe(index, int(nprobe))  # False for non-IVF indexes: nothing to set
         if ef_search is not None:
             set_ef_search(index, ef_search)  # False for non-HNSW indexes
 
@@ -348,7 +350,9 @@ class Bundle:
 
     @property
     def fusion(self) -> dict[str, float] | None:
-        """{"dense_weight": α, "candidates": C} when BM25 is fused in; None: dense only."""
+        """{"dense_weight": α, "candidates": C, "dense_candidates": Cd, "nprobe": n} when
+        BM25 is fused in (the last two absent from bundles written before candidates were
+        scored exactly); None: dense only."""
         return None if self._fusion is None else dict(self._fusion)
 
     @property
@@ -455,8 +459,13 @@ class Bundle:
         """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
         BM25 candidates come from `lexical`, a search already running."""
         assert self._fusion is not None
-        dense_distances, dense_rows = search(self._index, vectors, candidates)
+        rescored = "dense_candidates" in self._fusion
+        wanted = max(k, int(self._fusion["dense_candidates"])) if rescored else candidates
+        dense_distances, dense_rows = search(self._index, vectors, min(wanted, self.size))
         lexical_scores, lexical_rows = lexical.result()
+        if rescored:  # every candidate scored by its exact distance, as evaluated
+            dense_rows = candidate_union(dense_rows, lexical_rows)
+            dense_distances = distances_to(self._index, vectors, dense_rows)
         scores, rows = fuse(
             -dense_distances,
             dense_rows,
@@ -606,20 +615,33 @@ def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
 
 
 def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
+    """None, or {"dense_weight", "candidates"} plus, from bundles that score every
+    candidate exactly, "dense_candidates" and "nprobe" (None: the index's own)."""
     if fusion is None:
         return None
+
+    def count(key: str, optional: bool = False) -> int | None:
+        value = fusion.get(key) if isinstance(fusion, dict) else None
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BundleError(
+                f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
+                f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
+            )
+        return int(value)
+
     weight = fusion.get("dense_weight") if isinstance(fusion, dict) else None
-    candidates = fusion.get("candidates") if isinstance(fusion, dict) else None
-    if (
-        isinstance(weight, bool)
-        or not isinstance(weight, int | float)
-        or not 0.0 <= weight <= 1.0
-        or isinstance(candidates, bool)
-        or not isinstance(candidates, int)
-        or candidates < 1
-    ):
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
         raise BundleError(
-            f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1}}, "
-            f"got {fusion!r}"
+            f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
+            f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
         )
-    return {"dense_weight": float(weight), "candidates": int(candidates)}
+    out: dict[str, float] = {"dense_weight": float(weight), "candidates": count("candidates")}
+    dense_candidates = count("dense_candidates", optional=True)
+    if dense_candidates is not None:
+        out["dense_candidates"] = dense_candidates
+        nprobe = count("nprobe", optional=True)
+        if nprobe is not None:
+            out["nprobe"] = nprobe
+    return out

@@ -113,12 +113,46 @@ class HybridCandidates:
     """One split's candidates from both retrievers, before fusion."""
 
     queries: QuerySet
+    query_rows: np.ndarray  # int64 [Q] each query's own index row (left out of its results)
     vectors: np.ndarray  # float32 [Q, D] query embeddings
-    dense_sims: np.ndarray  # float32 [Q, C] minus the L2 distance
-    dense_rows: np.ndarray  # int64 [Q, C]
-    lexical_scores: np.ndarray  # float32 [Q, C] BM25
-    lexical_rows: np.ndarray  # int64 [Q, C]
+    dense_sims: np.ndarray  # float32 [Q, C] minus the exact L2 distance of every candidate
+    dense_rows: np.ndarray  # int64 [Q, C] both retrievers' candidates (candidate_union)
+    lexical_scores: np.ndarray  # float32 [Q, Cl] BM25
+    lexical_rows: np.ndarray  # int64 [Q, Cl]
     seconds: float
+
+
+def hybrid_candidates(
+    index,
+    queries: QuerySet,
+    query_rows: np.ndarray,
+    vectors: np.ndarray,
+    lexical_scores: np.ndarray,
+    lexical_rows: np.ndarray,
+    dense_candidates: int,
+    seconds: float = 0.0,
+) -> HybridCandidates:
+    """The served candidates: the index's top `dense_candidates` and BM25's, each scored
+    by its exact distance (what `Bundle.search` does per question). `index` may be an
+    exact twin (`qpr.index.exact_twin`): the reference the served nprobe is chosen against.
+    """
+    from qpr.index import distances_to
+    from qpr.lexical import candidate_union
+
+    started = time.perf_counter()
+    _, dense_rows = dense_search(index, vectors, query_rows, dense_candidates)
+    rows = candidate_union(dense_rows, lexical_rows)
+    sims = -distances_to(index, vectors, rows)
+    return HybridCandidates(
+        queries,
+        query_rows,
+        vectors,
+        sims,
+        rows,
+        lexical_scores,
+        lexical_rows,
+        seconds + time.perf_counter() - started,
+    )
 
 
 def load_bm25(index_dir: Path):
@@ -183,6 +217,98 @@ def choose_dense_weight(
     best = max(by_weight.items(), key=lambda item: (item[1], float(item[0])))
     plot_fusion_curve(by_weight, float(best[0]), plot)
     return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
+
+
+# Inverted lists a fused search may probe, tried from the fewest up (qpr.index.set_nprobe).
+SERVED_NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def choose_served_nprobe(
+    index,
+    exact,
+    val: HybridCandidates,
+    dense_weight: float,
+    dense_candidates: int,
+    k: int,
+    target: float,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The fewest inverted lists whose fused top k keeps `target` of the top k fused from
+    an exact dense search (`exact`, the index's exact twin), on the validation split.
+
+    A fused ranking takes only a few candidates from the index and scores every candidate
+    exactly, so it needs far fewer lists than the dense ranking alone. Lists are tried
+    from SERVED_NPROBES below the index's own nprobe, then that nprobe; the first to reach
+    the target is chosen (the index's nprobe when none does: `reached` is False). The
+    index is left set to the chosen nprobe. An index without inverted lists gets its
+    recall measured as it stands, with nprobe None.
+    """
+    import faiss
+
+    from qpr.index import nlist_of, recall_against, set_nprobe
+    from qpr.lexical import fuse
+
+    def fused_rows(candidates: HybridCandidates) -> np.ndarray:
+        return fuse(
+            candidates.dense_sims,
+            candidates.dense_rows,
+            candidates.lexical_scores,
+            candidates.lexical_rows,
+            dense_weight,
+            k,
+        )[1]
+
+    def served_at(searched) -> float:
+        candidates = hybrid_candidates(
+            searched,
+            val.queries,
+            val.query_rows,
+            val.vectors,
+            val.lexical_scores,
+            val.lexical_rows,
+            dense_candidates,
+        )
+        return recall_against(fused_rows(candidates), reference)
+
+    reference = fused_rows(
+        hybrid_candidates(
+            exact,
+            val.queries,
+            val.query_rows,
+            val.vectors,
+            val.lexical_scores,
+            val.lexical_rows,
+            dense_candidates,
+        )
+    )
+    if nlist_of(index) is None:
+        recall = served_at(index)
+        return {
+            "nprobe": None,
+            "recall": recall,
+            "target": target,
+            "reached": recall >= target,
+            "by_nprobe": {},
+        }
+    own = int(faiss.extract_index_ivf(index).nprobe)
+    by_nprobe: dict[str, float] = {}
+    chosen = own
+    for nprobe in [p for p in SERVED_NPROBES if p < own] + [own]:
+        set_nprobe(index, nprobe)
+        by_nprobe[str(nprobe)] = served_at(index)
+        log(f"served recall@{k} of the fusion at nprobe {nprobe}: {by_nprobe[str(nprobe)]:.4f}")
+        if by_nprobe[str(nprobe)] >= target:
+            chosen = nprobe
+            break
+    set_nprobe(index, chosen)
+    recall = by_nprobe[str(chosen)]
+    return {
+        "nprobe": chosen,
+        "recall": recall,
+        "target": target,
+        "reached": recall >= target,
+        "by_nprobe": by_nprobe,
+    }
 
 
 def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: Path) -> Path:
@@ -402,15 +528,20 @@ def run_evaluate(
     lexical = settings.index.lexical
     bm25 = load_bm25(paths.index_dir) if lexical.enabled else None
     candidates = max(k, lexical.candidates) if bm25 is not None else k
+    # Bundle.search takes max(its k, dense_candidates) too: with dense_candidates >= k (the
+    # default) the service ranks any k up to evaluate.k exactly as evaluated here.
+    dense_candidates = max(k, lexical.dense_candidates)
 
     results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
     hybrid: dict[str, HybridCandidates] = {}
+    lexical_inputs: dict[str, tuple[np.ndarray, ...]] = {}
+    retrieval_seconds: dict[str, float] = {}
     splits = {split: query_set(questions, split) for split in ("val", "test")}
     for split, queries in splits.items():
         query_rows = ids.to_rows(queries.query_ids)
         started = time.perf_counter()
         vectors = encode(session, vocab, queries.texts, batch_size=256, max_len=max_len)
-        distances, rows = dense_search(index, vectors, query_rows, candidates)
+        distances, rows = dense_search(index, vectors, query_rows, k)
         dense_seconds = time.perf_counter() - started
         results[split]["dense" if bm25 is not None else "model"] = score_system(
             "dense" if bm25 is not None else "model",
@@ -426,14 +557,14 @@ def run_evaluate(
             lex_scores, lex_rows = lexical_search(
                 bm25, queries.texts, candidates, exclude_rows=query_rows
             )
-            hybrid[split] = HybridCandidates(
+            lexical_inputs[split] = (query_rows, vectors, lex_scores, lex_rows)
+            retrieval_seconds[split] = dense_seconds + time.perf_counter() - started
+            hybrid[split] = hybrid_candidates(
+                index,
                 queries,
-                vectors,
-                -distances,
-                rows,
-                lex_scores,
-                lex_rows,
-                dense_seconds + time.perf_counter() - started,
+                *lexical_inputs[split],
+                dense_candidates,
+                retrieval_seconds[split],
             )
         write_qrels(out_dir / f"{split}.qrels", queries.qrels)
     fusion = None
@@ -444,6 +575,36 @@ def run_evaluate(
         fusion = choose_dense_weight(
             hybrid["val"], lexical.dense_weights, index, ids.qids, k, fusion_plot
         )
+        from qpr.index import exact_twin
+
+        served = choose_served_nprobe(
+            index,
+            exact_twin(index),
+            hybrid["val"],
+            fusion["dense_weight"],
+            dense_candidates,
+            k,
+            lexical.served_recall,
+            log=log,
+        )
+        probing = (
+            ""
+            if served["nprobe"] is None
+            else f"fused searches probe {served['nprobe']} lists (the dense ranking alone "
+            f"{settings.index.nprobe}): "
+        )
+        log(
+            f"{probing}served recall@{k} {served['recall']:.4f} against an exact dense search"
+            + ("" if served["reached"] else f", BELOW the target {served['target']}")
+        )
+        for split in ("val", "test"):  # again, as served
+            hybrid[split] = hybrid_candidates(
+                index,
+                splits[split],
+                *lexical_inputs[split],
+                dense_candidates,
+                retrieval_seconds[split],
+            )
         for split in ("val", "test"):
             results[split]["model"] = fused_result(
                 hybrid[split], fusion["dense_weight"], index, ids.qids, k
@@ -488,7 +649,12 @@ def run_evaluate(
         threshold["val_answered_share"],
         fusion=None
         if fusion is None
-        else {"dense_weight": fusion["dense_weight"], "candidates": candidates},
+        else {
+            "dense_weight": fusion["dense_weight"],
+            "candidates": candidates,
+            "dense_candidates": lexical.dense_candidates,
+            "nprobe": served["nprobe"],
+        },
     )
 
     metrics: dict = {key: test.summary[key] for key in test.summary}
@@ -504,6 +670,8 @@ def run_evaluate(
         metrics["fusion"] = {
             **fusion,
             "candidates": candidates,
+            "dense_candidates": lexical.dense_candidates,
+            "served": served,
             "dense_test": dict(results["test"]["dense"].summary),
             "dense_val": dict(results["val"]["dense"].summary),
             "lexical_test": dict(results["test"]["lexical"].summary),
