@@ -228,6 +228,17 @@ def _refine(index: faiss.Index) -> faiss.IndexRefine | None:
     return inner if isinstance(inner, faiss.IndexRefine) else None
 
 
+def _flat_storage(index: faiss.Index) -> faiss.IndexFlat | None:
+    """The IndexFlat holding ``index``'s exact vectors in row order (Flat itself, the
+    re-ranking store of ``…,RFlat``, HNSW…,Flat's storage), or None."""
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexRefine):
+        inner = faiss.downcast_index(inner.refine_index)
+    elif isinstance(inner, faiss.IndexHNSW):
+        inner = faiss.downcast_index(inner.storage)
+    return inner if isinstance(inner, faiss.IndexFlat) and inner.ntotal == index.ntotal else None
+
+
 def set_refine_k_factor(index: faiss.Index, k_factor: float) -> bool:
     """Set how many candidates per wanted result an ``...,RFlat`` index re-ranks exactly.
 
@@ -598,6 +609,19 @@ def distances_to(index: faiss.Index, queries: np.ndarray, rows: np.ndarray) -> n
     found = rows >= 0
     out = np.full(rows.shape, np.inf, dtype=np.float32)
     if not found.any():
+        return out
+    flat = _flat_storage(cpu)
+    if flat is not None and flat.metric_type == faiss.METRIC_L2:
+        # One C++ call over the stored vectors: no copies of them, no temporaries.
+        labels = np.ascontiguousarray(np.where(found, rows, 0))
+        flat.compute_distance_subset(
+            queries.shape[0],
+            faiss.swig_ptr(queries),
+            rows.shape[1],
+            faiss.swig_ptr(out),
+            faiss.swig_ptr(labels),
+        )
+        out[~found] = np.inf
         return out
     wanted = rows[found]
     try:

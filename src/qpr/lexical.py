@@ -444,3 +444,55 @@ def fuse(
         out_s[i, : order.size] = score[order]
         out_r[i, : order.size] = cand[order]
     return out_s, out_r
+
+
+def fuse_union(
+    dense_sims: np.ndarray,
+    union_rows: np.ndarray,
+    lexical_scores: np.ndarray,
+    lexical_rows: np.ndarray,
+    dense_weight: float,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`fuse` for candidates from `candidate_union`, every one with its dense similarity:
+    the same (scores, rows), computed for all queries at once (no per-query loop), which
+    is what a single question's search needs to stay fast.
+
+    union_rows int64 [Q, U]: ascending per query, -1 slots last, holding every row of
+    lexical_rows (what `candidate_union` returns); dense_sims float [Q, U] for them.
+    """
+    if not 0.0 <= dense_weight <= 1.0:
+        raise ValueError(f"dense_weight must be in [0, 1], got {dense_weight}")
+    union_rows = np.asarray(union_rows, np.int64)
+    lexical_rows = np.asarray(lexical_rows, np.int64)
+    q, u = union_rows.shape
+    if lexical_rows.shape[0] != q:
+        raise ValueError(f"{q} union rows but {lexical_rows.shape[0]} lexical rows")
+    valid = union_rows >= 0
+    dense = _unit_range(np.where(valid, dense_sims, -np.inf))
+    lexical_found = lexical_rows >= 0
+    lexical = _unit_range(np.where(lexical_found, lexical_scores, -np.inf))
+    # Each lexical row's slot in its query's union: one search over keys made globally
+    # ascending by a per-query offset (empty slots take the largest key of their query).
+    width = int(max(union_rows.max(initial=0), lexical_rows.max(initial=0))) + 2
+    offsets = np.arange(q, dtype=np.int64)[:, None] * width
+    keys = (np.where(valid, union_rows, width - 1) + offsets).ravel()
+    wanted = (lexical_rows + offsets)[lexical_found]
+    slots = np.searchsorted(keys, wanted)
+    if slots.size and (slots.max() >= keys.size or not np.array_equal(keys[slots], wanted)):
+        raise ValueError("union_rows must hold every lexical row (use candidate_union)")
+    lexical_share = np.zeros(q * u, np.float32)
+    lexical_share[slots] = lexical[lexical_found]
+    score = np.float32(dense_weight) * dense + np.float32(1.0 - dense_weight) * (
+        lexical_share.reshape(q, u)
+    )
+    score = np.where(valid, score, -np.inf).astype(np.float32)
+    order = np.lexsort((np.where(valid, union_rows, width), -score), axis=-1)[:, :k]
+    out_s = np.full((q, k), -np.inf, np.float32)
+    out_r = np.full((q, k), -1, np.int64)
+    taken = np.take_along_axis(score, order, axis=1)
+    out_s[:, : order.shape[1]] = taken
+    out_r[:, : order.shape[1]] = np.where(
+        np.isfinite(taken), np.take_along_axis(union_rows, order, axis=1), -1
+    )
+    return out_s, out_r

@@ -15,6 +15,7 @@ from qpr.lexical import (
     candidate_union,
     describe_bm25,
     fuse,
+    fuse_union,
     lexical_search,
     tokenize,
 )
@@ -271,3 +272,29 @@ def test_fuse_over_the_union_gives_lexical_only_rows_their_dense_share() -> None
     # 9: 0.5·0.5 + 0.5·1 = 0.75 beats 5: 0.5·1; without the union 9 would get 0.5 only
     assert rows.tolist() == [[9, 5, 3]]
     assert scores[0].tolist() == pytest.approx([0.75, 0.5, 0.0])
+
+
+def test_fuse_union_equals_fuse_on_union_candidates() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        q, n = int(rng.integers(1, 5)), int(rng.integers(5, 200))
+        dense = rng.integers(-1, n, (q, int(rng.integers(1, 30))))
+        lexical = np.stack([rng.permutation(n + 40)[:30] for _ in range(q)])
+        lexical[lexical >= n] = -1  # empty slots
+        scores = np.where(lexical >= 0, rng.integers(0, 5, lexical.shape), -np.inf)
+        union = candidate_union(dense, lexical)
+        # integer similarities: many ties, which both must break by row
+        sims = np.where(union >= 0, -rng.integers(0, 6, union.shape), -np.inf).astype(np.float32)
+        weight, k = float(rng.choice([0.0, 0.3, 0.5, 1.0])), int(rng.integers(1, 60))
+        expected = fuse(sims, union, scores, lexical, weight, k)
+        got = fuse_union(sims, union, scores, lexical, weight, k)
+        assert np.array_equal(got[1], expected[1])
+        assert np.array_equal(got[0], expected[0])
+
+
+def test_fuse_union_refuses_rows_outside_the_union() -> None:
+    union = candidate_union(np.array([[4, 2]]), np.array([[2]]))
+    with pytest.raises(ValueError, match="every lexical row"):
+        fuse_union(np.zeros((1, 3)), union, np.array([[1.0, 2.0]]), np.array([[2, 9]]), 0.5, 2)
+    with pytest.raises(ValueError, match="dense_weight"):
+        fuse_union(np.zeros((1, 3)), union, np.array([[1.0]]), np.array([[2]]), -0.1, 2)

@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
 from qpr.index import IdMap, distances_to, ef_search_of, search, set_ef_search, set_nprobe
-from qpr.lexical import BM25Index, candidate_union, fuse, lexical_search
+from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union, lexical_search
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -463,10 +463,12 @@ class Bundle:
         wanted = max(k, int(self._fusion["dense_candidates"])) if rescored else candidates
         dense_distances, dense_rows = search(self._index, vectors, min(wanted, self.size))
         lexical_scores, lexical_rows = lexical.result()
+        combine = fuse
         if rescored:  # every candidate scored by its exact distance, as evaluated
             dense_rows = candidate_union(dense_rows, lexical_rows)
             dense_distances = distances_to(self._index, vectors, dense_rows)
-        scores, rows = fuse(
+            combine = fuse_union
+        scores, rows = combine(
             -dense_distances,
             dense_rows,
             lexical_scores,

@@ -18,7 +18,8 @@ variable                           default    meaning
 ``QPR_SERVE_THREADS``              1          ONNX Runtime intra-op threads per bundle
 ``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads (process-wide)
 ``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
-                                              stored in the index file
+                                              chosen for fused searches (threshold.json),
+                                              else the one stored in the index file
 ``QPR_SERVE_CANARIES``             5          indexed questions a new bundle must retrieve
                                               first before it may serve
 ``QPR_SERVE_ACCESS_LOG``           false      one log line per request (uvicorn's)

@@ -175,10 +175,10 @@ def fused_result(
     """The served ranking: fusion at α = dense_weight; top1 is the rank-1 question's L2
     distance (the unit of the no-answer threshold), whichever retriever found it."""
     from qpr.index import distances_to
-    from qpr.lexical import fuse
+    from qpr.lexical import fuse_union
 
     started = time.perf_counter()
-    scores, rows = fuse(
+    scores, rows = fuse_union(
         candidates.dense_sims,
         candidates.dense_rows,
         candidates.lexical_scores,
@@ -246,10 +246,10 @@ def choose_served_nprobe(
     import faiss
 
     from qpr.index import nlist_of, recall_against, set_nprobe
-    from qpr.lexical import fuse
+    from qpr.lexical import fuse_union
 
     def fused_rows(candidates: HybridCandidates) -> np.ndarray:
-        return fuse(
+        return fuse_union(
             candidates.dense_sims,
             candidates.dense_rows,
             candidates.lexical_scores,
