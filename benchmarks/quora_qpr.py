@@ -384,19 +384,29 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             "BM25 fusion rows: the dense weight α chosen on the validation split, and the "
             "same model ranking by its encoder alone. Each encoder is trained like the named "
             "row's: that row's checkpoints are reused when they still match the settings "
-            "(else it is trained again, same settings and seed):",
+            "(else it is trained again, same settings and seed). Candidates: BM25's and "
+            "the index's top max(k, N), every one scored by its exact distance, at the "
+            "nprobe chosen for served recall@20 >= 0.98 (README, *Hybrid search*); rows "
+            "measured before that took 100 per side, each with its own side's score:",
             "",
-            "| row | trained like | BM25 words | α | val P@1 fused | val P@1 dense | "
-            "test P@1 dense | test MRR dense |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            "| row | trained like | BM25 words | candidates | α | val P@1 fused | "
+            "val P@1 dense | test P@1 dense | test MRR dense |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for name, row in fused:
             fusion = row["evaluate"]["fusion"]
             # rows measured before index.lexical had a stemmer: words as written, k1 1.5
             lexical = row.get("config", {}).get("index", {}).get("lexical", {})
+            served = fusion.get("served")
+            candidates = (
+                f"{fusion['candidates']} per side"
+                if served is None
+                else f"BM25 {fusion['candidates']} + index {fusion['dense_candidates']}, "
+                f"exact; nprobe {served['nprobe']} (served recall {served['recall']:.3f})"
+            )
             lines.append(
                 f"| {name} | {TRAINED_AS.get(name, name)} | {describe_bm25(lexical)} | "
-                f"{fusion['dense_weight']:g} | "
+                f"{candidates} | {fusion['dense_weight']:g} | "
                 f"{row['evaluate']['val']['success_1']:.4f} | "
                 f"{fusion['dense_val']['success_1']:.4f} | "
                 f"{fusion['dense_test']['success_1']:.4f} | "

@@ -468,6 +468,15 @@ def fuse_union(
     q, u = union_rows.shape
     if lexical_rows.shape[0] != q:
         raise ValueError(f"{q} union rows but {lexical_rows.shape[0]} lexical rows")
+    if q == 1:  # one question (the service): fewer, smaller numpy calls
+        return _fuse_union_one(
+            np.asarray(dense_sims)[0],
+            union_rows[0],
+            np.asarray(lexical_scores)[0],
+            lexical_rows[0],
+            dense_weight,
+            k,
+        )
     valid = union_rows >= 0
     dense = _unit_range(np.where(valid, dense_sims, -np.inf))
     lexical_found = lexical_rows >= 0
@@ -479,8 +488,8 @@ def fuse_union(
     keys = (np.where(valid, union_rows, width - 1) + offsets).ravel()
     wanted = (lexical_rows + offsets)[lexical_found]
     slots = np.searchsorted(keys, wanted)
-    if slots.size and (slots.max() >= keys.size or not np.array_equal(keys[slots], wanted)):
-        raise ValueError("union_rows must hold every lexical row (use candidate_union)")
+    if slots.size and (slots.max() >= keys.size or not (keys[slots] == wanted).all()):
+        raise ValueError(_NOT_A_UNION)
     lexical_share = np.zeros(q * u, np.float32)
     lexical_share[slots] = lexical[lexical_found]
     score = np.float32(dense_weight) * dense + np.float32(1.0 - dense_weight) * (
@@ -495,4 +504,40 @@ def fuse_union(
     out_r[:, : order.shape[1]] = np.where(
         np.isfinite(taken), np.take_along_axis(union_rows, order, axis=1), -1
     )
+    return out_s, out_r
+
+
+_NOT_A_UNION = "union_rows must hold every lexical row (use candidate_union)"
+
+
+def _fuse_union_one(
+    sims: np.ndarray,
+    union: np.ndarray,
+    lexical_scores: np.ndarray,
+    lexical_rows: np.ndarray,
+    dense_weight: float,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """fuse_union for one query (1-D arrays): the same arithmetic, float32 as in `fuse`."""
+    out_s = np.full((1, k), -np.inf, np.float32)
+    out_r = np.full((1, k), -1, np.int64)
+    rows = union[union >= 0]
+    if rows.size == 0:
+        return out_s, out_r
+    sims = sims[: rows.size]  # valid slots come first
+    lo, hi = sims.min(), sims.max()
+    dense = ((sims - lo) / (hi - lo) if hi > lo else np.ones(rows.size)).astype(np.float32)
+    lexical = np.zeros(rows.size, np.float32)
+    found = lexical_rows >= 0
+    if found.any():
+        wanted, scores = lexical_rows[found], lexical_scores[found]
+        slots = np.searchsorted(rows, wanted)
+        if slots.max() >= rows.size or not (rows[slots] == wanted).all():
+            raise ValueError(_NOT_A_UNION)
+        lo, hi = scores.min(), scores.max()
+        lexical[slots] = (scores - lo) / (hi - lo) if hi > lo else 1.0
+    score = np.float32(dense_weight) * dense + np.float32(1.0 - dense_weight) * lexical
+    order = np.lexsort((rows, -score))[:k]
+    out_s[0, : order.size] = score[order]
+    out_r[0, : order.size] = rows[order]
     return out_s, out_r
