@@ -45,10 +45,19 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     # BM25 fused in (the default): α chosen on val from the grid, where the service reads it
     fusion = evaluation["fusion"]
     assert str(fusion["dense_weight"]) in fusion["val_success_1"]
-    assert evaluation["val"]["success_1"] == max(fusion["val_success_1"].values())
+    # α: the best validation P@1 over an exact dense search; served at the chosen nprobe
+    assert fusion["val_success_1"][str(fusion["dense_weight"])] == max(
+        fusion["val_success_1"].values()
+    )
     assert evaluation["val"]["success_1"] >= fusion["dense_val"]["success_1"]
     stored = json.loads((root / "models" / "threshold.json").read_text())
-    assert stored["fusion"] == {"dense_weight": fusion["dense_weight"], "candidates": 100}
+    assert stored["fusion"] == {
+        "dense_weight": fusion["dense_weight"],
+        "candidates": 100,
+        "dense_candidates": 20,
+        "nprobe": fusion["served"]["nprobe"],
+    }
+    assert fusion["served"]["reached"]
     assert (root / "plots" / "evaluate" / "fusion.png").stat().st_size > 0
     # TREC files carry ids only, never question text.
     first = (root / "reports" / "evaluate" / "test.model.run").read_text().splitlines()[0]

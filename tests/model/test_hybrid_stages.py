@@ -35,7 +35,9 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     assert set(fusion["val_success_1"]) == {str(w / 10) for w in range(11)}
     # α = 1 (the dense ranking) is among those tried, so fusion never loses on validation
     assert fusion["val_success_1"]["1.0"] == pytest.approx(fusion["dense_val"]["success_1"])
-    assert metrics["val"]["success_1"] == max(fusion["val_success_1"].values())
+    assert fusion["val_success_1"][str(fusion["dense_weight"])] == max(
+        fusion["val_success_1"].values()
+    )
     assert "dense" not in metrics["baselines"]
     # α = 0: the bundle's own BM25 alone, reported beside the plain bm25 baseline
     assert fusion["val_success_1"]["0.0"] == pytest.approx(fusion["lexical_val"]["success_1"])
