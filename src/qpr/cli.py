@@ -715,7 +715,11 @@ def _print_results(metrics: dict) -> None:
     console.print(table)
     if fusion:
         weight = fusion["dense_weight"]
-        what = {1.0: "the dense ranking alone", 0.0: "BM25 alone"}.get(weight, "both fused")
+        what = {
+            1.0: "ranked by embedding distance alone"
+            + (" (over both retrievers' candidates)" if fusion.get("served") else ""),
+            0.0: "BM25 alone",
+        }.get(weight, "both fused")
         console.print(
             f"model = dense (the encoder) and BM25 fused at α {weight:g}, chosen on "
             f"validation: {what}"

@@ -109,6 +109,8 @@ class TrainSettings(_Section):
     patience: int = Field(3, ge=1)
     monitor: Literal["val_auc", "val_mrr"] = "val_mrr"  # early stopping and the epoch kept
     threads: int = Field(2, ge=1)
+    # "auto": the GPU when torch sees one (qpr.train.resolve_device), else the CPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
 

@@ -325,6 +325,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def resolve_device(name: str) -> str:
+    """ "cpu" or "cuda" for train.device: "auto" takes the GPU when torch sees one. Asking
+    for "cuda" without one is an error, not a silent fall back to hours on the CPU."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    available = torch.cuda.is_available()
+    if name == "cuda" and not available:
+        raise RuntimeError(
+            "train.device is 'cuda' but torch sees no GPU (a CPU-only torch build or no "
+            "device): set train.device to 'auto' or 'cpu'"
+        )
+    if name == "auto":
+        return "cuda" if available else "cpu"
+    return name
+
+
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file in the same directory, fsync, then os.replace."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

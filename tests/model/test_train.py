@@ -20,6 +20,7 @@ from qpr.train import (
     load_checkpoint,
     load_encoder,
     mean_reciprocal_rank,
+    resolve_device,
     roc_auc,
     seed_everything,
     train_encoder,
@@ -238,3 +239,41 @@ def test_atomic_save_keeps_the_old_file_when_interrupted(
         atomic_torch_save({"epoch": 2}, path)
     assert load_checkpoint(path) == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+# -- device ----------------------------------------------------------------------------------
+
+
+def test_resolve_device_takes_the_gpu_only_when_there_is_one() -> None:
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="sees no GPU"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_trains_on_the_gpu_and_the_checkpoint_resumes_and_encodes_on_the_cpu(
+    tiny_paraphrases, tmp_path: Path
+) -> None:
+    data = tiny_paraphrases
+    result = _train(data, tmp_path, max_epochs=3, device="cuda")
+    assert result.best_val_mrr > result.initial["val_mrr"] + 0.5
+    # The checkpoint holds CPU tensors: the export and the service never need a GPU.
+    on_cpu = load_encoder(result.best_checkpoint)
+    assert {p.device.type for p in on_cpu.parameters()} == {"cpu"}
+    emb_cpu = encode_texts(on_cpu, data.vocab, data.val.texts, max_len=MAX_LEN)
+    emb_gpu = encode_texts(
+        load_encoder(result.best_checkpoint).to("cuda"),
+        data.vocab,
+        data.val.texts,
+        max_len=MAX_LEN,
+        device="cuda",
+    )
+    np.testing.assert_allclose(emb_gpu, emb_cpu, atol=1e-4)
+    # A run started on the GPU goes on from its last epoch on the CPU.
+    resumed = _train(data, tmp_path, max_epochs=4, device="cpu")
+    assert resumed.resumed_from_epoch == 3 and resumed.last_epoch == 4

@@ -618,32 +618,26 @@ def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
 
 def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
     """None, or {"dense_weight", "candidates"} plus, from bundles that score every
-    candidate exactly, "dense_candidates" and "nprobe" (None: the index's own)."""
+    candidate exactly, "dense_candidates" and "nprobe" (absent: the index's own)."""
     if fusion is None:
         return None
-
-    def count(key: str, optional: bool = False) -> int | None:
-        value = fusion.get(key) if isinstance(fusion, dict) else None
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BundleError(
-                f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
-                f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
-            )
-        return int(value)
-
-    weight = fusion.get("dense_weight") if isinstance(fusion, dict) else None
+    wrong = BundleError(
+        f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
+        f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
+    )
+    if not isinstance(fusion, dict):
+        raise wrong
+    weight = fusion.get("dense_weight")
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
-        raise BundleError(
-            f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
-            f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
-        )
-    out: dict[str, float] = {"dense_weight": float(weight), "candidates": count("candidates")}
-    dense_candidates = count("dense_candidates", optional=True)
-    if dense_candidates is not None:
-        out["dense_candidates"] = dense_candidates
-        nprobe = count("nprobe", optional=True)
-        if nprobe is not None:
-            out["nprobe"] = nprobe
+        raise wrong
+    out: dict[str, float] = {"dense_weight": float(weight)}
+    for key in ("candidates", "dense_candidates", "nprobe"):
+        value = fusion.get(key)
+        if value is None and key != "candidates":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise wrong
+        out[key] = int(value)
+    if "nprobe" in out and "dense_candidates" not in out:
+        raise wrong  # nprobe was only ever chosen for exactly scored candidates
     return out

@@ -397,8 +397,9 @@ def write_threshold(
     fusion: dict[str, float | int] | None = None,
 ) -> Path:
     """models/threshold.json: what the service decides with, chosen on the validation
-    split: the no-answer threshold and, when BM25 is fused in, the dense weight α and the
-    candidates taken from each side (null: the dense ranking alone)."""
+    split: the no-answer threshold and, when BM25 is fused in, the dense weight α, BM25's
+    candidates, the index's (`dense_candidates`) and the nprobe of fused searches (null:
+    the dense ranking alone)."""
     payload = {
         "threshold": threshold,
         "target_precision": target,

@@ -251,6 +251,7 @@ def run_train(
         TrainingStateError,
         ValidationSet,
         num_training_classes,
+        resolve_device,
         train_encoder,
     )
 
@@ -304,6 +305,9 @@ def run_train(
             f"({num_classes:,} clusters)"
         )
     encoder, loss = build_encoder_and_loss(settings, vocab.size, num_classes=num_classes)
+    device = resolve_device(train.device)
+    if device == "cuda":
+        log(f"training on the GPU: {torch.cuda.get_device_name(0)}")
     teacher_pairs = None
     if train.loss == "sdml" and train.prior == "teacher":
         teacher_pairs = training_teacher_vectors(settings, paths, train_pairs, log=log)
@@ -329,6 +333,7 @@ def run_train(
         max_pairs=train.max_pairs,
         time_budget_s=train.time_budget_s,
         teacher_vectors=teacher_pairs,
+        device=device,
     )
     try:
         result = train_encoder(encoder=encoder, loss=loss, resume=True, **arguments)
