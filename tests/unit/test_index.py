@@ -9,6 +9,7 @@ import pytest
 from qpr.index import (
     IdMap,
     build_index,
+    distances_to,
     drop_excluded,
     ef_search_of,
     exact_recall_at_k,
@@ -370,3 +371,25 @@ def test_exact_twin_searches_the_stored_vectors_exhaustively(factory):
     assert np.array_equal(twin.search(queries, 10)[1], exact.search(queries, 10)[1])
     if factory.startswith("IVF"):  # one list of 16 probed: approximate, the twin is not
         assert recall_against(search(index, queries, 10)[1], twin.search(queries, 10)[1]) < 1
+
+
+@pytest.mark.parametrize(
+    "factory", ["Flat", "HNSW8,Flat", "IVF16,PQ16x4fs,RFlat", "IVF16,Flat", "IVF16,PQ8"]
+)
+def test_distances_to_are_the_stored_vectors_squared_l2(factory):
+    # Flat storage (Flat, HNSW's, the re-ranking store) is read in place; IVF lists through
+    # a direct map; PQ codes give their decoded vectors.
+    x, queries = _vectors(2_000, 32), _vectors(3, 32, seed=4)
+    index = build_index(x, factory, nprobe=4, seed=0, log=_quiet)
+    rows = np.array([[5, 17, -1, 1999], [0, 0, 3, -1], [-1, -1, -1, -1]])
+    got = distances_to(index, queries, rows)
+    stored = index.reconstruct_n(0, index.ntotal) if "PQ8" in factory else x
+    for i in range(3):
+        for j, row in enumerate(rows[i]):
+            if row < 0:
+                assert np.isinf(got[i, j])
+            else:
+                expected = ((queries[i] - stored[row]) ** 2).sum()
+                assert got[i, j] == pytest.approx(expected, rel=1e-4)
+    with pytest.raises(ValueError, match="rows must be"):
+        distances_to(index, queries, rows[:2])

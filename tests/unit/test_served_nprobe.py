@@ -1,0 +1,55 @@
+"""The evaluate stage's choice of inverted lists for fused searches, on a small IVF index."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from qpr.index import build_index, exact_twin, set_nprobe
+from qpr.stages.evaluate import choose_served_nprobe, hybrid_candidates
+
+
+def _candidates(index, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((60, index.d)).astype(np.float32)
+    lexical_rows = np.stack([rng.choice(index.ntotal, 15, replace=False) for _ in range(60)])
+    lexical_scores = -np.sort(-rng.random((60, 15)), axis=1).astype(np.float32)
+    no_self = np.full(60, -1, np.int64)
+    return hybrid_candidates(
+        exact_twin(index), None, no_self, vectors, lexical_scores, lexical_rows, 20
+    )
+
+
+def _index(nprobe: int):
+    x = np.random.default_rng(1).standard_normal((3_000, 16)).astype(np.float32)
+    return build_index(x, "IVF32,Flat", nprobe=nprobe, seed=0, log=lambda _: None)
+
+
+def test_the_fewest_lists_that_reach_the_target_are_chosen_and_set() -> None:
+    index = _index(nprobe=32)
+    exact = _candidates(index)
+    served = choose_served_nprobe(index, exact, 0.7, 20, 10, 0.9, log=lambda _: None)
+    tried = [int(p) for p in served["by_nprobe"]]
+    assert tried == sorted(tried) and tried[-1] == served["nprobe"] <= 32
+    assert all(r < 0.9 for r in list(served["by_nprobe"].values())[:-1])
+    assert served["recall"] >= 0.9 and served["reached"]
+    assert faiss.extract_index_ivf(index).nprobe == served["nprobe"]
+    # every list probed: the exact ranking itself
+    set_nprobe(index, 32)
+    exhaustive = choose_served_nprobe(index, exact, 0.7, 20, 10, 1.0, log=lambda _: None)
+    assert exhaustive["recall"] == 1.0 and exhaustive["reached"]
+
+
+def test_an_unreachable_target_keeps_the_index_nprobe_and_says_so() -> None:
+    index = _index(nprobe=2)
+    served = choose_served_nprobe(index, _candidates(index), 1.0, 20, 10, 1.0, log=print)
+    assert list(served["by_nprobe"]) == ["1", "2"]
+    assert served["nprobe"] == 2 and not served["reached"] and served["recall"] < 1.0
+
+
+def test_an_index_without_lists_is_measured_as_it_stands() -> None:
+    x = np.random.default_rng(1).standard_normal((500, 16)).astype(np.float32)
+    flat = build_index(x, "Flat", nprobe=1, seed=0, log=lambda _: None)
+    served = choose_served_nprobe(flat, _candidates(flat), 0.5, 20, 10, 0.98, log=print)
+    assert served["nprobe"] is None and served["by_nprobe"] == {}
+    assert served["recall"] == 1.0 and served["reached"]
