@@ -129,3 +129,13 @@ def positive_pairs(questions: pd.DataFrame, *, max_per_cluster: int, seed: int) 
             "split": np.concatenate(split_col),
         }
     )
+
+
+def training_pairs_frame(questions: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Train pairs with their texts: q1_id, q2_id, cluster_id, q1_text, q2_text."""
+    text_of = questions.set_index("question_id")["text"]
+    train = pairs[pairs["split"] == "train"].reset_index(drop=True)
+    return train.assign(
+        q1_text=text_of.reindex(train["q1_id"]).to_numpy(),
+        q2_text=text_of.reindex(train["q2_id"]).to_numpy(),
+    )

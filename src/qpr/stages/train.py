@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from qpr.config import Settings, SettingsError
+from qpr.data.splits import training_pairs_frame
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
 from qpr.quality.gate import gate
@@ -39,16 +40,6 @@ def read_cluster_outputs(paths: ProjectPaths) -> tuple[pd.DataFrame, pd.DataFram
         if not file.is_file():
             raise MissingInputError(f"{file} not found: run the cluster stage first")
     return pd.read_parquet(questions_file), pd.read_parquet(pairs_file)
-
-
-def training_pairs_frame(questions: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
-    """Train pairs with their texts: q1_id, q2_id, cluster_id, q1_text, q2_text."""
-    text_of = questions.set_index("question_id")["text"]
-    train = pairs[pairs["split"] == "train"].reset_index(drop=True)
-    return train.assign(
-        q1_text=text_of.reindex(train["q1_id"]).to_numpy(),
-        q2_text=text_of.reindex(train["q2_id"]).to_numpy(),
-    )
 
 
 def encoder_max_len(settings: Settings) -> int:
