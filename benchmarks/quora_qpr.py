@@ -402,7 +402,13 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
                 f"{fusion['candidates']} per side"
                 if served is None
                 else f"BM25 {fusion['candidates']} + index {fusion['dense_candidates']}, "
-                f"exact; nprobe {served['nprobe']} (served recall {served['recall']:.3f})"
+                + "exact; "
+                + "".join(
+                    f"{knob} {served[knob]} "
+                    for knob in ("nprobe", "ef_search")
+                    if served.get(knob) is not None
+                )
+                + f"(served recall {served['recall']:.3f})"
             )
             lines.append(
                 f"| {name} | {TRAINED_AS.get(name, name)} | {describe_bm25(lexical)} | "

@@ -1500,8 +1500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             served = index_report["served"]["chosen"]
             set_knob(index, knob, served)
-            if knob == "nprobe":  # as the evaluate stage stores it for the service
-                fusion = {**fusion, "nprobe": served}
+            # as the evaluate stage stores it for the service
+            depths = ("nprobe", "ef_search")
+            fusion = {**{k: v for k, v in fusion.items() if k not in depths}, knob: served}
             del bm25
         write_bundle(bundle_dir, corpus, index, fusion)
         if fusion is not None:

@@ -726,7 +726,11 @@ def _print_results(metrics: dict) -> None:
         )
         served = fusion.get("served")
         if served:
-            probing = "" if served["nprobe"] is None else f"at nprobe {served['nprobe']}, "
+            probing = "".join(
+                f"at {knob} {served[knob]}, "
+                for knob in ("nprobe", "ef_search")
+                if served.get(knob) is not None
+            )
             console.print(
                 f"served: BM25's {fusion['candidates']} and the index's "
                 f"{fusion['dense_candidates']} candidates scored exactly, {probing}recall@k "

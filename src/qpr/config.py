@@ -129,8 +129,8 @@ class LexicalSettings(_Section):
     # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
     # scored by its exact distance (qpr.lexical.candidate_union), so few are needed.
     dense_candidates: int = Field(20, ge=1)
-    # Fused searches probe the fewest inverted lists whose served top k (evaluate.k) keeps
-    # this share of the results an exact dense search would give, on the validation split.
+    # Fused searches go as deep as the fewest IVF lists (HNSW candidates) whose served top k
+    # (evaluate.k) keeps this share of an exact dense search's results, on validation.
     served_recall: float = Field(0.98, gt=0.0, le=1.0)
     stemmer: str | None = "english"  # Snowball stems of the words (None: the words as written)
     k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation

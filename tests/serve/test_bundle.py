@@ -134,6 +134,10 @@ def test_ef_search_for_an_hnsw_index(bundle: Bundle, copy_dir: Path) -> None:
     save_index(index, copy_dir / INDEX_FILE)
     assert Bundle.load(copy_dir).ef_search == 21  # as stored by the index stage
     assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
+    # a fused bundle: the efSearch the evaluate stage chose, unless the caller says otherwise
+    _make_hybrid(copy_dir, 0.5, dense_candidates=20, ef_search=40)
+    assert Bundle.load(copy_dir).ef_search == 40
+    assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
     assert Bundle.load(copy_dir).nprobe is None
     assert bundle.ef_search is None  # Flat: no graph
     with pytest.raises(ValueError, match="ef_search"):
@@ -144,6 +148,10 @@ def test_nprobe_for_an_ivf_index(bundle: Bundle, copy_dir: Path) -> None:
     vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
     _write_index(copy_dir, vectors, "IVF2,Flat")  # lowered to IVF1 for 50 vectors
     assert Bundle.load(copy_dir).nprobe == 1  # as stored
+    assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
+    # a fused bundle: the nprobe the evaluate stage chose, unless the caller says otherwise
+    _make_hybrid(copy_dir, 0.5, dense_candidates=20, nprobe=3)
+    assert Bundle.load(copy_dir).nprobe == 3
     assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
 
 
@@ -385,8 +393,6 @@ def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir
         "dense_candidates": 2,
         "nprobe": 1,
     }
-    assert hybrid.nprobe == (None if bundle.nprobe is None else 1)
-    assert Bundle.load(copy_dir, nprobe=2).nprobe == (None if bundle.nprobe is None else 2)
     hybrid = Bundle.load(copy_dir, nprobe=bundle.nprobe)  # the dense side as `bundle` searches
     qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
     lexical = {int(qids[r]) for r in BM25Index.build(QUESTIONS).search(question, 5)[1] if r >= 0}
@@ -455,6 +461,7 @@ def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
         {"candidates": 3},
         {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 0},
         {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "nprobe": "all"},
+        {"dense_weight": 0.5, "candidates": 3, "ef_search": 64},
     ],
 )
 def test_bad_fusion_entry(copy_dir: Path, fusion: object) -> None:

@@ -261,12 +261,13 @@ class Bundle:
                 f"{index_path} holds {index.d}-dimensional vectors but {onnx_path} outputs "
                 f"{dim} dimensions: the index was built by another encoder"
             )
-        if nprobe is None and fusion is not None:
-            nprobe = fusion.get("nprobe")  # the fewest lists keeping the fused recall
+        if fusion is not None:  # the shallowest search keeping the fused recall
+            nprobe = fusion.get("nprobe") if nprobe is None else nprobe
+            ef_search = fusion.get("ef_search") if ef_search is None else ef_search
         if nprobe is not None:
             set_nprobe(index, int(nprobe))  # False for non-IVF indexes: nothing to set
         if ef_search is not None:
-            set_ef_search(index, ef_search)  # False for non-HNSW indexes
+            set_ef_search(index, int(ef_search))  # False for non-HNSW indexes
 
         ids_path = paths[IDS_FILE]
         try:
@@ -350,9 +351,9 @@ class Bundle:
 
     @property
     def fusion(self) -> dict[str, float] | None:
-        """{"dense_weight": α, "candidates": C, "dense_candidates": Cd, "nprobe": n} when
-        BM25 is fused in (the last two absent from bundles written before candidates were
-        scored exactly); None: dense only."""
+        """{"dense_weight": α, "candidates": C, "dense_candidates": Cd, "nprobe": n or
+        "ef_search": e} when BM25 is fused in (the last two absent from bundles written
+        before candidates were scored exactly); None: dense only."""
         return None if self._fusion is None else dict(self._fusion)
 
     @property
@@ -618,12 +619,13 @@ def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
 
 def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
     """None, or {"dense_weight", "candidates"} plus, from bundles that score every
-    candidate exactly, "dense_candidates" and "nprobe" (absent: the index's own)."""
+    candidate exactly, "dense_candidates" and "nprobe" or "ef_search" (absent: the
+    index's own)."""
     if fusion is None:
         return None
     wrong = BundleError(
         f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
-        f"optional dense_candidates >= 1, optional nprobe >= 1}}, got {fusion!r}"
+        f"optional dense_candidates, nprobe, ef_search >= 1}}, got {fusion!r}"
     )
     if not isinstance(fusion, dict):
         raise wrong
@@ -631,13 +633,13 @@ def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
         raise wrong
     out: dict[str, float] = {"dense_weight": float(weight)}
-    for key in ("candidates", "dense_candidates", "nprobe"):
+    for key in ("candidates", "dense_candidates", "nprobe", "ef_search"):
         value = fusion.get(key)
         if value is None and key != "candidates":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise wrong
         out[key] = int(value)
-    if "nprobe" in out and "dense_candidates" not in out:
-        raise wrong  # nprobe was only ever chosen for exactly scored candidates
+    if ("nprobe" in out or "ef_search" in out) and "dense_candidates" not in out:
+        raise wrong  # a depth was only ever chosen for exactly scored candidates
     return out

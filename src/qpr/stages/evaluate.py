@@ -219,11 +219,15 @@ def choose_dense_weight(
     return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
 
 
-# Inverted lists a fused search may probe, tried from the fewest up (qpr.index.set_nprobe).
-SERVED_NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# How deep a fused search may go, tried from the shallowest up: inverted lists probed
+# (IVF, qpr.index.set_nprobe) or graph candidates kept (HNSW, qpr.index.set_ef_search).
+SERVED_DEPTHS = {
+    "nprobe": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    "ef_search": (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
+}
 
 
-def choose_served_nprobe(
+def choose_served_depth(
     index,
     exact: HybridCandidates,
     dense_weight: float,
@@ -232,20 +236,22 @@ def choose_served_nprobe(
     target: float,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """The fewest inverted lists whose fused top k keeps `target` of the top k fused from
-    an exact dense search (`exact`: the validation candidates from the index's exact
-    twin, `hybrid_candidates(exact_twin(index), ...)`).
+    """The shallowest search (fewest IVF lists, or fewest HNSW candidates kept) whose
+    fused top k keeps `target` of the top k fused from an exact dense search (`exact`: the
+    validation candidates from the index's exact twin, `hybrid_candidates(exact_twin(index),
+    ...)`).
 
     A fused ranking takes only a few candidates from the index and scores every candidate
-    exactly, so it needs far fewer lists than the dense ranking alone. Lists are tried
-    from SERVED_NPROBES below the index's own nprobe, then that nprobe; the first to reach
-    the target is chosen (the index's nprobe when none does: `reached` is False). The
-    index is left set to the chosen nprobe. An index without inverted lists gets its
-    recall measured as it stands, with nprobe None.
+    exactly, so it needs a far shallower search than the dense ranking alone. Depths are
+    tried from SERVED_DEPTHS below the index's own, then its own; the first to reach the
+    target is chosen (the index's own when none does: `reached` is False), and the index is
+    left set to it. Returns {"nprobe", "ef_search" (the one chosen, the other None),
+    "recall", "target", "reached", "by_nprobe" / "by_ef_search" (recall per depth tried)};
+    a Flat index gets its recall measured as it stands, both depths None.
     """
     import faiss
 
-    from qpr.index import nlist_of, recall_against, set_nprobe
+    from qpr.index import ef_search_of, nlist_of, recall_against, set_ef_search, set_nprobe
     from qpr.lexical import fuse_union
 
     def fused_rows(candidates: HybridCandidates) -> np.ndarray:
@@ -271,33 +277,32 @@ def choose_served_nprobe(
         return recall_against(fused_rows(candidates), reference)
 
     reference = fused_rows(exact)
-    if nlist_of(index) is None:
+    out: dict = {"nprobe": None, "ef_search": None, "by_nprobe": {}, "by_ef_search": {}}
+    if nlist_of(index) is not None:
+        knob, own, set_depth = "nprobe", int(faiss.extract_index_ivf(index).nprobe), set_nprobe
+    elif ef_search_of(index) is not None:
+        knob, own, set_depth = "ef_search", int(ef_search_of(index)), set_ef_search
+    else:
         recall = served_at(index)
-        return {
-            "nprobe": None,
-            "recall": recall,
-            "target": target,
-            "reached": recall >= target,
-            "by_nprobe": {},
-        }
-    own = int(faiss.extract_index_ivf(index).nprobe)
-    by_nprobe: dict[str, float] = {}
+        return {**out, "recall": recall, "target": target, "reached": recall >= target}
+    tried: dict[str, float] = {}
     chosen = own
-    for nprobe in [p for p in SERVED_NPROBES if p < own] + [own]:
-        set_nprobe(index, nprobe)
-        by_nprobe[str(nprobe)] = served_at(index)
-        log(f"served recall@{k} of the fusion at nprobe {nprobe}: {by_nprobe[str(nprobe)]:.4f}")
-        if by_nprobe[str(nprobe)] >= target:
-            chosen = nprobe
+    for depth in [d for d in SERVED_DEPTHS[knob] if d < own] + [own]:
+        set_depth(index, depth)
+        tried[str(depth)] = served_at(index)
+        log(f"served recall@{k} of the fusion at {knob} {depth}: {tried[str(depth)]:.4f}")
+        if tried[str(depth)] >= target:
+            chosen = depth
             break
-    set_nprobe(index, chosen)
-    recall = by_nprobe[str(chosen)]
+    set_depth(index, chosen)
+    recall = tried[str(chosen)]
     return {
-        "nprobe": chosen,
+        **out,
+        knob: chosen,
+        f"by_{knob}": tried,
         "recall": recall,
         "target": target,
         "reached": recall >= target,
-        "by_nprobe": by_nprobe,
     }
 
 
@@ -566,7 +571,7 @@ def run_evaluate(
         fusion = choose_dense_weight(
             exact_val, lexical.dense_weights, index, ids.qids, k, fusion_plot
         )
-        served = choose_served_nprobe(
+        served = choose_served_depth(
             index,
             exact_val,
             fusion["dense_weight"],
@@ -575,12 +580,17 @@ def run_evaluate(
             lexical.served_recall,
             log=log,
         )
-        probing = (
-            ""
-            if served["nprobe"] is None
-            else f"fused searches probe {served['nprobe']} lists (the dense ranking alone "
-            f"{settings.index.nprobe}): "
-        )
+        probing = ""
+        if served["nprobe"] is not None:
+            probing = (
+                f"fused searches probe {served['nprobe']} lists (the dense ranking alone "
+                f"{settings.index.nprobe}): "
+            )
+        elif served["ef_search"] is not None:
+            probing = (
+                f"fused searches keep {served['ef_search']} graph candidates (the dense "
+                f"ranking alone {settings.index.ef_search}): "
+            )
         log(
             f"{probing}served recall@{k} {served['recall']:.4f} against an exact dense search"
             + ("" if served["reached"] else f", BELOW the target {served['target']}")
@@ -643,7 +653,7 @@ def run_evaluate(
             "dense_weight": fusion["dense_weight"],
             "candidates": candidates,
             "dense_candidates": lexical.dense_candidates,
-            "nprobe": served["nprobe"],
+            **{knob: served[knob] for knob in ("nprobe", "ef_search") if served[knob]},
         },
     )
 
