@@ -63,6 +63,7 @@ import torch
 
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
+from paper_cnn import ENCODER_KW, HASH_BINS, MAX_LEN, MAX_WORDS
 from tqdm import tqdm
 
 from qpr.data.clustering import components
@@ -86,21 +87,11 @@ NAME = "pipeline_speed"
 THREADS = 2
 SEED = 13
 
-# The paper's configuration (Bonadiman et al. 2019, section 4.2) = params.yaml defaults.
-MAX_WORDS = 50_000
-HASH_BINS = 5_000
-MAX_LEN = 40
 # params.yaml cluster.max_pairs_per_cluster: the cluster stage caps positive pairs per
 # cluster. It matters for speed, not just balance: Quora's transitive closure has a cluster
 # with 1,133 duplicate pairs, and a cluster-disjoint sampler needs at least as many batches
 # as its largest cluster has pairs, which would shrink batches to ~100 pairs instead of 512.
 MAX_PAIRS_PER_CLUSTER = 50
-ENCODER_KW: dict[str, Any] = {
-    "embedding_dim": 300,
-    "windows": (5,),
-    "channels": 300,
-    "output_dim": 300,
-}
 BATCH_SIZE = 512
 LR = 1e-3
 SMOOTHING = 0.3

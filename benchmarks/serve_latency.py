@@ -77,6 +77,7 @@ import pyarrow.parquet as pq
 
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
+from paper_cnn import ENCODER_KW, HASH_BINS, MAX_LEN, MAX_WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUORA = ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -92,15 +93,6 @@ PAPER_FACTORY = "IVF2000,Flat"
 FASTSCAN_FACTORY = "IVF1024,PQ150x4fs,RFlat"
 FASTSCAN_NPROBES = (16, 32, 64, 128, 256, 384, 512)
 FUSION_K = 100  # the most results a request may ask for (and older fused bundles' candidates)
-MAX_WORDS = 50_000
-HASH_BINS = 5_000
-MAX_LEN = 40
-ENCODER_KW: dict[str, Any] = {
-    "embedding_dim": 300,
-    "windows": (5,),
-    "channels": 300,
-    "output_dim": 300,
-}
 RECALL_K = 20
 RECALL_TARGET = 0.98
 SEARCH_K = 10  # the service's default k

@@ -37,19 +37,13 @@ import torch
 
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
+from paper_cnn import ENCODER_KW, HASH_BINS, MAX_LEN, MAX_WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "train_device"
 SEED = 13
 WORDS = 20_000
 QUESTION_WORDS = 12
-MAX_LEN = 40
-ENCODER_KW: dict[str, Any] = {
-    "embedding_dim": 300,
-    "windows": (5,),
-    "channels": 300,
-    "output_dim": 300,
-}
 
 
 def say(message: str) -> None:
@@ -76,7 +70,7 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
     from qpr.train import ValidationSet, seed_everything, train_encoder
 
     q1, q2, clusters = random_pairs(pairs, SEED)
-    vocab = Vocabulary.build(q1 + q2, max_words=50_000, hash_bins=5_000)
+    vocab = Vocabulary.build(q1 + q2, max_words=MAX_WORDS, hash_bins=HASH_BINS)
     val_q1, val_q2, _ = random_pairs(500, SEED + 1)
     val = ValidationSet(val_q1 + val_q2, np.tile(np.arange(500), 2), seed=1)
     seed_everything(SEED)
