@@ -64,9 +64,12 @@ RUN apt-get update \
        ca-certificates=202* \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 qpr
+# NUMBA_CACHE_DIR: the compiled BM25 kernels (qpr.maxscore) are cached where the
+# unprivileged user can write (the venv is root's).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
     GIT_AUTHOR_NAME=qpr GIT_AUTHOR_EMAIL=qpr@localhost \
     GIT_COMMITTER_NAME=qpr GIT_COMMITTER_EMAIL=qpr@localhost
 WORKDIR /app

@@ -91,7 +91,7 @@ PAPER_FACTORY = "IVF2000,Flat"
 # A compressed alternative: IVF over 4-bit PQ codes scanned with SIMD (fast scan), the
 # best k·k_factor candidates re-ranked with exact distances (params.yaml refine_k_factor).
 FASTSCAN_FACTORY = "IVF1024,PQ150x4fs,RFlat"
-FASTSCAN_NPROBES = (16, 32, 64, 128, 256, 384, 512)
+FASTSCAN_NPROBES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
 FUSION_K = 100  # the most results a request may ask for (and older fused bundles' candidates)
 RECALL_K = 20
 RECALL_TARGET = 0.98

@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from qpr.maxscore import fuse_one, top_k, union_one
+
 FORMAT = "qpr-bm25/1"
 
 # Posting lists shorter than this are added in full: skipping them saves less than the
 # pruning check costs.
-_WORTH_PRUNING = 2048
-# A candidate's binary search in a posting list costs about this many list entries added.
-_LOOKUP_COST = 8
+WORTH_PRUNING = 2048
 
 # bm25s's default token pattern: words of 2+ word characters, lower-cased.
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
@@ -189,6 +189,16 @@ class BM25Index:
         return np.asarray(ids, np.int64)
 
     @functools.cached_property
+    def by_document(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The weights document-major: (indptr int64 [N + 1], terms int32 [nnz], weights
+        float32 [nnz]), document d's terms ascending in terms[indptr[d]:indptr[d+1]]."""
+        term_of = np.repeat(np.arange(len(self.terms), dtype=np.int32), np.diff(self.indptr))
+        order = np.argsort(self.rows, kind="stable")
+        indptr = np.zeros(self.num_docs + 1, np.int64)
+        np.cumsum(np.bincount(self.rows, minlength=self.num_docs), out=indptr[1:])
+        return indptr, term_of[order], self.weights[order]
+
+    @functools.cached_property
     def upper_bounds(self) -> np.ndarray:
         """float32 [V]: each term's largest weight, the most it can add to any score."""
         out = np.zeros(len(self.terms), np.float32)
@@ -197,15 +207,16 @@ class BM25Index:
             out[filled] = np.maximum.reduceat(self.weights, self.indptr[filled])
         return out
 
-    def search(self, text: str, k: int, *, exclude_row: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, text: str, k: int, *, exclude_row: int = -1, worth_pruning: int = WORTH_PRUNING
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
         no word with the question are not results ((-inf, -1) slots).
 
-        Exact top k with MaxScore pruning (Turtle & Flood 1995): terms are visited from the
-        largest possible contribution down; once the k-th best score so far beats the sum
-        of what the terms left could still add, no unseen document can enter the top k, so
-        the long posting lists of common words are only looked up for the candidates kept
-        instead of being added in full.
+        Exact top k with MaxScore pruning (`qpr.maxscore.top_k`, compiled, GIL released):
+        the long posting lists of common words are only looked up for the documents that
+        can still reach the top k instead of being added in full. worth_pruning: the
+        shortest list worth a pruning check before it (tests lower it on small corpora).
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -218,56 +229,27 @@ class BM25Index:
         repeats = np.fromiter(counts.values(), np.int64, len(counts))
         bounds = self.upper_bounds[terms].astype(np.float64) * repeats
         order = np.argsort(-bounds, kind="stable")
-        terms, repeats = terms[order], repeats[order].astype(np.float32)
         # left[j]: the most the terms j, j+1, ... can still add to one document's score.
         left = np.append(np.cumsum(bounds[order][::-1])[::-1], 0.0)
-        acc = np.zeros(self.num_docs, np.float32)
-        touched: list[np.ndarray] = []
-        candidates = None
-        for j, (term, times) in enumerate(zip(terms.tolist(), repeats.tolist(), strict=True)):
-            a, z = int(self.indptr[term]), int(self.indptr[term + 1])
-            if candidates is not None:
-                if candidates.size * _LOOKUP_COST < z - a:
-                    self._add_to(acc, candidates, a, z, times)
-                else:  # binary searches would cost more than adding the whole list
-                    acc[self.rows[a:z]] += self.weights[a:z] * times
-                continue
-            # A term's postings hold each row once, so `+=` per term is exact.
-            acc[self.rows[a:z]] += self.weights[a:z] * times
-            touched.append(self.rows[a:z])
-            if exclude_row >= 0:
-                acc[exclude_row] = 0.0
-            # Checking costs a partial sort: worth it only before a long posting list.
-            if j + 1 < terms.size and self._length(terms[j + 1]) > _WORTH_PRUNING:
-                seen = _distinct_best(acc, touched, k)
-                # Relative slack: float32 sums may round a hair above the float64 bounds.
-                still = left[j + 1] * (1.0 + 1e-5)
-                if seen.size >= k and still < acc[seen[k - 1]]:
-                    everything = np.concatenate(touched)
-                    # Only a document that can still reach the k-th score stays a candidate.
-                    alive = acc[everything] + still >= acc[seen[k - 1]]
-                    candidates = _distinct(everything[alive])
-        if exclude_row >= 0:
-            acc[exclude_row] = 0.0
-        docs = _distinct_best(acc, touched, k) if candidates is None else candidates
-        scores = acc[docs]
-        keep = scores > 0
-        docs, scores = docs[keep].astype(np.int64), scores[keep]
-        order = np.lexsort((docs, -scores))[:k]
-        out_s[: order.size] = scores[order]
-        out_r[: order.size] = docs[order]
+        doc_indptr, doc_terms, doc_weights = self.by_document
+        scores, rows, _pruned_at = top_k(
+            self.indptr,
+            self.rows,
+            self.weights,
+            doc_indptr,
+            doc_terms,
+            doc_weights,
+            terms[order],
+            repeats[order].astype(np.float32),
+            left,
+            k,
+            exclude_row,
+            worth_pruning,
+            *_scratch(self.num_docs, len(self.terms)),
+        )
+        out_s[: scores.size] = scores
+        out_r[: rows.size] = rows
         return out_s, out_r
-
-    def _length(self, term: int) -> int:
-        return int(self.indptr[term + 1] - self.indptr[term])
-
-    def _add_to(self, acc: np.ndarray, docs: np.ndarray, a: int, z: int, times: float) -> None:
-        """acc[docs] += the term's weights for those of `docs` in its postings rows[a:z]."""
-        postings = self.rows[a:z]
-        at = np.searchsorted(postings, docs)
-        found = at < postings.size
-        found[found] = postings[at[found]] == docs[found]
-        acc[docs[found]] += self.weights[a + at[found]] * times
 
     # -- files ----------------------------------------------------------------------------
 
@@ -328,25 +310,22 @@ class BM25Index:
         )
 
 
-def _distinct(rows: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (np.unique's hash path costs more on these small arrays)."""
-    rows = np.sort(rows)
-    return rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if rows.size else rows
+_SCRATCH = threading.local()
 
 
-def _distinct_best(acc: np.ndarray, touched: list[np.ndarray], k: int) -> np.ndarray:
-    """Distinct rows among `touched` holding the k best acc values (more on ties at the
-    cut), best first. A row appears once per list, so the best k·len(touched) entries
-    hold at least k distinct rows: only those are de-duplicated."""
-    docs = np.concatenate(touched)
-    scores = acc[docs]
-    wanted = k * len(touched)
-    if docs.size > wanted:
-        cut = np.argpartition(-scores, wanted - 1)[:wanted]
-        cut = np.flatnonzero(scores >= scores[cut].min())  # keep ties: rows break them
-        docs = docs[cut]
-    docs = _distinct(docs)
-    return docs[np.argsort(-acc[docs], kind="stable")]
+def _scratch(num_docs: int, num_terms: int) -> tuple[np.ndarray, ...]:
+    """This thread's work arrays for `qpr.maxscore.top_k` (acc, state, touched, position;
+    top_k leaves them as it found them, so they are allocated once per thread and size)."""
+    arrays = getattr(_SCRATCH, "arrays", None)
+    if arrays is None or arrays[0].size != num_docs or arrays[3].size != num_terms:
+        arrays = (
+            np.zeros(num_docs, np.float32),
+            np.zeros(num_docs, np.uint8),
+            np.zeros(num_docs, np.int32),
+            np.full(num_terms, -1, np.int32),
+        )
+        _SCRATCH.arrays = arrays
+    return arrays
 
 
 def lexical_search(
@@ -384,6 +363,8 @@ def candidate_union(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndar
             f"dense_rows and lexical_rows must be [Q, C] with the same Q, got "
             f"{dense_rows.shape} and {lexical_rows.shape}"
         )
+    if len(dense_rows) == 1:  # one question (the service): compiled
+        return union_one(dense_rows[0], lexical_rows[0])[None]
     empty = np.iinfo(np.int64).max  # sorts after every row
     both = np.concatenate([dense_rows, lexical_rows], axis=1)
     both = np.sort(np.where(both >= 0, both, empty), axis=1)
@@ -392,6 +373,27 @@ def candidate_union(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndar
     both[repeated] = empty
     both.sort(axis=1)
     return np.where(both == empty, -1, both)
+
+
+def values_at(rows: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """values float [Q, C] of rows int64 [Q, C] (-1 = empty) looked up for wanted int64
+    [Q, k]: float32 [Q, k], inf for -1; the first occurrence when a row repeats.
+    ValueError when a wanted row is not among its query's rows."""
+    rows = np.asarray(rows, np.int64)
+    wanted = np.asarray(wanted, np.int64)
+    q = rows.shape[0]
+    width = int(max(rows.max(initial=0), wanted.max(initial=0))) + 2
+    offsets = np.arange(q, dtype=np.int64)[:, None] * width
+    keys = (np.where(rows >= 0, rows, width - 1) + offsets).ravel()
+    order = np.argsort(keys, kind="stable")
+    found = wanted >= 0
+    targets = (wanted + offsets)[found]
+    slots = np.searchsorted(keys[order], targets)
+    if slots.size and (slots.max() >= keys.size or not (keys[order][slots] == targets).all()):
+        raise ValueError("a wanted row is not among its query's rows")
+    out = np.full(wanted.shape, np.inf, np.float32)
+    out[found] = np.asarray(values, np.float32).ravel()[order[slots]]
+    return out
 
 
 def _unit_range(scores: np.ndarray) -> np.ndarray:
@@ -518,26 +520,20 @@ def _fuse_union_one(
     dense_weight: float,
     k: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """fuse_union for one query (1-D arrays): the same arithmetic, float32 as in `fuse`."""
+    """fuse_union for one query (1-D arrays): the same float32 arithmetic as `fuse`."""
     out_s = np.full((1, k), -np.inf, np.float32)
     out_r = np.full((1, k), -1, np.int64)
-    rows = union[union >= 0]
-    if rows.size == 0:
-        return out_s, out_r
-    sims = sims[: rows.size]  # valid slots come first
-    lo, hi = sims.min(), sims.max()
-    dense = ((sims - lo) / (hi - lo) if hi > lo else np.ones(rows.size)).astype(np.float32)
-    lexical = np.zeros(rows.size, np.float32)
-    found = lexical_rows >= 0
-    if found.any():
-        wanted, scores = lexical_rows[found], lexical_scores[found]
-        slots = np.searchsorted(rows, wanted)
-        if slots.max() >= rows.size or not (rows[slots] == wanted).all():
-            raise ValueError(_NOT_A_UNION)
-        lo, hi = scores.min(), scores.max()
-        lexical[slots] = (scores - lo) / (hi - lo) if hi > lo else 1.0
-    score = np.float32(dense_weight) * dense + np.float32(1.0 - dense_weight) * lexical
-    order = np.lexsort((rows, -score))[:k]
-    out_s[0, : order.size] = score[order]
-    out_r[0, : order.size] = rows[order]
+    scores, slots = fuse_one(
+        np.ascontiguousarray(sims, np.float32),
+        np.ascontiguousarray(union, np.int64),
+        np.ascontiguousarray(lexical_scores, np.float32),
+        np.ascontiguousarray(lexical_rows, np.int64),
+        np.float32(dense_weight),
+        np.float32(1.0 - dense_weight),
+        k,
+    )
+    if slots.size and slots[0] < 0:
+        raise ValueError(_NOT_A_UNION)
+    out_s[0, : scores.size] = scores
+    out_r[0, : slots.size] = union[slots]
     return out_s, out_r

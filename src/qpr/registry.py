@@ -137,6 +137,7 @@ _RUNTIME_PACKAGES = (
     "faiss-cpu",
     "tokenizers",
     "PyStemmer",  # a fused bundle's BM25 stems the questions
+    "numba",  # and scores them with compiled kernels (qpr.maxscore)
 )
 
 

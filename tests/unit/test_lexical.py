@@ -18,6 +18,7 @@ from qpr.lexical import (
     fuse_union,
     lexical_search,
     tokenize,
+    values_at,
 )
 
 DOCS = ["reset router password", "router", "bake bread"]
@@ -91,9 +92,7 @@ def test_upper_bounds_are_each_terms_largest_weight() -> None:
         assert index.upper_bounds[t] == index.weights[a:z].max(), term
 
 
-def test_pruned_search_returns_the_exhaustive_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
-    import qpr.lexical as lexical
-
+def test_pruned_search_returns_the_exhaustive_top_k() -> None:
     # Zipf-like words: a few in most documents (like "how", "what"), most rare.
     rng = np.random.default_rng(3)
     vocab = [f"w{i}" for i in range(400)]
@@ -102,26 +101,18 @@ def test_pruned_search_returns_the_exhaustive_top_k(monkeypatch: pytest.MonkeyPa
         " ".join(rng.choice(vocab, size=rng.integers(2, 10), p=p / p.sum())) for _ in range(3000)
     ]
     index = BM25Index.build(docs)
-    looked_up = []
-    real_add_to = BM25Index._add_to
-
-    def spy(self: BM25Index, acc: np.ndarray, docs_: np.ndarray, a: int, z: int, t: float) -> None:
-        looked_up.append((docs_.size, z - a))
-        real_add_to(self, acc, docs_, a, z, t)
-
-    monkeypatch.setattr(BM25Index, "_add_to", spy)
-    monkeypatch.setattr(lexical, "_WORTH_PRUNING", 50)  # small corpus: prune its long lists
     for _i in range(300):
         query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p / p.sum()))
         query += " " + vocab[int(rng.integers(100, 400))]  # one rare word, as most questions
         for k in (1, 5, 20):
             exclude = int(rng.integers(-1, 3000))
-            _scores, rows = index.search(query, k, exclude_row=exclude)
+            # small corpus: its long lists are worth pruning from 50 postings on
+            scores, rows = index.search(query, k, exclude_row=exclude, worth_pruning=50)
             want = _exhaustive(index, query, k, exclude)
             assert rows[: len(want)].tolist() == want, (query, k, exclude)
             assert (rows[len(want) :] == -1).all()
-    # Pruning did happen: long lists were looked up for a few candidates instead of added.
-    assert looked_up and all(n * lexical._LOOKUP_COST < size for n, size in looked_up)
+            unpruned = index.search(query, k, exclude_row=exclude, worth_pruning=10**9)
+            assert np.array_equal(rows, unpruned[1]) and np.array_equal(scores, unpruned[0])
 
 
 def test_stemming_reduces_inflections_after_removing_stop_words() -> None:
@@ -176,6 +167,29 @@ def test_stemmed_scores_and_ranking_as_bm25s_with_a_pystemmer() -> None:
         found = got_rows >= 0
         assert np.allclose(got_scores[found], want[got_rows[found]], rtol=1e-5)
         assert found.sum() == (want > 0).sum()
+
+
+def test_maxscore_prunes_long_lists_and_leaves_its_scratch_zeroed() -> None:
+    from qpr.lexical import _scratch
+    from qpr.maxscore import top_k
+
+    # "rare" in 3 documents, "common" in all 2,000: once the top 2 are known, no document
+    # holding "common" alone can reach them, so that list is never read.
+    docs = ["rare common"] * 3 + ["common filler"] * 1997
+    index = BM25Index.build(docs)
+    terms = np.array([index.terms["rare"], index.terms["common"]], np.int64)
+    bounds = index.upper_bounds[terms].astype(np.float64)
+    left = np.array([bounds.sum(), bounds[1], 0.0])
+    scratch = _scratch(index.num_docs, len(index.terms))
+    postings = (index.indptr, index.rows, index.weights, *index.by_document)
+    args = (*postings, terms, np.ones(2, np.float32), left)
+    scores, rows, pruned_at = top_k(*args, 2, -1, 100, *scratch)
+    assert pruned_at == 1 and rows.tolist() == [0, 1]
+    acc, state, _touched, position = scratch
+    assert not acc.any() and not state.any() and (position == -1).all()
+    # the same search unpruned gives the same top 2 with the same float32 scores
+    same = top_k(*args, 2, -1, 10**9, *scratch)
+    assert same[2] == -1 and np.array_equal(same[0], scores) and np.array_equal(same[1], rows)
 
 
 def test_searches_from_several_threads_agree() -> None:
@@ -261,6 +275,28 @@ def test_candidate_union_is_each_querys_distinct_rows_ascending() -> None:
     assert candidate_union(dense, lexical).tolist() == [[3, 7, 9, -1, -1], [2, 5, -1, -1, -1]]
     with pytest.raises(ValueError, match="same Q"):
         candidate_union(dense, lexical[:1])
+
+
+def test_one_questions_compiled_union_equals_the_vectorised_one() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        dense = rng.integers(-1, 60, (3, int(rng.integers(1, 25))))
+        lexical = rng.integers(-1, 60, (3, int(rng.integers(1, 40))))
+        together = candidate_union(dense, lexical)  # Q = 3: numpy
+        for i in range(3):  # Q = 1: compiled
+            assert np.array_equal(
+                candidate_union(dense[i : i + 1], lexical[i : i + 1]), together[i : i + 1]
+            )
+
+
+def test_values_at_looks_each_wanted_row_up_in_its_own_query() -> None:
+    rows = np.array([[3, 7, 9, -1], [7, 2, -1, -1]])
+    values = np.array([[0.5, 1.5, 2.5, 9.0], [4.0, 5.0, 9.0, 9.0]])
+    got = values_at(rows, values, np.array([[9, 3, -1], [7, 2, 2]]))
+    assert got.dtype == np.float32
+    assert got.tolist() == [[2.5, 0.5, math.inf], [4.0, 5.0, 5.0]]
+    with pytest.raises(ValueError, match="not among"):
+        values_at(rows, values, np.array([[9], [3]]))  # 3 is query 0's row, not query 1's
 
 
 def test_fuse_over_the_union_gives_lexical_only_rows_their_dense_share() -> None:

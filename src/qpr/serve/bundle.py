@@ -58,7 +58,14 @@ import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
 from qpr.index import IdMap, distances_to, ef_search_of, search, set_ef_search, set_nprobe
-from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union, lexical_search
+from qpr.lexical import (
+    BM25Index,
+    candidate_union,
+    fuse,
+    fuse_union,
+    lexical_search,
+    values_at,
+)
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -460,24 +467,22 @@ class Bundle:
         """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
         BM25 candidates come from `lexical`, a search already running."""
         assert self._fusion is not None
-        rescored = "dense_candidates" in self._fusion
-        wanted = max(k, int(self._fusion["dense_candidates"])) if rescored else candidates
-        dense_distances, dense_rows = search(self._index, vectors, min(wanted, self.size))
+        weight = float(self._fusion["dense_weight"])
+        if "dense_candidates" not in self._fusion:  # bundles evaluated before exact scoring
+            dense_distances, dense_rows = search(self._index, vectors, candidates)
+            lexical_scores, lexical_rows = lexical.result()
+            scores, rows = fuse(
+                -dense_distances, dense_rows, lexical_scores, lexical_rows, weight, k
+            )
+            return distances_to(self._index, vectors, rows), rows, scores
+        # Every candidate of both retrievers scored by its exact distance, as evaluated.
+        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        _, dense_rows = search(self._index, vectors, wanted)
         lexical_scores, lexical_rows = lexical.result()
-        combine = fuse
-        if rescored:  # every candidate scored by its exact distance, as evaluated
-            dense_rows = candidate_union(dense_rows, lexical_rows)
-            dense_distances = distances_to(self._index, vectors, dense_rows)
-            combine = fuse_union
-        scores, rows = combine(
-            -dense_distances,
-            dense_rows,
-            lexical_scores,
-            lexical_rows,
-            float(self._fusion["dense_weight"]),
-            k,
-        )
-        return distances_to(self._index, vectors, rows), rows, scores
+        union = candidate_union(dense_rows, lexical_rows)
+        distances = distances_to(self._index, vectors, union)
+        scores, rows = fuse_union(-distances, union, lexical_scores, lexical_rows, weight, k)
+        return values_at(union, distances, rows), rows, scores
 
     def _result(
         self,

@@ -221,8 +221,13 @@ def choose_dense_weight(
 
 # How deep a fused search may go, tried from the shallowest up: inverted lists probed
 # (IVF, qpr.index.set_nprobe) or graph candidates kept (HNSW, qpr.index.set_ef_search).
+# Steps of about 1.5x: a search's cost grows with its depth, so doubling would often
+# serve up to twice the lists the target needs.
 SERVED_DEPTHS = {
-    "nprobe": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    "nprobe": (
+        *(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768),
+        *(1024, 1536, 2048, 3072, 4096, 6144, 8192),
+    ),
     "ef_search": (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
 }
 
