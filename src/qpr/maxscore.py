@@ -8,8 +8,8 @@ lists are not read at all; the few documents still able to reach θ get those te
 weights from a document-major copy of the weights (a handful of terms per question).
 
 Compiled because a question's terms reach tens of thousands of postings (on Quora, "what"
-alone has 54k) and numpy's scatter-add holds the GIL; here one question costs a few tens of
-microseconds and runs beside the dense search in another thread. Scores are summed in
+alone has 54k) and numpy's scatter-add holds the GIL; compiled, a Quora question's top 100
+cost about 0.2 ms (0.4 ms in numpy) and run beside the dense search in another thread. Scores are summed in
 float32 in term order, exactly as ``acc[rows] += weights * times`` would.
 
 Arrays: indptr int64 [V + 1], rows int32 [nnz] (ascending within a term), weights float32
