@@ -214,10 +214,11 @@ class BM25Index:
         no word with the question are not results ((-inf, -1) slots).
 
         Exact top k with MaxScore pruning (`qpr.maxscore.top_k`, compiled, GIL released):
-        the long posting lists of common words are only looked up for the documents that
-        can still reach the top k instead of being added in full. worth_pruning: the
-        shortest list worth a pruning check before it (tests lower it on small corpora).
-        """
+        once the top k is out of reach of the terms left, the long posting lists of common
+        words are not read; the few documents that can still reach it take those terms'
+        weights from `by_document` (built on first use: another copy of the weights, 7 MB
+        for Quora's 134k questions). worth_pruning: the shortest list worth a pruning check
+        before it (tests lower it on small corpora)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         out_s = np.full(k, -np.inf, np.float32)
