@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -442,7 +443,38 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
     ]
     if missing:
         notes += [f"Not run yet: {', '.join(missing)}.", ""]
-    return "\n".join(notes)
+    return "\n".join(notes + run_time_lines(results))
+
+
+def run_time_lines(results: dict[str, Any]) -> list[str]:
+    """The last call's wall time, and each row's (training + export + index + evaluation
+    + latency), for the rows measured since the per-row time was recorded."""
+    call = results.get("last_call")
+    timed = [
+        (n, r["row_wall_seconds"]) for n, r in results["rows"].items() if "row_wall_seconds" in r
+    ]
+    if not call and not timed:
+        return []
+    lines = ["## Run time", ""]
+    if call:
+        state = (
+            f"finished {call['finished']}"
+            if call.get("finished")
+            else "interrupted or still running"
+        )
+        lines += [
+            f"Last call, `{call['command']}`: started {call['started']}, {state}; "
+            f"{len(call['measured'])} rows measured in {call['wall_seconds'] / 3600:.2f} h "
+            f"({call['wall_seconds'] / 60:.0f} min), {len(call['skipped'])} already measured "
+            "and skipped. A call that measures every row (a fresh `--work` folder or "
+            "`--fresh`, all groups) is the time to reproduce the whole table with one command.",
+            "",
+        ]
+    if timed:
+        lines += ["| row | minutes, all steps |", "|---|---:|"]
+        lines += [f"| {name} | {seconds / 60:.1f} |" for name, seconds in timed]
+        lines.append("")
+    return lines
 
 
 def main() -> None:
@@ -572,6 +604,17 @@ def main() -> None:
     test = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
     latency_questions = test.loc[test["split"] == "test", "text"].tolist()[:550]
     mlflow.set_experiment("qpr-quora-benchmark")
+    # How long this call takes, row by row: with a fresh work folder (or --fresh) and every
+    # group, the time to reproduce the whole table with one command.
+    call_started = time.perf_counter()
+    results["last_call"] = {
+        "command": " ".join(["benchmarks/quora_qpr.py", *sys.argv[1:]]),
+        "started": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "finished": None,
+        "wall_seconds": 0.0,
+        "measured": [],
+        "skipped": [],
+    }
     for name in planned:
         group, train, *more = ROWS[name]
         extra = more[0] if more else {}
@@ -594,7 +637,9 @@ def main() -> None:
             config["overrides"] = extra
         done = results["rows"].get(name)
         row_dir = row_dir_of(work / "rows", name)
+        row_started = time.perf_counter()
         if done and done.get("config") == config:
+            results["last_call"]["skipped"].append(name)
             if "query_latency" not in done and (row_dir / "models" / "encoder.onnx").is_file():
                 done["query_latency"] = query_latency(row_dir / "models", latency_questions)
                 json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -624,6 +669,10 @@ def main() -> None:
             ev = row["evaluate"]
             mlflow.log_metrics({m: ev[m] for m in MEASURES})
             mlflow.log_metric("train_wall_seconds", row["train_wall_seconds"])
+            row["row_wall_seconds"] = time.perf_counter() - row_started
+            mlflow.log_metric("row_wall_seconds", row["row_wall_seconds"])
+        results["last_call"]["measured"].append(name)
+        results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
         if json_path.is_file():  # another benchmark process may have added rows meanwhile
             on_disk = json.loads(json_path.read_text())
             results["rows"] = {**on_disk.get("rows", {}), **results["rows"]}
@@ -635,8 +684,19 @@ def main() -> None:
         (args.out / "quora.md").write_text(table(results, protocol))
         log(
             f"{name}: test P@1 {ev['success_1']:.4f}, P@10 {ev['success_10']:.4f}, "
-            f"MRR {ev['recip_rank']:.4f} ({row['train_wall_seconds'] / 60:.1f} min training)"
+            f"MRR {ev['recip_rank']:.4f} ({row['train_wall_seconds'] / 60:.1f} min training, "
+            f"{row['row_wall_seconds'] / 60:.1f} min in all)"
         )
+    results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
+    results["last_call"]["finished"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (args.out / "quora.md").write_text(table(results, protocol))
+    log(
+        f"{len(results['last_call']['measured'])} rows measured, "
+        f"{len(results['last_call']['skipped'])} already measured, in "
+        f"{results['last_call']['wall_seconds'] / 3600:.2f} h"
+    )
 
 
 if __name__ == "__main__":
