@@ -446,6 +446,14 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
     return "\n".join(notes + run_time_lines(results))
 
 
+def write_outputs(out: Path, results: dict[str, Any], protocol: dict[str, Any]) -> None:
+    """quora.json and quora.md in `out`, rewritten whole (after every row, so an interrupted
+    call keeps what it measured)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quora.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "quora.md").write_text(table(results, protocol))
+
+
 def run_time_lines(results: dict[str, Any]) -> list[str]:
     """The last call's wall time, and each row's (training + export + index + evaluation
     + latency), for the rows measured since the per-row time was recorded."""
@@ -595,9 +603,7 @@ def main() -> None:
         results["planned"] = list(dict.fromkeys([*results["planned"], *added]))
         log(f"merged {len(added)} rows from {other}: {', '.join(added) or 'none new'}")
     if args.merge:
-        args.out.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        (args.out / "quora.md").write_text(table(results, protocol))
+        write_outputs(args.out, results, protocol)
         return  # merging only rewrites the outputs; run rows in a call without --merge
     import pandas as pd
 
@@ -642,8 +648,7 @@ def main() -> None:
             results["last_call"]["skipped"].append(name)
             if "query_latency" not in done and (row_dir / "models" / "encoder.onnx").is_file():
                 done["query_latency"] = query_latency(row_dir / "models", latency_questions)
-                json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-                (args.out / "quora.md").write_text(table(results, protocol))
+                write_outputs(args.out, results, protocol)
                 log(f"{name}: query latency measured ({done['query_latency']['p50_ms']} ms)")
             log(f"{name}: already measured, skipped")
             continue
@@ -679,9 +684,7 @@ def main() -> None:
             results["planned"] = list(dict.fromkeys([*on_disk.get("planned", []), *planned]))
         results["rows"][name] = row
         results["written"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-        args.out.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        (args.out / "quora.md").write_text(table(results, protocol))
+        write_outputs(args.out, results, protocol)
         log(
             f"{name}: test P@1 {ev['success_1']:.4f}, P@10 {ev['success_10']:.4f}, "
             f"MRR {ev['recip_rank']:.4f} ({row['train_wall_seconds'] / 60:.1f} min training, "
@@ -689,9 +692,7 @@ def main() -> None:
         )
     results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
     results["last_call"]["finished"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (args.out / "quora.md").write_text(table(results, protocol))
+    write_outputs(args.out, results, protocol)
     log(
         f"{len(results['last_call']['measured'])} rows measured, "
         f"{len(results['last_call']['skipped'])} already measured, in "

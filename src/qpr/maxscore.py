@@ -9,8 +9,9 @@ weights from a document-major copy of the weights (a handful of terms per questi
 
 Compiled because a question's terms reach tens of thousands of postings (on Quora, "what"
 alone has 54k) and numpy's scatter-add holds the GIL; compiled, a Quora question's top 100
-cost about 0.2 ms (0.4 ms in numpy) and run beside the dense search in another thread. Scores are summed in
-float32 in term order, exactly as ``acc[rows] += weights * times`` would.
+cost about 0.2 ms (0.4 ms in numpy) and run beside the dense search in another thread.
+Scores are summed in float32 in term order, exactly as ``acc[rows] += weights * times``
+would.
 
 Arrays: indptr int64 [V + 1], rows int32 [nnz] (ascending within a term), weights float32
 [nnz] (> 0); the caller's scratch arrays (`acc` float32 [N] zeros, `state` uint8 [N]

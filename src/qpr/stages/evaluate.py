@@ -408,8 +408,8 @@ def write_threshold(
 ) -> Path:
     """models/threshold.json: what the service decides with, chosen on the validation
     split: the no-answer threshold and, when BM25 is fused in, the dense weight α, BM25's
-    candidates, the index's (`dense_candidates`) and the nprobe of fused searches (null:
-    the dense ranking alone)."""
+    candidates, the index's (`dense_candidates`) and how deep fused searches go (`nprobe`
+    or `ef_search`) (null: the dense ranking alone)."""
     payload = {
         "threshold": threshold,
         "target_precision": target,
@@ -585,17 +585,12 @@ def run_evaluate(
             lexical.served_recall,
             log=log,
         )
-        probing = ""
-        if served["nprobe"] is not None:
-            probing = (
-                f"fused searches probe {served['nprobe']} lists (the dense ranking alone "
-                f"{settings.index.nprobe}): "
-            )
-        elif served["ef_search"] is not None:
-            probing = (
-                f"fused searches keep {served['ef_search']} graph candidates (the dense "
-                f"ranking alone {settings.index.ef_search}): "
-            )
+        probing = "".join(
+            f"fused searches at {knob} {served[knob]} (the dense ranking alone "
+            f"{getattr(settings.index, knob)}): "
+            for knob in ("nprobe", "ef_search")
+            if served[knob] is not None
+        )
         log(
             f"{probing}served recall@{k} {served['recall']:.4f} against an exact dense search"
             + ("" if served["reached"] else f", BELOW the target {served['target']}")
