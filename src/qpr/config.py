@@ -93,9 +93,19 @@ class TeacherSettings(_Section):
     max_len: int = Field(64, ge=8)  # word pieces per question for the teacher
 
 
+class HardNegativeSettings(_Section):
+    """train.hard_negatives: one mined negative per pair (qpr.negatives), sdml only."""
+
+    mine: bool = False  # mine with the encoder as it starts (a pretrained one ranks well)
+    skip: int = Field(0, ge=0)  # leave out the nearest `skip` (unlabelled paraphrases)
+    window: int = Field(10, ge=1)  # pick uniformly among the next `window`
+
+
 class TrainSettings(_Section):
     loss: Literal["sdml", "triplet", "amsoftmax"] = "sdml"
     smoothing: float = Field(0.3, ge=0.0, le=1.0)  # SDML epsilon; 0 = cross-entropy
+    scale: float = Field(1.0, gt=0.0)  # SDML logits -s·d; unit vectors + 10 = cosine / 0.05
+    hard_negatives: HardNegativeSettings = HardNegativeSettings()
     prior: Literal["uniform", "teacher"] = "uniform"  # where SDML's smoothing mass goes
     teacher: TeacherSettings = TeacherSettings()
     margin: float = Field(0.5, gt=0.0)  # triplet alpha
@@ -236,11 +246,19 @@ class Settings(_Section):
                 f"train.prior teacher is a prior of the SDML target; train.loss is "
                 f"{self.train.loss!r}: set train.loss: sdml or train.prior: uniform"
             )
-        if (
-            self.train.loss == "sdml"
-            and self.train.prior == "uniform"
-            and (self.train.smoothing >= 1.0)
-        ):
+        plain_sdml = self.train.loss == "sdml" and self.train.prior == "uniform"
+        if not plain_sdml and self.train.scale != 1.0:
+            raise ValueError(
+                "train.scale scales SDML's logits (train.loss sdml, train.prior uniform); "
+                f"train.loss is {self.train.loss!r}, train.prior {self.train.prior!r}"
+            )
+        if not plain_sdml and self.train.hard_negatives.mine:
+            raise ValueError(
+                "train.hard_negatives.mine adds columns to SDML's softmax (train.loss sdml, "
+                f"train.prior uniform); train.loss is {self.train.loss!r}, train.prior "
+                f"{self.train.prior!r}"
+            )
+        if plain_sdml and self.train.smoothing >= 1.0:
             raise ValueError(
                 "train.smoothing 1 with the uniform prior leaves no signal (every target is "
                 "uniform): use smoothing < 1, or train.prior: teacher for pure distillation"

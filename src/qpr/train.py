@@ -30,6 +30,11 @@ teacher vectors: `teacher_vectors` = (float [P, T] for side 1, float [P, T] for 
 row i belonging to pair i and swapped with it when the pair is flipped. They are computed
 before training (qpr.teacher) and enter the checkpoint fingerprint by digest.
 
+Hard negatives (`hard_negatives`, one question per pair, for a loss with
+`takes_negatives`: SDML) are encoded with each batch and passed as forward(anchors,
+positives, negatives): extra columns of every anchor's softmax. They are mined before
+training (qpr.negatives) and enter the fingerprint by digest too.
+
 Two limits on the work done:
 
 - max_pairs: train on a subset of that many pairs, drawn uniformly without replacement by a
@@ -414,10 +419,18 @@ class _EncodedPairs:
         max_len: int,
         labels: np.ndarray | None = None,
         teacher: tuple[np.ndarray, np.ndarray] | None = None,
+        negatives: Sequence[str] | None = None,
     ):
         a_ids, a_len = vocab.encode_batch(q1, max_len=max_len)
         b_ids, b_len = vocab.encode_batch(q2, max_len=max_len)
         width = max(a_ids.shape[1], b_ids.shape[1])
+        # One hard negative per pair (None: in-batch negatives only).
+        self.negatives = self.negative_len = None
+        if negatives is not None:
+            n_ids, n_len = vocab.encode_batch(negatives, max_len=max_len)
+            width = max(width, n_ids.shape[1])
+            self.negatives = torch.from_numpy(_pad_to(n_ids, width).astype(np.int32))
+            self.negative_len = torch.from_numpy(n_len)
         # int32 at rest halves the memory of 2 × P × max_len ids; batches become int64.
         self.side_a = torch.from_numpy(_pad_to(a_ids, width).astype(np.int32))
         self.side_b = torch.from_numpy(_pad_to(b_ids, width).astype(np.int32))
@@ -446,6 +459,12 @@ class _EncodedPairs:
         anchors = torch.where(swap, rows_b, rows_a).long()
         positives = torch.where(swap, rows_a, rows_b).long()
         return anchors, positives
+
+    def negative_batch(self, idx: torch.Tensor) -> torch.Tensor:
+        """The pairs' hard negatives, int64 [n, w] (w: their own longest)."""
+        assert self.negatives is not None and self.negative_len is not None
+        width = max(1, int(self.negative_len[idx].max()))
+        return self.negatives[idx, :width].long()
 
 
 def _pad_to(token_ids: np.ndarray, width: int) -> np.ndarray:
@@ -481,7 +500,10 @@ def _train_epoch(
         n = anchors.shape[0]
         # Both sides in one forward pass: one big conv/matmul instead of two.
         emb = encoder(torch.cat([anchors, positives]).to(device))
-        if with_labels:
+        if pairs.negatives is not None:
+            negatives = encoder(pairs.negative_batch(idx).to(device))
+            value = loss(emb[:n], emb[n:], negatives)
+        elif with_labels:
             assert pairs.labels is not None, "a loss that classifies needs labelled pairs"
             value = loss(emb[:n], emb[n:], pairs.labels[idx].to(device))
         elif with_teacher:
@@ -597,6 +619,7 @@ def train_encoder(
     max_pairs: int | None = None,
     time_budget_s: float | None = None,
     teacher_vectors: tuple[np.ndarray, np.ndarray] | None = None,
+    hard_negatives: Sequence[str] | None = None,
 ) -> TrainResult:
     """Train `encoder` in place; on return it holds the best epoch's weights.
 
@@ -613,6 +636,9 @@ def train_encoder(
     epochs have taken this long (module docstring). A loss with `needs_labels` gets dense
     cluster labels and must have num_classes = num_training_classes(cluster_ids,
     max_pairs=max_pairs, seed=seed).
+    hard_negatives: one question per pair, of another cluster but close to the pair (e.g.
+    qpr.negatives.mine_hard_negatives); each batch's are extra negatives for every anchor
+    (a loss with `takes_negatives`, SDML).
     Seed before building the encoder (seed_everything) for reproducible initial weights.
     """
     started = time.perf_counter()
@@ -637,6 +663,14 @@ def train_encoder(
             f"{type(loss).__name__} "
             + ("needs teacher_vectors" if needs_teacher(loss) else "takes no teacher_vectors")
         )
+    if hard_negatives is not None:
+        if not getattr(loss, "takes_negatives", False):
+            raise ValueError(f"{type(loss).__name__} takes no hard negatives")
+        if len(hard_negatives) != len(q1):
+            raise ValueError(
+                f"hard_negatives needs one question per pair ({len(q1):,}), "
+                f"got {len(hard_negatives):,}"
+            )
     teacher_digest = None
     if teacher_vectors is not None:
         teacher_vectors = tuple(np.asarray(t, np.float32) for t in teacher_vectors)
@@ -652,11 +686,21 @@ def train_encoder(
             h.update(np.ascontiguousarray(t).tobytes())
         teacher_digest = h.hexdigest()
     data_digest = _data_digest(q1, q2, cluster_ids)
+    negatives_digest = None
+    if hard_negatives is not None:
+        h = hashlib.sha256()
+        for text in hard_negatives:
+            h.update(text.encode("utf-8"))
+            h.update(b"\x1f")
+        negatives_digest = h.hexdigest()
     chosen = select_training_pairs(len(q1), max_pairs, seed)
     if chosen.shape[0] < len(q1):
         all_q1, all_q2 = list(q1), list(q2)
         q1 = [all_q1[i] for i in chosen]
         q2 = [all_q2[i] for i in chosen]
+        if hard_negatives is not None:
+            all_negatives = list(hard_negatives)
+            hard_negatives = [all_negatives[i] for i in chosen]
         cluster_ids = cluster_ids[chosen]
         if teacher_vectors is not None:
             teacher_vectors = (teacher_vectors[0][chosen], teacher_vectors[1][chosen])
@@ -699,6 +743,8 @@ def train_encoder(
             fingerprint["time_budget_s"] = float(time_budget_s)
         if teacher_digest is not None:
             fingerprint["teacher_vectors"] = teacher_digest
+        if negatives_digest is not None:
+            fingerprint["hard_negatives"] = negatives_digest
         encoder.to(device)
         loss.to(device)
         # The fused kernel: at paper size (16.5M parameters, mostly the embedding) the
@@ -709,7 +755,7 @@ def train_encoder(
             fused=torch.device(device).type in ("cpu", "cuda"),
         )
 
-        pairs = _EncodedPairs(vocab, q1, q2, max_len, labels, teacher_vectors)
+        pairs = _EncodedPairs(vocab, q1, q2, max_len, labels, teacher_vectors, hard_negatives)
         val_ids, val_len = vocab.encode_batch(val.texts, max_len=max_len)
 
         sampler = ClusterDisjointBatchSampler(cluster_ids, batch_size, seed=seed)

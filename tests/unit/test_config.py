@@ -58,3 +58,16 @@ def test_amsoftmax_without_unit_vectors_fails_before_any_stage() -> None:
         settings_from_dict({"train": {"loss": "amsoftmax"}})
     ok = settings_from_dict({"train": {"loss": "amsoftmax"}, "model": {"normalize": True}})
     assert ok.train.loss == "amsoftmax"
+
+
+def test_scale_and_mined_negatives_only_with_plain_sdml() -> None:
+    with pytest.raises(SettingsError, match=r"train\.scale"):
+        settings_from_dict({"train": {"loss": "triplet", "scale": 10.0}})
+    with pytest.raises(SettingsError, match=r"train\.hard_negatives\.mine"):
+        settings_from_dict({"train": {"prior": "teacher", "hard_negatives": {"mine": True}}})
+    with pytest.raises(SettingsError, match=r"train\.hard_negatives\.window"):
+        settings_from_dict({"train": {"hard_negatives": {"window": 0}}})
+    ok = settings_from_dict(
+        {"train": {"scale": 10.0, "smoothing": 0.0, "hard_negatives": {"mine": True}}}
+    )
+    assert ok.train.scale == 10.0 and ok.train.hard_negatives.window == 10

@@ -154,3 +154,48 @@ def test_build_loss() -> None:
     assert isinstance(triplet, TripletLoss) and triplet.margin == 0.2
     with pytest.raises(ValueError, match="unknown loss"):
         build_loss("contrastive")
+
+
+def test_sdml_scale_multiplies_the_logits() -> None:
+    # Scale s: logits -s·d. With ε = 0 that is cross-entropy over -s·||a_i - p_j||².
+    gen = torch.Generator().manual_seed(1)
+    anchors, positives = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    logits = -10.0 * torch.cdist(anchors, positives) ** 2
+    expected = F.cross_entropy(logits, torch.arange(6))
+    loss = SDMLLoss(smoothing=0.0, scale=10.0)
+    assert loss(anchors, positives).item() == pytest.approx(expected.item(), rel=1e-4)
+    assert "scale=10" in loss.extra_repr()
+    # The paper's loss keeps its old description (checkpoint fingerprints still match).
+    assert SDMLLoss().extra_repr() == "smoothing=0.3, distance='squared'"
+
+
+def test_sdml_hard_negatives_hand_computed() -> None:
+    # POINTS as anchors and positives plus one negative n = (1, 1): ||a_i - n||² = 2, 1, 1.
+    # Row 0: logits [0, -1, -1, -2]; ε = 0.3 over N + M = 4 columns: target 0.775 on the
+    # diagonal, 0.075 elsewhere.
+    negatives = torch.tensor([[1.0, 1.0]])
+    e1, e2 = math.exp(-1.0), math.exp(-2.0)
+    rows = [
+        [0.0, -1.0, -1.0, -2.0],
+        [-1.0, 0.0, -2.0, -1.0],
+        [-1.0, -2.0, 0.0, -1.0],
+    ]
+    expected = 0.0
+    for i, row in enumerate(rows):
+        ln_z = math.log(sum(math.exp(v) for v in row))
+        for j, logit in enumerate(row):
+            t = 0.775 if i == j else 0.075
+            expected += t * (math.log(t) - (logit - ln_z))
+    expected /= 3
+    # Row 0 alone: Z = 1 + 2e⁻¹ + e⁻² = 1.871094 (checks the sum above by hand).
+    assert math.log(1 + 2 * e1 + e2) == pytest.approx(0.626523, abs=1e-6)
+    loss = SDMLLoss(smoothing=0.3)(POINTS, POINTS, negatives)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    # A far-away negative takes no probability: the loss is the in-batch loss with the
+    # target spread over one more column.
+    far = SDMLLoss(smoothing=0.0)(POINTS, POINTS, torch.tensor([[100.0, 100.0]]))
+    assert far.item() == pytest.approx(SDMLLoss(smoothing=0.0)(POINTS, POINTS).item(), abs=1e-6)
+    with pytest.raises(ValueError, match="negatives"):
+        SDMLLoss()(POINTS, POINTS, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="scale"):
+        SDMLLoss(scale=0.0)

@@ -110,7 +110,7 @@ def build_training_loss(settings: Settings, *, num_classes: int | None, dim: int
             "sdml_teacher", smoothing=train.smoothing, temperature=train.teacher.temperature
         )
     if train.loss == "sdml":
-        return build_loss("sdml", smoothing=train.smoothing)
+        return build_loss("sdml", smoothing=train.smoothing, scale=train.scale)
     if train.loss == "triplet":
         return build_loss(
             "triplet",
@@ -178,6 +178,63 @@ def training_teacher_vectors(
     return pair_teacher_vectors(
         train_pairs["q1_text"].tolist(), train_pairs["q2_text"].tolist(), encode
     )
+
+
+def mined_negative_texts(
+    settings: Settings,
+    questions: pd.DataFrame,
+    train_pairs: pd.DataFrame,
+    encoder,
+    vocab,
+    *,
+    max_len: int,
+    device: str,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """train.hard_negatives.mine: one question per training pair, close to the pair's first
+    question by the encoder as it starts, of another cluster, from the training and
+    unclustered questions only (never a validation or test one)."""
+    import torch
+
+    from qpr.negatives import mine_hard_negatives
+    from qpr.train import encode_texts, select_training_pairs
+
+    mining = settings.train.hard_negatives
+    pool = questions[questions["split"].isin(["train", "none"])].reset_index(drop=True)
+    log(
+        f"mining hard negatives: encoding {len(pool):,} training and unclustered questions "
+        f"with the encoder as it starts (ranks {mining.skip + 1}-{mining.skip + mining.window})"
+    )
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(settings.train.threads)
+    try:
+        vectors = encode_texts(
+            encoder.to(device).eval(),
+            vocab,
+            pool["text"].tolist(),
+            max_len=max_len,
+            device=device,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
+    # Only the pairs train.max_pairs keeps (train_encoder takes the same seeded subset);
+    # the others get an empty text that no batch reads.
+    chosen = select_training_pairs(len(train_pairs), settings.train.max_pairs, settings.seed)
+    row_of = pd.Series(np.arange(len(pool)), index=pool["question_id"].to_numpy())
+    rows = mine_hard_negatives(
+        vectors,
+        row_of[train_pairs["q1_id"].to_numpy()[chosen]].to_numpy(),
+        pool["cluster_id"].to_numpy(),
+        np.ones(len(pool), dtype=bool),
+        skip=mining.skip,
+        window=mining.window,
+        seed=settings.seed,
+        device=device,
+        batch_size=1024 if device == "cuda" else 256,
+    )
+    texts = np.full(len(train_pairs), "", dtype=object)
+    texts[chosen] = pool["text"].to_numpy()[rows]
+    return texts.tolist()
 
 
 def load_trained_encoder(checkpoint: Path):
@@ -302,6 +359,18 @@ def run_train(
     teacher_pairs = None
     if train.loss == "sdml" and train.prior == "teacher":
         teacher_pairs = training_teacher_vectors(settings, paths, train_pairs, log=log)
+    negatives = None
+    if train.hard_negatives.mine:
+        negatives = mined_negative_texts(
+            settings,
+            questions,
+            train_pairs,
+            encoder,
+            vocab,
+            max_len=max_len,
+            device=device,
+            log=log,
+        )
     arguments = dict(
         vocab=vocab,
         train_pairs=(
@@ -324,6 +393,7 @@ def run_train(
         max_pairs=train.max_pairs,
         time_budget_s=train.time_budget_s,
         teacher_vectors=teacher_pairs,
+        hard_negatives=negatives,
         device=device,
     )
     try:

@@ -15,6 +15,14 @@ with the diagonal as labels. The mean over rows is KLDivLoss(reduction="batchmea
 
 Two pairs of one cluster in a batch would be a false negative by construction; the
 ClusterDisjointBatchSampler prevents that, the smoothing softens what remains (label noise).
+
+Two extensions, both off by default (the paper's loss):
+- scale s multiplies every logit, -s·d(a_i, p_j): on L2-normalised vectors d = 2 - 2·cos,
+  so s = 10 is the cosine softmax with temperature 0.05 of Sentence-BERT's
+  MultipleNegativesRankingLoss (Henderson et al. 2017), here with SDML's smoothing.
+- hard negatives: forward(anchors, positives, negatives [M, D]) appends M columns
+  -s·d(a_i, n_m) to every row (shared by the whole batch, as in DPR, Karpukhin et al.
+  2020); the target keeps 1 - ε on the diagonal and spreads ε over all N + M columns.
 """
 
 from __future__ import annotations
@@ -31,17 +39,27 @@ Distance = Literal["squared", "euclidean"]
 class SDMLLoss(nn.Module):
     """SDML over in-batch negatives; forward(anchors [N, D], positives [N, D]) -> scalar."""
 
-    def __init__(self, smoothing: float = 0.3, distance: Distance = "squared") -> None:
+    takes_negatives = True
+
+    def __init__(
+        self, smoothing: float = 0.3, distance: Distance = "squared", scale: float = 1.0
+    ) -> None:
         super().__init__()
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        if not scale > 0.0:
+            raise ValueError(f"scale must be > 0, got {scale}")
         if distance not in ("squared", "euclidean"):
             raise ValueError(f"distance must be 'squared' or 'euclidean', got {distance!r}")
         self.smoothing = float(smoothing)
         self.distance = distance
+        self.scale = float(scale)
 
     def logits(self, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-        """[N, N] matrix of -d(a_i, p_j)."""
+        """[N, M] matrix of -s·d(a_i, p_j) for anchors [N, D] and candidates [M, D]."""
+        return self.scale * self._neg_distances(anchors, positives)
+
+    def _neg_distances(self, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
         if self.distance == "squared":
             # -||a_i||² - ||p_j||² + 2 a_i·p_j; the -||a_i||² term is the same for a whole
             # row and cancels in the row softmax, so it is left out: one matmul, and no
@@ -55,15 +73,27 @@ class SDMLLoss(nn.Module):
         # The expansion can dip below 0 by rounding, and sqrt'(0) is infinite: clamp.
         return -sq.clamp_min(1e-12).sqrt()
 
-    def forward(self, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        anchors: torch.Tensor,
+        positives: torch.Tensor,
+        negatives: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if anchors.shape != positives.shape or anchors.ndim != 2:
             raise ValueError(f"expected two [N, D] tensors, got {anchors.shape}, {positives.shape}")
-        n = anchors.shape[0]
-        log_q = F.log_softmax(self.logits(anchors, positives), dim=1)
-        target = torch.full_like(log_q, self.smoothing / n)
+        if negatives is not None and (
+            negatives.ndim != 2 or negatives.shape[1] != anchors.shape[1]
+        ):
+            raise ValueError(f"negatives must be [M, {anchors.shape[1]}], got {negatives.shape}")
+        candidates = positives if negatives is None else torch.cat([positives, negatives])
+        log_q = F.log_softmax(self.logits(anchors, candidates), dim=1)
+        target = torch.full_like(log_q, self.smoothing / log_q.shape[1])
+        # Row i's positive is column i (the negatives' columns come after the positives).
         target.diagonal().add_(1.0 - self.smoothing)
         # kl_div uses xlogy, so target zeros (ε = 0) contribute exactly 0.
         return F.kl_div(log_q, target, reduction="batchmean")
 
     def extra_repr(self) -> str:
-        return f"smoothing={self.smoothing}, distance={self.distance!r}"
+        # The scale only when set, so fingerprints of runs from before it still match.
+        extra = f", scale={self.scale:g}" if self.scale != 1.0 else ""
+        return f"smoothing={self.smoothing}, distance={self.distance!r}{extra}"

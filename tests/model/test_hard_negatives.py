@@ -1,0 +1,93 @@
+"""Training with mined hard negatives: the train stage mines them with the encoder as it
+starts, train_encoder feeds them to SDML as extra columns, and they are part of what a
+checkpoint must match to be resumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qpr.model import CNNEncoder
+from qpr.model.losses import build_loss
+from qpr.train import TrainingStateError, seed_everything, train_encoder
+
+
+def _train(data, out_dir: Path, negatives, *, loss=None, resume: bool = False):
+    seed_everything(0)
+    return train_encoder(
+        encoder=CNNEncoder(data.vocab.size, embedding_dim=32, channels=32, output_dim=32),
+        loss=loss or build_loss("sdml", smoothing=0.0, scale=2.0),
+        vocab=data.vocab,
+        train_pairs=(data.train_q1, data.train_q2, data.train_clusters),
+        val=data.val,
+        out_dir=out_dir,
+        lr=3e-3,
+        batch_size=32,
+        max_epochs=2,
+        patience=5,
+        max_len=16,
+        seed=0,
+        progress=False,
+        threads=1,
+        resume=resume,
+        hard_negatives=negatives,
+    )
+
+
+def _shifted(data) -> list[str]:
+    # Each pair's negative: the first question of the next pair of another cluster.
+    clusters, count = data.train_clusters, len(data.train_q1)
+    negatives = []
+    for i in range(count):
+        j = next(k % count for k in range(i + 1, i + count) if clusters[k % count] != clusters[i])
+        negatives.append(data.train_q1[j])
+    return negatives
+
+
+def test_hard_negatives_train_and_enter_the_fingerprint(tiny_paraphrases, tmp_path) -> None:
+    data = tiny_paraphrases
+    negatives = _shifted(data)
+    result = _train(data, tmp_path / "run", negatives)
+    assert result.best_val_mrr > result.initial["val_mrr"]
+    # Other negatives are another run: its checkpoints are not resumed.
+    other = list(reversed(negatives))
+    with pytest.raises(TrainingStateError):
+        _train(data, tmp_path / "run", other, resume=True)
+    # The same ones resume.
+    assert _train(data, tmp_path / "run", negatives, resume=True).resumed_from_epoch == 2
+
+
+def test_hard_negatives_are_checked(tiny_paraphrases, tmp_path) -> None:
+    data = tiny_paraphrases
+    with pytest.raises(ValueError, match="one question per pair"):
+        _train(data, tmp_path / "a", _shifted(data)[:-1])
+    with pytest.raises(ValueError, match="takes no hard negatives"):
+        _train(data, tmp_path / "b", _shifted(data), loss=build_loss("triplet"))
+
+
+def test_train_stage_mines_negatives_for_the_pairs_it_keeps(tmp_path: Path) -> None:
+    from qpr.config import settings_from_dict
+    from qpr.data.synth import SynthSpec, write_logs
+    from qpr.paths import ProjectPaths
+    from qpr.stages.cluster import run_cluster
+    from qpr.stages.train import run_train
+    from tests.conftest import tiny_overrides
+
+    settings = settings_from_dict(
+        tiny_overrides(
+            tmp_path,
+            train={"hard_negatives": {"mine": True, "skip": 1, "window": 5}, "max_pairs": 400},
+        )
+    )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
+    paths = ProjectPaths(tmp_path)
+    quiet = lambda _: None  # noqa: E731
+    run_cluster(
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
+    )
+    lines: list[str] = []
+    trained = run_train(settings, paths, progress=False, log=lines.append)
+    assert any(line.startswith("mining hard negatives") and "ranks 2-6" in line for line in lines)
+    assert trained.metrics["train_pairs"] == 400
+    assert trained.metrics["val_mrr"] > trained.metrics["untrained_val_mrr"]
