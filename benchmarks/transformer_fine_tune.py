@@ -290,10 +290,16 @@ def render(report: dict[str, Any]) -> str:
     if best is not None:
         gain = best["test"]["p1"] - shelf["test"]["p1"]
         kept = best["val"]["mrr"] > shelf["val"]["mrr"]
+        unit_gain = (
+            f", {best['test']['p1'] - unit['test']['p1']:+.4f} against its unit vectors "
+            f"({unit['test']['p1']:.4f})"
+            if unit is not None
+            else ""
+        )
         lines += [
             "",
             f"Chosen on validation MRR: {chosen}, test P@1 {best['test']['p1']:.4f} against "
-            f"{shelf['test']['p1']:.4f} off the shelf ({gain:+.4f}). On validation it "
+            f"{shelf['test']['p1']:.4f} off the shelf ({gain:+.4f}{unit_gain}). On validation it "
             + (
                 f"beats the model off the shelf (MRR {best['val']['mrr']:.4f} against "
                 f"{shelf['val']['mrr']:.4f}): fine-tuning is kept."
@@ -315,12 +321,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument(
+        "--render",
+        type=Path,
+        help="rewrite the .md of this transformer_fine_tune.json (beside it) and stop",
+    )
+    parser.add_argument(
         "--merge",
         type=Path,
         help="an earlier transformer_fine_tune.json (same data): its runs stay in the table, "
         "with their own measurement time, unless a config of this call measures them again",
     )
     args = parser.parse_args(argv)
+    if args.render is not None:
+        report = json.loads(args.render.read_text(encoding="utf-8"))
+        args.render.with_suffix(".md").write_text(render(report), encoding="utf-8")
+        return 0
     from qpr.data.splits import training_pairs_frame
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer

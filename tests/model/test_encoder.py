@@ -128,3 +128,58 @@ def test_invalid_arguments() -> None:
         CNNEncoder(10, windows=())
     with pytest.raises(ValueError):
         CNNEncoder(10, windows=(3, 5), channels=1)
+
+
+@pytest.mark.parametrize("windows", [(5,), (2,), (3, 4, 5)])
+def test_packed_batches_compute_the_padded_function(windows: tuple[int, ...]) -> None:
+    # More questions than packing lanes, lengths 0..L (an empty row too), an inner padding
+    # id: values and gradients of the packed layout equal the padded one's.
+    torch.manual_seed(3)
+    enc = CNNEncoder(60, embedding_dim=8, windows=windows, channels=12, output_dim=6)
+    ids = torch.randint(1, 60, (45, 9))
+    lengths = torch.randint(0, 10, (45,))
+    lengths[7] = 0
+    ids[torch.arange(9)[None, :] >= lengths[:, None]] = 0
+    ids[lengths.argmax(), 1] = 0
+
+    def run(packed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        enc.zero_grad()
+        pooled = enc._pooled_packed(ids) if packed else enc._pooled_padded(ids)
+        out = enc.projection(pooled)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return out.detach(), [p.grad.clone() for p in enc.parameters()]
+
+    packed_out, packed_grads = run(True)
+    padded_out, padded_grads = run(False)
+    assert torch.allclose(packed_out, padded_out, atol=1e-6)
+    for a, b in zip(packed_grads, padded_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_questions_do_not_leak_into_their_packed_neighbours() -> None:
+    # Changing one question changes its own vector only, though it sits next to others.
+    torch.manual_seed(4)
+    enc = CNNEncoder(60, embedding_dim=8, windows=(5,), channels=12, output_dim=6).eval()
+    ids = torch.randint(1, 60, (40, 6))
+    before = enc(ids)
+    ids[20] = torch.randint(1, 60, (6,))
+    after = enc(ids)
+    changed = (before - after).abs().amax(dim=1) > 0
+    assert changed.nonzero().flatten().tolist() == [20]
+
+
+def test_forward_packs_mostly_padded_batches_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = CNNEncoder(60, embedding_dim=8, channels=12, output_dim=6)
+    calls: list[int] = []
+    real = enc._pooled_packed
+    monkeypatch.setattr(enc, "_pooled_packed", lambda ids: calls.append(1) or real(ids))
+    sparse = torch.zeros(20, 10, dtype=torch.long)
+    sparse[:, :3] = torch.randint(1, 60, (20, 3))  # 30 % real tokens
+    full = torch.randint(1, 60, (20, 10))
+    enc(sparse)
+    assert calls == [1]
+    enc(full)
+    assert calls == [1]  # a batch without padding is convolved as it is
+    enc.packed = False
+    enc(sparse)
+    assert calls == [1]
