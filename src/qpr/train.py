@@ -428,8 +428,7 @@ class _EncodedPairs:
         self.negatives = self.negative_len = None
         if negatives is not None:
             n_ids, n_len = vocab.encode_batch(negatives, max_len=max_len)
-            width = max(width, n_ids.shape[1])
-            self.negatives = torch.from_numpy(_pad_to(n_ids, width).astype(np.int32))
+            self.negatives = torch.from_numpy(n_ids.astype(np.int32))
             self.negative_len = torch.from_numpy(n_len)
         # int32 at rest halves the memory of 2 × P × max_len ids; batches become int64.
         self.side_a = torch.from_numpy(_pad_to(a_ids, width).astype(np.int32))
