@@ -257,15 +257,21 @@ def row_dir_of(rows_dir: Path, name: str) -> Path:
 def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> None:
     """A row trained like another (TRAINED_AS) starts from that row's checkpoints: the
     train stage resumes after its last epoch, so nothing is trained twice. The training
-    fingerprint in the checkpoint still has to match, or the stage trains from scratch."""
+    fingerprint in the checkpoint still has to match, or the stage trains from scratch.
+    The other row's encoding of the index questions comes along: the index stage reuses it
+    when the exported encoder is the same file (qpr.stages.index), else encodes again."""
     source = TRAINED_AS.get(name)
     if source is None:
         return
-    src = row_dir_of(rows_dir, source) / "artifacts" / "train"
-    dst = row_dir_of(rows_dir, name) / "artifacts" / "train"
-    if (src / "checkpoints" / "last.pt").is_file() and not dst.exists():
-        shutil.copytree(src, dst)
-        log(f"{name}: training checkpoints of {source!r} reused")
+    for part, marker, what in (
+        ("train", "checkpoints/last.pt", "training checkpoints"),
+        ("index", "*.npy", "index vectors"),
+    ):
+        src = row_dir_of(rows_dir, source) / "artifacts" / part
+        dst = row_dir_of(rows_dir, name) / "artifacts" / part
+        if any(src.glob(marker)) and not dst.exists():
+            shutil.copytree(src, dst)
+            log(f"{name}: {what} of {source!r} copied")
 
 
 def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:

@@ -24,6 +24,12 @@ class ProjectPaths:
         return self.root / "artifacts" / "train"
 
     @property
+    def index_cache_dir(self) -> Path:
+        """The last encoding of the index questions (kept between runs, so an index rebuilt
+        with other settings and the same encoder does not encode again)."""
+        return self.root / "artifacts" / "index"
+
+    @property
     def models_dir(self) -> Path:
         return self.root / "models"
 
