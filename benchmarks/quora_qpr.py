@@ -64,7 +64,8 @@ TEACHER_PRIOR = {
 # learning rate, as usual for pretrained transformers. Unit vectors with SDML ε 0 and logit
 # scale 10 (the cosine softmax MiniLM was trained with) won the GPU sweep on validation
 # (docs/results/transformer_fine_tune.md); mined negatives, which won there too, are left
-# out here: encoding the pool for them costs ~9 minutes on 2 cores.
+# out here: with its negative a pair costs half as much again, so the same 1,500 s budget
+# would train on a third fewer pairs, and that trade was not measured on 2 cores.
 MINILM_FINE_TUNE = {
     "loss": "sdml",
     "smoothing": 0.0,
