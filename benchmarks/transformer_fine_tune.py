@@ -160,22 +160,20 @@ def hard_negative_texts(
     shelf: np.ndarray, questions: pd.DataFrame, pairs: pd.DataFrame, settings, device: str
 ) -> list[str]:
     """One question per pair mined with the model off the shelf: training or unclustered
-    questions only, never a validation or test one."""
-    from qpr.negatives import mine_hard_negatives
+    questions only, never a validation or test one (the train stage's own mining)."""
+    from qpr.stages.train import negative_texts
 
+    in_pool = questions["split"].isin(["train", "none"]).to_numpy()
     skip, window = settings["hard_negatives"]
-    row_of = pd.Series(np.arange(len(questions)), index=questions["question_id"].to_numpy())
-    rows = mine_hard_negatives(
-        shelf,
-        row_of[pairs["q1_id"].to_numpy()].to_numpy(),
-        questions["cluster_id"].to_numpy(),
-        questions["split"].isin(["train", "none"]).to_numpy(),
+    return negative_texts(
+        questions[in_pool].reset_index(drop=True),
+        shelf[in_pool],
+        pairs["q1_id"].to_numpy(),
         skip=skip,
         window=window,
         seed=settings["seed"],
         device=device,
     )
-    return questions["text"].to_numpy()[rows].tolist()
 
 
 def fine_tune(

@@ -19,7 +19,7 @@ def mine_hard_negatives(
     vectors: np.ndarray,
     anchors: np.ndarray,
     cluster_ids: np.ndarray,
-    eligible: np.ndarray,
+    eligible: np.ndarray | None = None,
     *,
     skip: int = 0,
     window: int = 10,
@@ -31,16 +31,18 @@ def mine_hard_negatives(
 
     vectors: float32 [Q, D], every question's embedding; anchors: int [P], the row of each
     pair's first question; cluster_ids: int [Q] (a negative never shares the anchor's);
-    eligible: bool [Q], the rows a negative may come from (e.g. training and unclustered
-    questions, never validation or test ones). The candidates are the eligible rows of other
-    clusters by squared L2 distance to the anchor; the pick is uniform among the ranks
+    eligible: bool [Q], the rows a negative may come from (None: all; e.g. training and
+    unclustered questions, never validation or test ones). The candidates are the eligible
+    rows of other clusters by squared L2 distance to the anchor; the pick is uniform among the ranks
     skip .. skip + window - 1 (fewer where fewer exist).
     """
     vectors = np.asarray(vectors, dtype=np.float32)
     anchors = np.array(anchors, dtype=np.int64)
     # Copies: torch.from_numpy wants writable arrays (pandas hands out read-only views).
     cluster_ids = np.array(cluster_ids, dtype=np.int64)
-    eligible = np.array(eligible, dtype=bool)
+    eligible = (
+        np.ones(cluster_ids.shape, dtype=bool) if eligible is None else np.array(eligible, bool)
+    )
     if vectors.ndim != 2 or cluster_ids.shape != (vectors.shape[0],):
         raise ValueError(
             f"vectors must be [Q, D] and cluster_ids [Q], got {vectors.shape}, {cluster_ids.shape}"

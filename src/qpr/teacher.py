@@ -53,11 +53,9 @@ def teacher_vectors(
 
     cache_dir: read the matrix from there when these exact texts were encoded before with
     this package and max_len, else write it there (atomically)."""
-    import torch
-
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.train import embed_token_ids
+    from qpr.train import embed_token_ids, torch_threads
 
     if len(texts) == 0:
         raise ValueError("teacher_vectors needs at least one text")
@@ -71,10 +69,7 @@ def teacher_vectors(
                 return vectors
     tokenizer = WordPieceTokenizer.from_package(package, max_len=max_len)
     encoder = TransformerEncoder(package=package, normalize=True).eval()
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         log(f"teacher: encoding {len(texts):,} questions with {package}")
         started = time.perf_counter()
         parts = []
@@ -87,8 +82,6 @@ def teacher_vectors(
                 f"teacher: {done:,} / {len(texts):,} questions ({rate:.0f}/s, "
                 f"{(len(texts) - done) / rate:.0f} s left)"
             )
-    finally:
-        torch.set_num_threads(previous_threads)
     vectors = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,8 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,13 +394,29 @@ def num_training_classes(cluster_ids: np.ndarray, *, max_pairs: int | None, seed
     return int(np.unique(cluster_ids[chosen]).shape[0])
 
 
-def _data_digest(q1: Sequence[str], q2: Sequence[str], cluster_ids: np.ndarray) -> str:
-    h = hashlib.sha256()
-    for text in (*q1, "\x00", *q2):
+def _hash_texts(h: Any, texts: Sequence[str]) -> Any:
+    for text in texts:
         h.update(text.encode("utf-8"))
         h.update(b"\x1f")
+    return h
+
+
+def _data_digest(q1: Sequence[str], q2: Sequence[str], cluster_ids: np.ndarray) -> str:
+    h = _hash_texts(hashlib.sha256(), (*q1, "\x00", *q2))
     h.update(np.ascontiguousarray(cluster_ids).tobytes())
     return h.hexdigest()
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside the block (None: unchanged)."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 # --------------------------------------------------------------------------------------
@@ -687,11 +704,7 @@ def train_encoder(
     data_digest = _data_digest(q1, q2, cluster_ids)
     negatives_digest = None
     if hard_negatives is not None:
-        h = hashlib.sha256()
-        for text in hard_negatives:
-            h.update(text.encode("utf-8"))
-            h.update(b"\x1f")
-        negatives_digest = h.hexdigest()
+        negatives_digest = _hash_texts(hashlib.sha256(), hard_negatives).hexdigest()
     chosen = select_training_pairs(len(q1), max_pairs, seed)
     if chosen.shape[0] < len(q1):
         all_q1, all_q2 = list(q1), list(q2)

@@ -187,8 +187,10 @@ def test_sdml_hard_negatives_hand_computed() -> None:
             t = 0.775 if i == j else 0.075
             expected += t * (math.log(t) - (logit - ln_z))
     expected /= 3
-    # Row 0 alone: Z = 1 + 2e⁻¹ + e⁻² = 1.871094 (checks the sum above by hand).
+    # Every row holds one 0, two -1 and one -2: ln Z = ln(1 + 2e⁻¹ + e⁻²) = 0.626523, and
+    # KL = 0.775·(ln 0.775 + 0.626523) + 0.075·Σ(ln 0.075 - logit + 0.626523) = 0.146172.
     assert math.log(1 + 2 * e1 + e2) == pytest.approx(0.626523, abs=1e-6)
+    assert expected == pytest.approx(0.146172, abs=1e-6)
     loss = SDMLLoss(smoothing=0.3)(POINTS, POINTS, negatives)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     # A far-away negative takes no probability: the loss is the in-batch loss with the

@@ -180,6 +180,35 @@ def training_teacher_vectors(
     )
 
 
+def negative_texts(
+    pool: pd.DataFrame,
+    vectors: np.ndarray,
+    anchor_ids: np.ndarray,
+    *,
+    skip: int,
+    window: int,
+    seed: int,
+    device: str = "cpu",
+) -> list[str]:
+    """One mined negative per anchor question (qpr.negatives): pool holds the questions a
+    negative may be (question_id, text, cluster_id; the anchors among them), vectors their
+    embeddings row for row, anchor_ids the anchors' question ids."""
+    from qpr.negatives import mine_hard_negatives
+
+    row_of = pd.Series(np.arange(len(pool)), index=pool["question_id"].to_numpy())
+    rows = mine_hard_negatives(
+        vectors,
+        row_of[np.asarray(anchor_ids)].to_numpy(),
+        pool["cluster_id"].to_numpy(),
+        skip=skip,
+        window=window,
+        seed=seed,
+        device=device,
+        batch_size=1024 if device == "cuda" else 256,
+    )
+    return pool["text"].to_numpy()[rows].tolist()
+
+
 def mined_negative_texts(
     settings: Settings,
     questions: pd.DataFrame,
@@ -194,10 +223,7 @@ def mined_negative_texts(
     """train.hard_negatives.mine: one question per training pair, close to the pair's first
     question by the encoder as it starts, of another cluster, from the training and
     unclustered questions only (never a validation or test one)."""
-    import torch
-
-    from qpr.negatives import mine_hard_negatives
-    from qpr.train import encode_texts, select_training_pairs
+    from qpr.train import encode_texts, select_training_pairs, torch_threads
 
     mining = settings.train.hard_negatives
     pool = questions[questions["split"].isin(["train", "none"])].reset_index(drop=True)
@@ -205,35 +231,23 @@ def mined_negative_texts(
         f"mining hard negatives: encoding {len(pool):,} training and unclustered questions "
         f"with the encoder as it starts (ranks {mining.skip + 1}-{mining.skip + mining.window})"
     )
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(settings.train.threads)
-    try:
+    with torch_threads(settings.train.threads):
         vectors = encode_texts(
-            encoder.to(device).eval(),
-            vocab,
-            pool["text"].tolist(),
-            max_len=max_len,
-            device=device,
+            encoder.to(device).eval(), vocab, pool["text"].tolist(), max_len=max_len, device=device
         )
-    finally:
-        torch.set_num_threads(previous_threads)
     # Only the pairs train.max_pairs keeps (train_encoder takes the same seeded subset);
     # the others get an empty text that no batch reads.
     chosen = select_training_pairs(len(train_pairs), settings.train.max_pairs, settings.seed)
-    row_of = pd.Series(np.arange(len(pool)), index=pool["question_id"].to_numpy())
-    rows = mine_hard_negatives(
+    texts = np.full(len(train_pairs), "", dtype=object)
+    texts[chosen] = negative_texts(
+        pool,
         vectors,
-        row_of[train_pairs["q1_id"].to_numpy()[chosen]].to_numpy(),
-        pool["cluster_id"].to_numpy(),
-        np.ones(len(pool), dtype=bool),
+        train_pairs["q1_id"].to_numpy()[chosen],
         skip=mining.skip,
         window=mining.window,
         seed=settings.seed,
         device=device,
-        batch_size=1024 if device == "cuda" else 256,
     )
-    texts = np.full(len(train_pairs), "", dtype=object)
-    texts[chosen] = pool["text"].to_numpy()[rows]
     return texts.tolist()
 
 
