@@ -33,6 +33,7 @@ import json
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -497,6 +498,10 @@ def run_time_lines(results: dict[str, Any]) -> list[str]:
             "`--fresh`, all groups) is the time to reproduce the whole table with one command.",
             "",
         ]
+        for name, why in call.get("failed", {}).items():
+            lines += [f"- **failed in that call**: {name} ({why}); the next call runs it again"]
+        if call.get("failed"):
+            lines += [""]
     if timed:
         lines += ["| row | minutes, all steps |", "|---|---:|"]
         lines += [f"| {name} | {seconds / 60:.1f} |" for name, seconds in timed]
@@ -686,24 +691,38 @@ def main() -> None:
             for key in ("train", "overrides", "epochs")
         )
         reindex = same_training and (row_dir / "models" / "encoder.onnx").is_file()
-        with mlflow.start_run(run_name=name):
-            mlflow.log_params({"row": name, **{f"train.{k}": v for k, v in train.items()}})
-            mlflow.log_params({f"index.{k}": v for k, v in config["index"].items()})
-            if reindex:
-                log(f"{name}: trained before; indexing and evaluating again ({config['index']})")
-                row = reindex_row(settings, row_dir, done, log)
-            else:
-                reuse_training(work / "rows", name, log)
-                log(f"{name}: training with {train}, up to {epochs} epochs")
-                row = run_row(settings, row_dir, cluster_dir, log)
-            row["config"] = config
-            row["query_latency"] = query_latency(row_dir / "models", latency_questions)
-            mlflow.log_metric("query_p50_ms", row["query_latency"]["p50_ms"])
-            ev = row["evaluate"]
-            mlflow.log_metrics({m: ev[m] for m in MEASURES})
-            mlflow.log_metric("train_wall_seconds", row["train_wall_seconds"])
-            row["row_wall_seconds"] = time.perf_counter() - row_started
-            mlflow.log_metric("row_wall_seconds", row["row_wall_seconds"])
+        try:
+            with mlflow.start_run(run_name=name):
+                mlflow.log_params({"row": name, **{f"train.{k}": v for k, v in train.items()}})
+                mlflow.log_params({f"index.{k}": v for k, v in config["index"].items()})
+                if reindex:
+                    log(
+                        f"{name}: trained before; indexing and evaluating again ({config['index']})"
+                    )
+                    row = reindex_row(settings, row_dir, done, log)
+                else:
+                    reuse_training(work / "rows", name, log)
+                    log(f"{name}: training with {train}, up to {epochs} epochs")
+                    row = run_row(settings, row_dir, cluster_dir, log)
+                row["config"] = config
+                row["query_latency"] = query_latency(row_dir / "models", latency_questions)
+                mlflow.log_metric("query_p50_ms", row["query_latency"]["p50_ms"])
+                ev = row["evaluate"]
+                mlflow.log_metrics({m: ev[m] for m in MEASURES})
+                mlflow.log_metric("train_wall_seconds", row["train_wall_seconds"])
+                row["row_wall_seconds"] = time.perf_counter() - row_started
+                mlflow.log_metric("row_wall_seconds", row["row_wall_seconds"])
+        except Exception as err:  # one row's failure must not cost the others
+            # A row that fails (a quality gate, a crash) is reported and the table goes on:
+            # the call exits non-zero at the end, and the next call runs that row again.
+            log(f"{name}: FAILED, {type(err).__name__}: {err}")
+            traceback.print_exc()
+            results["last_call"].setdefault("failed", {})[name] = (
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            )
+            results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
+            write_outputs(args.out, results, protocol)
+            continue
         results["last_call"]["measured"].append(name)
         results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
         if json_path.is_file():  # another benchmark process may have added rows meanwhile
@@ -721,11 +740,16 @@ def main() -> None:
     results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
     results["last_call"]["finished"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
     write_outputs(args.out, results, protocol)
+    failed = results["last_call"].get("failed", {})
     log(
         f"{len(results['last_call']['measured'])} rows measured, "
-        f"{len(results['last_call']['skipped'])} already measured, in "
+        f"{len(results['last_call']['skipped'])} already measured, {len(failed)} failed, in "
         f"{results['last_call']['wall_seconds'] / 3600:.2f} h"
     )
+    if failed:
+        for name, why in failed.items():
+            log(f"FAILED: {name}: {why}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
