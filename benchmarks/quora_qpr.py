@@ -717,8 +717,9 @@ def main() -> None:
             # the call exits non-zero at the end, and the next call runs that row again.
             log(f"{name}: FAILED, {type(err).__name__}: {err}")
             traceback.print_exc()
+            first_line = next(iter(str(err).splitlines()), "")
             results["last_call"].setdefault("failed", {})[name] = (
-                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                f"{type(err).__name__}: {first_line}"
             )
             results["last_call"]["wall_seconds"] = time.perf_counter() - call_started
             write_outputs(args.out, results, protocol)
