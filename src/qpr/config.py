@@ -113,6 +113,8 @@ class TrainSettings(_Section):
     negatives: Literal["random", "hard"] = "random"
     am_margin: float = Field(0.35, ge=0.0)  # AM-Softmax additive margin m
     am_scale: float = Field(30.0, gt=0.0)  # AM-Softmax scale s
+    # AM-Softmax: score only this many classes per step (the batch's + random others)
+    am_sampled_classes: int | None = Field(None, ge=2)
     batch_size: int = Field(512, ge=2)
     lr: float = Field(1e-3, gt=0.0)
     max_epochs: int = Field(10, ge=1)

@@ -164,3 +164,86 @@ def test_stage_builds_amsoftmax_only_on_normalised_embeddings() -> None:
     assert (loss.num_classes, loss.dim, loss.margin, loss.scale) == (10, 8, 0.25, 16.0)
     # Callers that want only the encoder (no training clusters at hand) get no loss.
     assert build_training_loss(settings, num_classes=None, dim=8) is None
+
+
+# -- sampled classes (Partial FC) ----------------------------------------------------------
+
+
+def test_sampled_classes_keep_the_batch_classes_and_draw_distinct_others() -> None:
+    loss = AMSoftmaxLoss(num_classes=50, dim=5, sampled_classes=10)
+    labels = torch.tensor([7, 3, 7, 40])
+    torch.manual_seed(0)
+    classes, positions = loss.sample_classes(labels)
+    assert classes.shape == (10,)
+    assert classes[:3].tolist() == [3, 7, 40]  # the batch's classes, sorted, come first
+    assert len(set(classes.tolist())) == 10  # no class twice
+    assert classes.min() >= 0 and classes.max() < 50
+    assert torch.equal(classes[positions], labels)  # labels point at their own class
+
+
+def test_sampled_classes_at_least_all_classes_is_the_full_loss() -> None:
+    anchors, positives, labels = _random()
+    torch.manual_seed(1)
+    full = AMSoftmaxLoss(num_classes=4, dim=5)
+    sampled = AMSoftmaxLoss(num_classes=4, dim=5, sampled_classes=4)
+    sampled.load_state_dict(full.state_dict())
+    assert sampled(anchors, positives, labels).item() == pytest.approx(
+        full(anchors, positives, labels).item(), abs=1e-6
+    )
+
+
+def test_sampled_loss_is_the_softmax_over_the_drawn_classes_only() -> None:
+    # By hand: the loss over S drawn classes equals the full formula restricted to
+    # those columns, with the labels re-indexed into them.
+    anchors, positives, labels = _random(classes=3)
+    torch.manual_seed(2)
+    loss = AMSoftmaxLoss(num_classes=40, dim=5, margin=0.35, scale=30.0, sampled_classes=8)
+    torch.manual_seed(5)
+    value = loss(anchors, positives, labels)
+    torch.manual_seed(5)
+    classes, positions = loss.sample_classes(torch.cat([labels, labels]))
+    examples = torch.cat([anchors, positives])
+    cos = F.normalize(examples, dim=1) @ F.normalize(loss.weight[classes], dim=1).T
+    rows = torch.arange(cos.shape[0])
+    logits = 30.0 * cos
+    logits[rows, positions] = 30.0 * (cos[rows, positions] - 0.35)
+    assert value.item() == pytest.approx(F.cross_entropy(logits, positions).item(), abs=1e-5)
+    # Fewer negatives in the denominator: never above the loss over every class.
+    assert value.item() <= loss.eval()(anchors, positives, labels).item() + 1e-6
+
+
+def test_sampled_classes_update_only_the_drawn_class_vectors() -> None:
+    anchors, positives, labels = _random(classes=3)
+    loss = AMSoftmaxLoss(num_classes=40, dim=5, sampled_classes=8)
+    torch.manual_seed(4)
+    loss(anchors, positives, labels).backward()
+    touched = (loss.weight.grad.abs().sum(dim=1) > 0).nonzero().squeeze(1)
+    assert touched.numel() == 8
+    assert set(labels.tolist()) <= set(touched.tolist())
+
+
+def test_eval_mode_scores_every_class() -> None:
+    anchors, positives, labels = _random()
+    torch.manual_seed(6)
+    full = AMSoftmaxLoss(num_classes=30, dim=5)
+    sampled = AMSoftmaxLoss(num_classes=30, dim=5, sampled_classes=5).eval()
+    sampled.load_state_dict(full.state_dict())
+    assert sampled(anchors, positives, labels).item() == pytest.approx(
+        full(anchors, positives, labels).item(), abs=1e-6
+    )
+
+
+def test_sampled_classes_below_two_is_refused() -> None:
+    with pytest.raises(ValueError, match="sampled_classes"):
+        AMSoftmaxLoss(num_classes=30, dim=5, sampled_classes=1)
+
+
+def test_train_am_sampled_classes_reaches_the_loss() -> None:
+    settings = settings_from_dict(
+        {
+            "model": {"normalize": True},
+            "train": {"loss": "amsoftmax", "am_sampled_classes": 64},
+        }
+    )
+    loss = build_training_loss(settings, num_classes=1000, dim=8)
+    assert loss.sampled_classes == 64

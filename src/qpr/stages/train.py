@@ -176,6 +176,7 @@ def build_training_loss(settings: Settings, *, num_classes: int | None, dim: int
             dim=dim,
             margin=train.am_margin,
             scale=train.am_scale,
+            sampled_classes=train.am_sampled_classes,
         )
     raise SettingsError(f"train.loss: unknown loss {train.loss!r}")
 

@@ -24,10 +24,19 @@ from qpr.model.losses.amsoftmax import AMSoftmaxLoss
 class SimplerASoftmaxLoss(AMSoftmaxLoss):
     """AMSoftmaxLoss with ψ(θ) = min(cos mθ, cos θ); `margin` is the integer m."""
 
-    def __init__(self, num_classes: int, dim: int, margin: int = 4, scale: float = 30.0) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        margin: int = 4,
+        scale: float = 30.0,
+        sampled_classes: int | None = None,
+    ) -> None:
         if int(margin) != margin or margin < 1:
             raise ValueError(f"margin must be a positive integer (cos mθ), got {margin}")
-        super().__init__(num_classes, dim, margin=float(margin), scale=scale)
+        super().__init__(
+            num_classes, dim, margin=float(margin), scale=scale, sampled_classes=sampled_classes
+        )
 
     def target_cosine(self, cos_target: torch.Tensor) -> torch.Tensor:
         previous, current = torch.ones_like(cos_target), cos_target
@@ -38,5 +47,6 @@ class SimplerASoftmaxLoss(AMSoftmaxLoss):
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, dim={self.dim}, "
-            f"margin={int(self.margin)}, scale={self.scale}"
+            f"margin={int(self.margin)}, scale={self.scale}, "
+            f"sampled_classes={self.sampled_classes}"
         )
