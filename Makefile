@@ -66,8 +66,9 @@ retrain: install ## One retraining cycle on the files in retrain.incoming (qpr r
 	$(BIN)/qpr retrain
 
 # Benchmarks on the real Quora copy (../shared/data/quora); results land in docs/results/.
+# make bench-quora FRESH=1: the whole table again from nothing (no row or checkpoint reused)
 bench-quora: install ## Quora table: losses, encoders, sweeps (hours on 2 cores; resumable)
-	$(BIN)/python benchmarks/quora_qpr.py --max-epochs 4 --sweep-epochs 1
+	$(BIN)/python benchmarks/quora_qpr.py --max-epochs 4 --sweep-epochs 1 $(if $(FRESH),--fresh)
 
 bench-serve: install ## Search latency, recall vs exact and throughput on the Quora index
 	$(BIN)/python benchmarks/serve_latency.py

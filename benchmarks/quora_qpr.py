@@ -14,7 +14,8 @@ Each row trains with the pipeline's own stage functions (train → export → in
 evaluate) in its own work directory, is logged as an MLflow run, and is appended to
 docs/results/quora.json as soon as it finishes; the Markdown table is rewritten after each
 row. Rows already in the JSON with the same configuration are skipped, so an interrupted
-benchmark continues where it stopped (`--fresh` starts over).
+benchmark continues where it stopped (`--fresh` starts over from nothing: the work folder's
+clusters and checkpoints are deleted too).
 
     python benchmarks/quora_qpr.py                      # every row
     python benchmarks/quora_qpr.py --rows main          # losses and baselines only
@@ -542,7 +543,13 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-quora-benchmark"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
-    parser.add_argument("--fresh", action="store_true", help="ignore rows already measured")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from nothing: ignore the rows already in --out's quora.json and delete "
+        "what earlier calls left in --work (the clusters and every row's checkpoints, "
+        "vectors and models), so every row is trained again",
+    )
     parser.add_argument(
         "--merge",
         type=Path,
@@ -595,6 +602,12 @@ def main() -> None:
         print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", flush=True)
 
     work = args.work
+    if args.fresh:
+        # Only the folders this script makes: --work may be a folder holding other things.
+        for part in ("cluster", "gates", "rows"):
+            if (work / part).exists():
+                shutil.rmtree(work / part)
+                log(f"--fresh: removed {work / part}")
     cluster_dir = work / "cluster"
     settings0 = with_overrides(raw, {}, args.max_epochs, [])
     if not (cluster_dir / "questions.parquet").is_file():
