@@ -116,7 +116,7 @@ ROWS: dict[str, tuple] = {
         },
     ),
     # 4,096 of the 36.5k classes scored a step (Partial FC): the full softmax made this
-    # row train at 330 pairs/s, a sixth of SDML's speed (docs/models.md).
+    # row train at 325 pairs/s against SDML's 1,700-2,000 (docs/models.md).
     "CNN + AM-Softmax (m 0.35, s 30, 4,096 sampled classes)": (
         "models",
         {

@@ -136,7 +136,8 @@ class AMSoftmaxLoss(nn.Module):
             )
         examples = torch.cat([anchors, positives])
         both = torch.cat([labels, labels])
-        if self.training and self.sampled_classes is not None:
+        # S >= C would score every class anyway, through a gathered copy of W.
+        if self.training and (self.sampled_classes or self.num_classes) < self.num_classes:
             classes, both = self.sample_classes(both)
             return F.cross_entropy(self.logits(examples, both, classes), both)
         return F.cross_entropy(self.logits(examples, both), both)
