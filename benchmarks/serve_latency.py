@@ -593,10 +593,10 @@ class InProcess:
         """Where the time goes: each step timed separately (same files, 1 thread); for a
         fused bundle the dense search asks for its candidates (max(k, dense_candidates)),
         then BM25, then the fusion (the union of both sides scored exactly, and the
-        distances of the kept hits)."""
+        distances of the kept hits), the way `Bundle.search` does it for one question."""
         from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
-        from qpr.index import distances_to, search
-        from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union
+        from qpr.index import RowDistances, distances_to, search
+        from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
         from qpr.serve.bundle import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
         from qpr.text import load_tokenizer
 
@@ -604,6 +604,7 @@ class InProcess:
         session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
         index = faiss.read_index(str(self.bundle_dir / INDEX_FILE))
         set_knob(index, self.knob, self.value)
+        row_distances = RowDistances(index)
         fusion = self.bundle.fusion
         bm25 = BM25Index.load(self.bundle_dir / BM25_FILE) if fusion else None
         rescored = bool(fusion) and "dense_candidates" in fusion
@@ -629,15 +630,16 @@ class InProcess:
             if bm25 is not None and fusion:
                 scores, lex_rows = bm25.search(q, int(fusion["candidates"]))
                 t4 = time.perf_counter()
-                combine = fuse
+                weight = fusion["dense_weight"]
                 if rescored:  # every candidate scored by its exact distance
-                    rows = candidate_union(rows, lex_rows[None])
-                    dist = distances_to(index, vec, rows)
-                    combine = fuse_union
-                _, kept = combine(
-                    -dist, rows, scores[None], lex_rows[None], fusion["dense_weight"], SEARCH_K
-                )
-                distances_to(index, vec, kept)
+                    union = candidate_union(rows, lex_rows[None])[0]
+                    union = union[union >= 0]
+                    exact = row_distances(vec, union)
+                    _, slots = fuse_union_one(-exact, union, scores, lex_rows, weight, SEARCH_K)
+                    exact[slots].tolist()
+                else:
+                    _, kept = fuse(-dist, rows, scores[None], lex_rows[None], weight, SEARCH_K)
+                    distances_to(index, vec, kept)
                 t5 = time.perf_counter()
                 parts["bm25"].append(t4 - t3)
                 parts["fuse"].append(t5 - t4)

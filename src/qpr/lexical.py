@@ -471,8 +471,8 @@ def fuse_union(
     q, u = union_rows.shape
     if lexical_rows.shape[0] != q:
         raise ValueError(f"{q} union rows but {lexical_rows.shape[0]} lexical rows")
-    if q == 1:  # one question (the service): fewer, smaller numpy calls
-        return _fuse_union_one(
+    if q == 1:  # one question: compiled
+        scores, slots = fuse_union_one(
             np.asarray(dense_sims)[0],
             union_rows[0],
             np.asarray(lexical_scores)[0],
@@ -480,6 +480,11 @@ def fuse_union(
             dense_weight,
             k,
         )
+        out_s = np.full((1, k), -np.inf, np.float32)
+        out_r = np.full((1, k), -1, np.int64)
+        out_s[0, : scores.size] = scores
+        out_r[0, : slots.size] = union_rows[0][slots]
+        return out_s, out_r
     valid = union_rows >= 0
     dense = _unit_range(np.where(valid, dense_sims, -np.inf))
     lexical_found = lexical_rows >= 0
@@ -513,7 +518,7 @@ def fuse_union(
 _NOT_A_UNION = "union_rows must hold every lexical row (use candidate_union)"
 
 
-def _fuse_union_one(
+def fuse_union_one(
     sims: np.ndarray,
     union: np.ndarray,
     lexical_scores: np.ndarray,
@@ -521,9 +526,15 @@ def _fuse_union_one(
     dense_weight: float,
     k: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """fuse_union for one query (1-D arrays): the same float32 arithmetic as `fuse`."""
-    out_s = np.full((1, k), -np.inf, np.float32)
-    out_r = np.full((1, k), -1, np.int64)
+    """`fuse_union` for one question, 1-D arrays in: (scores float32 [<= k], slots int64
+    [<= k]) best first, each slot indexing `union`, so the caller reads each kept row's
+    own values (its distance) without searching for them. The same float32 arithmetic.
+
+    sims float [U] for union int64 [U] (ascending, -1 slots last, holding every lexical
+    row); lexical_scores float [C], lexical_rows int64 [C] (-1 = empty).
+    """
+    if not 0.0 <= dense_weight <= 1.0:
+        raise ValueError(f"dense_weight must be in [0, 1], got {dense_weight}")
     scores, slots = fuse_one(
         np.ascontiguousarray(sims, np.float32),
         np.ascontiguousarray(union, np.int64),
@@ -535,6 +546,4 @@ def _fuse_union_one(
     )
     if slots.size and slots[0] < 0:
         raise ValueError(_NOT_A_UNION)
-    out_s[0, : scores.size] = scores
-    out_r[0, : slots.size] = union[slots]
-    return out_s, out_r
+    return scores, slots

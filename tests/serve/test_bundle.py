@@ -406,6 +406,23 @@ def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir
             assert hit.distance == pytest.approx(distance[hit.question_id], rel=1e-5, abs=1e-6)
 
 
+def test_fused_question_alone_ranks_as_in_a_batch(bundle: Bundle, copy_dir: Path) -> None:
+    # one question takes its own path (BM25's words read before the worker thread, the
+    # union's distances looked up once); a batch goes through the general one
+    _make_hybrid(copy_dir, 0.5, candidates=6, dense_candidates=3, nprobe=2)
+    hybrid = Bundle.load(copy_dir)
+    questions = ["repair bicycle", UNSEEN, QUESTIONS[3], "how to clean a boat", QUESTIONS[40]]
+    for k in (1, 4, 12):
+        batch = hybrid.search_batch(questions, k=k)
+        for question, got in zip(questions, batch, strict=True):
+            alone = hybrid.search(question, k=k)
+            assert alone.answered == got.answered
+            assert [h.question_id for h in alone.hits] == [h.question_id for h in got.hits]
+            for a, b in zip(alone.hits, got.hits, strict=True):
+                assert a.distance == pytest.approx(b.distance, rel=1e-4, abs=1e-6)
+                assert a.score == pytest.approx(b.score, abs=1e-5)
+
+
 def test_fused_bundle_ranks_by_fused_score_with_true_distances(
     bundle: Bundle, copy_dir: Path
 ) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from qpr.index import (
     IdMap,
+    RowDistances,
     build_index,
     distances_to,
     drop_excluded,
@@ -393,3 +394,23 @@ def test_distances_to_are_the_stored_vectors_squared_l2(factory):
                 assert got[i, j] == pytest.approx(expected, rel=1e-4)
     with pytest.raises(ValueError, match="rows must be"):
         distances_to(index, queries, rows[:2])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8,Flat", "IVF16,PQ16x4fs,RFlat", "IVF16,PQ8"])
+def test_row_distances_equal_distances_to(factory):
+    # the one-question lookup reads the same storage the same way: equal float32 values
+    x, queries = _vectors(2_000, 32), _vectors(3, 32, seed=5)
+    index = build_index(x, factory, nprobe=4, seed=0, log=_quiet)
+    one_query = RowDistances(index)
+    rows = np.array([1999, 5, 17, 0, 5])
+    for i in range(3):
+        want = distances_to(index, queries[i : i + 1], rows[None])[0]
+        got = one_query(queries[i : i + 1], rows)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert one_query(queries[:1], np.zeros(0, np.int64)).shape == (0,)
+    if factory != "IVF16,PQ8":  # flat storage: FAISS would read outside it, so refused
+        for bad in ([-1], [2_000]):
+            with pytest.raises(ValueError, match="rows must be in"):
+                one_query(queries[:1], np.array(bad))
+        with pytest.raises(ValueError, match="query must be"):
+            one_query(queries[:2], rows)

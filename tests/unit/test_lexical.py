@@ -16,6 +16,7 @@ from qpr.lexical import (
     describe_bm25,
     fuse,
     fuse_union,
+    fuse_union_one,
     lexical_search,
     tokenize,
     values_at,
@@ -190,6 +191,31 @@ def test_maxscore_prunes_long_lists_and_leaves_its_scratch_zeroed() -> None:
     # the same search unpruned gives the same top 2 with the same float32 scores
     same = top_k(*args, 2, -1, 10**9, *scratch)
     assert same[2] == -1 and np.array_equal(same[0], scores) and np.array_equal(same[1], rows)
+
+
+def test_fuse_union_one_returns_slots_into_the_union() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(5, 200))
+        dense = rng.integers(0, n, (1, int(rng.integers(1, 30))))
+        lexical = rng.permutation(n + 40)[:30][None]
+        lexical[lexical >= n] = -1
+        scores = np.where(lexical >= 0, rng.integers(0, 5, lexical.shape), -np.inf)
+        union = candidate_union(dense, lexical)
+        sims = np.where(union >= 0, -rng.integers(0, 6, union.shape), -np.inf).astype(np.float32)
+        weight, k = float(rng.choice([0.0, 0.3, 0.5, 1.0])), int(rng.integers(1, 60))
+        want_scores, want_rows = fuse_union(sims, union, scores, lexical, weight, k)
+        valid = union[0] >= 0
+        got_scores, slots = fuse_union_one(
+            sims[0][valid], union[0][valid], scores[0], lexical[0], weight, k
+        )
+        kept = want_rows[0] >= 0
+        assert np.array_equal(union[0][valid][slots], want_rows[0][kept])
+        assert np.array_equal(got_scores, want_scores[0][kept])
+    with pytest.raises(ValueError, match="every lexical row"):
+        fuse_union_one(np.zeros(2), np.array([2, 4]), np.ones(2), np.array([2, 9]), 0.5, 2)
+    with pytest.raises(ValueError, match="dense_weight"):
+        fuse_union_one(np.zeros(2), np.array([2, 4]), np.ones(1), np.array([2]), 1.5, 2)
 
 
 def test_searches_from_several_threads_agree() -> None:

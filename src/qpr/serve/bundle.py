@@ -57,12 +57,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
-from qpr.index import IdMap, distances_to, ef_search_of, search, set_ef_search, set_nprobe
+from qpr.index import (
+    IdMap,
+    RowDistances,
+    distances_to,
+    ef_search_of,
+    search,
+    set_ef_search,
+    set_nprobe,
+)
 from qpr.lexical import (
     BM25Index,
     candidate_union,
     fuse,
     fuse_union,
+    fuse_union_one,
     lexical_search,
     values_at,
 )
@@ -168,6 +177,7 @@ class Bundle:
         self._fingerprint = fingerprint
         self._bm25 = bm25
         self._fusion = fusion
+        self._row_distances = RowDistances(index)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -412,6 +422,8 @@ class Bundle:
         k = min(k, self.size)
         if self._bm25 is not None and self._fusion is not None:
             candidates = min(max(k, int(self._fusion["candidates"])), self.size)
+            if len(questions) == 1 and "dense_candidates" in self._fusion:
+                return [self._fused_one(questions[0], sequences[0], candidates, k, limit)]
             lexical = _lexical_pool().submit(lexical_search, self._bm25, questions, candidates)
             vectors = self._embed(sequences)
             distances, rows, scores = self._fused(vectors, lexical, candidates, k)
@@ -483,6 +495,29 @@ class Bundle:
         distances = distances_to(self._index, vectors, union)
         scores, rows = fuse_union(-distances, union, lexical_scores, lexical_rows, weight, k)
         return values_at(union, distances, rows), rows, scores
+
+    def _fused_one(
+        self, question: str, tokens: list[int], candidates: int, k: int, limit: float | None
+    ) -> SearchResult:
+        """One question fused (the service's path): `_fused`'s ranking with less around
+        it. The union's distances come from `RowDistances` (the stored vectors looked up
+        once per bundle) and the kept hits' distances are read at the slots the fusion
+        returns instead of being searched for again. BM25 reads the question's words on
+        the worker thread too: the request thread goes straight to the encoder."""
+        assert self._bm25 is not None and self._fusion is not None
+        lexical = _lexical_pool().submit(self._bm25.search, question, candidates)
+        vector = self._embed([tokens])
+        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        _, dense_rows = search(self._index, vector, wanted)
+        lexical_scores, lexical_rows = lexical.result()
+        union = candidate_union(dense_rows, lexical_rows[None])[0]
+        union = union[union >= 0]
+        distances = self._row_distances(vector, union)
+        weight = float(self._fusion["dense_weight"])
+        scores, slots = fuse_union_one(-distances, union, lexical_scores, lexical_rows, weight, k)
+        return self._result(
+            question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
+        )
 
     def _result(
         self,
