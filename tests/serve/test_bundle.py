@@ -407,8 +407,8 @@ def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir
 
 
 def test_fused_question_alone_ranks_as_in_a_batch(bundle: Bundle, copy_dir: Path) -> None:
-    # one question takes its own path (BM25's words read before the worker thread, the
-    # union's distances looked up once); a batch goes through the general one
+    # one question takes its own path (the union's distances through RowDistances, the
+    # kept hits' distances read at the fusion's slots); a batch goes through the general one
     _make_hybrid(copy_dir, 0.5, candidates=6, dense_candidates=3, nprobe=2)
     hybrid = Bundle.load(copy_dir)
     questions = ["repair bicycle", UNSEEN, QUESTIONS[3], "how to clean a boat", QUESTIONS[40]]
