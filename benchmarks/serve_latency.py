@@ -461,23 +461,17 @@ def served_sweep(
     search, per knob value: what a user of a fused bundle gets from the approximate index.
 
     The fusion is the bundle's (`qpr.serve.bundle.Bundle._fused`): BM25's candidates and
-    the index's (`qpr.index.dense_candidate_rows`), every candidate scored by its exact
-    distance.
+    the index's top max(k, dense_candidates), every candidate scored by its exact distance.
     """
-    from qpr.index import dense_candidate_rows, distances_to, recall_against
+    from qpr.index import distances_to, recall_against, search
     from qpr.lexical import candidate_union, fuse_union, lexical_search
 
     faiss.omp_set_num_threads(2)
     lexical_scores, lexical_rows = lexical_search(bm25, questions, int(fusion["candidates"]))
+    wanted = max(RECALL_K, int(fusion["dense_candidates"]))
 
     def fused_top(searched: faiss.Index) -> np.ndarray:
-        dense_rows = dense_candidate_rows(
-            searched,
-            queries,
-            RECALL_K,
-            dense_candidates=int(fusion["dense_candidates"]),
-            coded_candidates=fusion.get("coded_candidates"),
-        )
+        _, dense_rows = search(searched, queries, wanted)
         rows = candidate_union(dense_rows, lexical_rows)
         sims = -distances_to(index, queries, rows)
         return fuse_union(
@@ -597,17 +591,11 @@ class InProcess:
 
     def breakdown(self) -> dict[str, float]:
         """Where the time goes: each step timed separately (same files, 1 thread); for a
-        fused bundle the dense search asks for its candidates (`dense_candidate_rows`),
+        fused bundle the dense search asks for its candidates (max(k, dense_candidates)),
         then BM25, then the fusion (the union of both sides scored exactly, and the
         distances of the kept hits), the way `Bundle.search` does it for one question."""
         from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
-        from qpr.index import (
-            RowDistances,
-            dense_candidate_rows,
-            distances_to,
-            search,
-            use_per_query_scan,
-        )
+        from qpr.index import RowDistances, distances_to, search, use_per_query_scan
         from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
         from qpr.serve.bundle import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
         from qpr.text import load_tokenizer
@@ -634,16 +622,8 @@ class InProcess:
             t1 = time.perf_counter()
             vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
-            if rescored:  # as the bundle takes them (codes or re-ranked)
-                rows = dense_candidate_rows(
-                    index,
-                    vec,
-                    SEARCH_K,
-                    dense_candidates=dense_k,
-                    coded_candidates=fusion.get("coded_candidates"),
-                )
-            else:  # qpr.index.search, as the bundle calls it (a refine index's re-ranking)
-                dist, rows = search(index, vec, dense_k)
+            # qpr.index.search, as the bundle calls it (a refine index's re-ranking budget)
+            dist, rows = search(index, vec, dense_k)
             t3 = time.perf_counter()
             parts["tokenise"].append(t1 - t0)
             parts["encode"].append(t2 - t1)
@@ -1203,9 +1183,7 @@ def served_sentence(idx: dict[str, Any]) -> str:
     )
 
 
-def fusion_lines(
-    chosen: dict[str, Any], factory: str, bm25: dict[str, Any] | None = None
-) -> list[str]:
+def fusion_lines(chosen: dict[str, Any], bm25: dict[str, Any] | None = None) -> list[str]:
     dense = chosen.get("in_process_dense")
     if not chosen.get("fusion") or not dense:
         return []
@@ -1216,15 +1194,9 @@ def fusion_lines(
 
         words = f"; {describe_bm25(bm25)} like the trained bundle's"
     f = chosen["fusion"]
-    coded = f.get("coded_candidates")
     sides = (
         f"BM25's {f['candidates']} candidates and the index's top max(k, "
-        + (
-            f"{coded}) by its compressed codes, not re-ranked"
-            if coded is not None and factory.endswith(",RFlat")
-            else f"{f['dense_candidates']})"
-        )
-        + ", every candidate scored by its exact distance"
+        f"{f['dense_candidates']}), every candidate scored by its exact distance"
         if "dense_candidates" in f
         else f"{f['candidates']} candidates per side"
     )
@@ -1362,9 +1334,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "
         f"in-process p50 = {fmt_range(overhead(chosen))} ms.",
         "",
-        *fusion_lines(
-            chosen, report["index"]["factory"], (report["encoder"].get("fusion") or {}).get("bm25")
-        ),
+        *fusion_lines(chosen, (report["encoder"].get("fusion") or {}).get("bm25")),
         reading(report),
         "",
         f"## Throughput under concurrent load ({idx['knob']} {chosen['value']}, second process, "

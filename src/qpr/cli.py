@@ -733,9 +733,7 @@ def _print_results(metrics: dict) -> None:
             )
             console.print(
                 f"served: BM25's {fusion['candidates']} and the index's "
-                f"{fusion.get('dense_taken', fusion['dense_candidates'])} candidates"
-                + (" (by its compressed codes)" if fusion.get("dense_from_codes") else "")
-                + f" scored exactly, {probing}recall@k "
+                f"{fusion['dense_candidates']} candidates scored exactly, {probing}recall@k "
                 f"{served['recall']:.4f} against an exact dense search"
                 + ("" if served["reached"] else f" (BELOW the target {served['target']})")
             )

@@ -141,10 +141,6 @@ class LexicalSettings(_Section):
     # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
     # scored by its exact distance (qpr.lexical.candidate_union), so few are needed.
     dense_candidates: int = Field(20, ge=1)
-    # For an index with compressed codes and exact re-ranking (...,RFlat): the codes' top
-    # max(k, coded_candidates) are taken instead, not re-ranked, since the union is scored
-    # exactly anyway (qpr.index.dense_candidate_rows). None: re-ranked, dense_candidates.
-    coded_candidates: int | None = Field(80, ge=1)
     # Fused searches go as deep as the fewest IVF lists (HNSW candidates) whose served top k
     # (evaluate.k) keeps this share of an exact dense search's results, on validation.
     served_recall: float = Field(0.98, gt=0.0, le=1.0)

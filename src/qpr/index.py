@@ -35,7 +35,6 @@ __all__ = [
     "MIN_POINTS_PER_CENTROID",
     "IdMap",
     "build_index",
-    "dense_candidate_rows",
     "drop_excluded",
     "ef_search_of",
     "exact_recall_at_k",
@@ -232,11 +231,12 @@ def use_per_query_scan(index: faiss.Index) -> bool:
 
     FAISS's own choice (``implem`` 0) picks kernels that group the queries of a search by
     inverted list. On the 134k-question Quora index (``IVF1024,PQ150x4fs,RFlat``, nprobe
-    192, 80 results) the per-query kernel that keeps its results in a reservoir
-    (``implem`` 11) was faster for every batch size tried, 1 to 2,048 queries on 1 or 2
-    threads: 0.21 against 0.26 ms for one question, 0.158 against 0.178 ms a query in
-    batches of 2,048. It finds the same rows. Not stored in the index file: set it after
-    reading one. Returns False (and changes nothing) for other indexes.
+    192) the per-query kernel that keeps its results in a reservoir (``implem`` 11) was
+    faster for every batch size tried, 1 to 2,048 queries on 1 or 2 threads: 0.29-0.30
+    against 0.34-0.35 ms for one question's top 20 (160 candidates re-ranked), 0.158
+    against 0.178 ms a query for 80 results in batches of 2,048. It finds the same rows.
+    Not stored in the index file: set it after reading one. Returns False (and changes
+    nothing) for other indexes.
     """
     if _is_gpu_index(index):
         return False
@@ -582,7 +582,6 @@ def search(
     k: int,
     *,
     exclude: np.ndarray | None = None,
-    rerank: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows for each query.
 
@@ -590,9 +589,6 @@ def search(
     exclude : int64 [Q] or None. ``exclude[i] >= 0`` removes that row from query i's
         results (a query that is itself in the index must not find itself): k+1 are
         asked for and one dropped. ``-1`` excludes nothing.
-    rerank : False takes a ``...,RFlat`` index's k best by its compressed codes, without
-        the exact re-ranking (the distances are then the codes' estimates): for callers
-        that score every row exactly themselves. No effect on other indexes.
 
     Returns ``(distances float32 [Q, k], rows int64 [Q, k])`` in rank order. Where fewer
     than k rows could be found (small index, few lists probed), rows are -1 with FAISS's
@@ -605,8 +601,6 @@ def search(
     refine = _refine(index)
     if refine is None:
         distances, rows = index.search(queries, ask)
-    elif not rerank:
-        distances, rows = faiss.downcast_index(refine.base_index).search(queries, ask)
     else:
         distances, rows = _refined_search(refine, queries, ask)
     distances, rows = drop_excluded(distances, rows.astype(np.int64, copy=False), exclude, k)
@@ -628,32 +622,6 @@ def _refined_search(
     params.k_factor = float((reranked + 0.5) / wide)  # FAISS truncates k·k_factor
     distances, rows = index.search(queries, wide, params=params)
     return distances[:, :k], rows[:, :k]
-
-
-def dense_candidate_rows(
-    index: faiss.Index,
-    queries: np.ndarray,
-    k: int,
-    *,
-    dense_candidates: int,
-    coded_candidates: int | None,
-    exclude: np.ndarray | None = None,
-) -> np.ndarray:
-    """The dense side of a fused search (int64 [Q, k'], -1 = none found), whose rows the
-    caller scores exactly (`distances_to`): the service and the evaluate stage both take
-    them here, so a bundle serves the candidates it was evaluated with.
-
-    An index with compressed codes and exact re-ranking (``...,RFlat``) gives its
-    ``max(k, coded_candidates)`` best by the codes, not re-ranked: the union is scored
-    exactly anyway, and re-ranking first would compute ``k_factor`` times as many exact
-    distances. Other indexes, and bundles evaluated before ``coded_candidates`` existed
-    (None), give their ``max(k, dense_candidates)`` best as `search` ranks them.
-    k' is at most the index size. ``exclude`` as in `search`.
-    """
-    coded = coded_candidates is not None and _refine(index) is not None
-    wanted = max(k, coded_candidates if coded else dense_candidates)
-    _, rows = search(index, queries, min(wanted, index.ntotal), exclude=exclude, rerank=not coded)
-    return rows
 
 
 def distances_to(index: faiss.Index, queries: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -55,7 +55,6 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
         "dense_weight": fusion["dense_weight"],
         "candidates": 100,
         "dense_candidates": 20,
-        "coded_candidates": 80,
         "nprobe": fusion["served"]["nprobe"],
     }
     assert fusion["served"]["reached"]

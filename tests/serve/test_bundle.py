@@ -155,6 +155,21 @@ def test_nprobe_for_an_ivf_index(bundle: Bundle, copy_dir: Path) -> None:
     assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
 
 
+def test_a_fast_scan_index_is_searched_per_query(bundle: Bundle, copy_dir: Path) -> None:
+    import faiss
+
+    vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
+    vectors = encode(load_session(copy_dir / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
+    _write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
+    fast = Bundle.load(copy_dir)
+    # FAISS does not store the kernel choice: the bundle sets it (qpr.index.use_per_query_scan)
+    assert faiss.downcast_index(faiss.extract_index_ivf(fast._index)).implem == 11
+    # exact re-ranking of every row (one list, 50 questions): the Flat bundle's ranking
+    for question in ("repair bicycle", UNSEEN, QUESTIONS[7]):
+        want = [h.question_id for h in bundle.search(question, k=5).hits]
+        assert [h.question_id for h in fast.search(question, k=5).hits] == want
+
+
 @pytest.mark.parametrize(
     "rel", [VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE]
 )
@@ -406,44 +421,6 @@ def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir
             assert hit.distance == pytest.approx(distance[hit.question_id], rel=1e-5, abs=1e-6)
 
 
-def test_coded_candidates_come_from_the_codes_of_a_refine_index(copy_dir: Path) -> None:
-    import faiss
-
-    from qpr.index import load_index
-    from qpr.lexical import BM25Index
-
-    vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
-    vectors = encode(load_session(copy_dir / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
-    _write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
-    index = load_index(copy_dir / INDEX_FILE, nprobe=1)
-    codes = faiss.downcast_index(faiss.downcast_index(index).base_index)
-    question = "repair bicycle"
-    query = encode(load_session(copy_dir / ENCODER_FILE), vocab, [question], max_len=MAX_LEN)
-    exact = ((vectors - query) ** 2).sum(axis=1)
-    lexical = set(BM25Index.build(QUESTIONS).search(question, 4)[1].tolist()) - {-1}
-    qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
-
-    def served(dense: set[int], k: int) -> list[int]:  # α = 1: by exact distance
-        return [int(qids[r]) for r in sorted(lexical | dense, key=lambda r: (exact[r], r))[:k]]
-
-    differ = 0
-    for k in (1, 3, 9):
-        # re-ranked (bundles without coded_candidates): the exact top max(k, 2), one list
-        reranked = served(set(np.argsort(exact, kind="stable")[: max(k, 2)].tolist()), k)
-        # the codes' top max(k, 6), as their estimates rank them
-        coded = served(set(codes.search(query, max(k, 6))[1][0].tolist()), k)
-        differ += reranked != coded
-        for stored, want in ((None, reranked), (6, coded)):
-            _make_hybrid(
-                copy_dir, 1.0, candidates=4, dense_candidates=2, coded_candidates=stored, nprobe=1
-            )
-            hybrid = Bundle.load(copy_dir)
-            assert hybrid.fusion.get("coded_candidates") == stored
-            for got in (hybrid.search(question, k), hybrid.search_batch([question, UNSEEN], k)[0]):
-                assert [h.question_id for h in got.hits] == want
-    assert differ  # the codes' estimates miss some of the exact top 9 here
-
-
 def test_fused_question_alone_ranks_as_in_a_batch(bundle: Bundle, copy_dir: Path) -> None:
     # one question takes its own path (the union's distances through RowDistances, the
     # kept hits' distances read at the fusion's slots); a batch goes through the general one
@@ -517,9 +494,6 @@ def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
         {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 0},
         {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "nprobe": "all"},
         {"dense_weight": 0.5, "candidates": 3, "ef_search": 64},
-        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "coded_candidates": 0},
-        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "coded_candidates": 1.5},
-        {"dense_weight": 0.5, "candidates": 3, "coded_candidates": 40},
     ],
 )
 def test_bad_fusion_entry(copy_dir: Path, fusion: object) -> None:

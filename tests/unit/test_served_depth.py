@@ -16,14 +16,7 @@ def _candidates(index, seed: int = 0):
     lexical_scores = -np.sort(-rng.random((60, 15)), axis=1).astype(np.float32)
     no_self = np.full(60, -1, np.int64)
     return hybrid_candidates(
-        exact_twin(index),
-        None,
-        no_self,
-        vectors,
-        lexical_scores,
-        lexical_rows,
-        20,
-        coded_candidates=80,  # no compressed codes in these indexes: 20 candidates each
+        exact_twin(index), None, no_self, vectors, lexical_scores, lexical_rows, 20
     )
 
 
@@ -35,9 +28,7 @@ def _index(nprobe: int):
 def test_the_fewest_lists_that_reach_the_target_are_chosen_and_set() -> None:
     index = _index(nprobe=32)
     exact = _candidates(index)
-    served = choose_served_depth(
-        index, exact, 0.7, 20, 10, 0.9, log=lambda _: None, coded_candidates=80
-    )
+    served = choose_served_depth(index, exact, 0.7, 20, 10, 0.9, log=lambda _: None)
     tried = [int(p) for p in served["by_nprobe"]]
     assert tried == sorted(tried) and tried[-1] == served["nprobe"] <= 32
     assert all(r < 0.9 for r in list(served["by_nprobe"].values())[:-1])
@@ -45,17 +36,13 @@ def test_the_fewest_lists_that_reach_the_target_are_chosen_and_set() -> None:
     assert faiss.extract_index_ivf(index).nprobe == served["nprobe"]
     # every list probed: the exact ranking itself
     set_nprobe(index, 32)
-    exhaustive = choose_served_depth(
-        index, exact, 0.7, 20, 10, 1.0, log=lambda _: None, coded_candidates=80
-    )
+    exhaustive = choose_served_depth(index, exact, 0.7, 20, 10, 1.0, log=lambda _: None)
     assert exhaustive["recall"] == 1.0 and exhaustive["reached"]
 
 
 def test_an_unreachable_target_keeps_the_index_nprobe_and_says_so() -> None:
     index = _index(nprobe=2)
-    served = choose_served_depth(
-        index, _candidates(index), 1.0, 20, 10, 1.0, log=print, coded_candidates=80
-    )
+    served = choose_served_depth(index, _candidates(index), 1.0, 20, 10, 1.0, log=print)
     assert list(served["by_nprobe"]) == ["1", "2"]
     assert served["nprobe"] == 2 and not served["reached"] and served["recall"] < 1.0
 
@@ -63,9 +50,7 @@ def test_an_unreachable_target_keeps_the_index_nprobe_and_says_so() -> None:
 def test_an_index_without_lists_is_measured_as_it_stands() -> None:
     x = np.random.default_rng(1).standard_normal((500, 16)).astype(np.float32)
     flat = build_index(x, "Flat", nprobe=1, seed=0, log=lambda _: None)
-    served = choose_served_depth(
-        flat, _candidates(flat), 0.5, 20, 10, 0.98, log=print, coded_candidates=80
-    )
+    served = choose_served_depth(flat, _candidates(flat), 0.5, 20, 10, 0.98, log=print)
     assert served["nprobe"] is None and served["ef_search"] is None
     assert served["recall"] == 1.0 and served["reached"]
 
@@ -73,9 +58,7 @@ def test_an_index_without_lists_is_measured_as_it_stands() -> None:
 def test_an_hnsw_index_gets_the_fewest_graph_candidates() -> None:
     x = np.random.default_rng(1).standard_normal((3_000, 16)).astype(np.float32)
     hnsw = build_index(x, "HNSW8,Flat", nprobe=1, seed=0, ef_search=256, log=lambda _: None)
-    served = choose_served_depth(
-        hnsw, _candidates(hnsw), 0.7, 20, 10, 0.95, log=print, coded_candidates=80
-    )
+    served = choose_served_depth(hnsw, _candidates(hnsw), 0.7, 20, 10, 0.95, log=print)
     assert served["nprobe"] is None and served["by_nprobe"] == {}
     tried = [int(e) for e in served["by_ef_search"]]
     assert tried == sorted(tried) and tried[-1] == served["ef_search"] <= 256

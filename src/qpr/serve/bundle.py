@@ -60,7 +60,6 @@ from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
 from qpr.index import (
     IdMap,
     RowDistances,
-    dense_candidate_rows,
     distances_to,
     ef_search_of,
     search,
@@ -491,7 +490,8 @@ class Bundle:
             )
             return distances_to(self._index, vectors, rows), rows, scores
         # Every candidate of both retrievers scored by its exact distance, as evaluated.
-        dense_rows = self._dense_candidates(vectors, k)
+        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        _, dense_rows = search(self._index, vectors, wanted)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows)
         distances = distances_to(self._index, vectors, union)
@@ -509,7 +509,8 @@ class Bundle:
         assert self._bm25 is not None and self._fusion is not None
         lexical = _lexical_pool().submit(self._bm25.search, question, candidates)
         vector = self._embed([tokens])
-        dense_rows = self._dense_candidates(vector, k)
+        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        _, dense_rows = search(self._index, vector, wanted)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
@@ -518,18 +519,6 @@ class Bundle:
         scores, slots = fuse_union_one(-distances, union, lexical_scores, lexical_rows, weight, k)
         return self._result(
             question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
-        )
-
-    def _dense_candidates(self, vectors: np.ndarray, k: int) -> np.ndarray:
-        """The index's side of a fused search, taken as the evaluate stage took it."""
-        assert self._fusion is not None
-        coded = self._fusion.get("coded_candidates")
-        return dense_candidate_rows(
-            self._index,
-            vectors,
-            k,
-            dense_candidates=int(self._fusion["dense_candidates"]),
-            coded_candidates=None if coded is None else int(coded),
         )
 
     def _result(
@@ -672,14 +661,13 @@ def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
 
 def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
     """None, or {"dense_weight", "candidates"} plus, from bundles that score every
-    candidate exactly, "dense_candidates", "coded_candidates" (absent or null: re-ranked
-    candidates, as bundles evaluated before it were) and "nprobe" or "ef_search" (absent:
-    the index's own)."""
+    candidate exactly, "dense_candidates" and "nprobe" or "ef_search" (absent: the
+    index's own)."""
     if fusion is None:
         return None
     wrong = BundleError(
         f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
-        f"optional dense_candidates, coded_candidates, nprobe, ef_search >= 1}}, got {fusion!r}"
+        f"optional dense_candidates, nprobe, ef_search >= 1}}, got {fusion!r}"
     )
     if not isinstance(fusion, dict):
         raise wrong
@@ -687,15 +675,13 @@ def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
         raise wrong
     out: dict[str, float] = {"dense_weight": float(weight)}
-    for key in ("candidates", "dense_candidates", "coded_candidates", "nprobe", "ef_search"):
+    for key in ("candidates", "dense_candidates", "nprobe", "ef_search"):
         value = fusion.get(key)
         if value is None and key != "candidates":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise wrong
         out[key] = int(value)
-    if ("nprobe" in out or "ef_search" in out or "coded_candidates" in out) and (
-        "dense_candidates" not in out
-    ):
+    if ("nprobe" in out or "ef_search" in out) and "dense_candidates" not in out:
         raise wrong  # a depth was only ever chosen for exactly scored candidates
     return out

@@ -131,27 +131,16 @@ def hybrid_candidates(
     lexical_rows: np.ndarray,
     dense_candidates: int,
     seconds: float = 0.0,
-    *,
-    coded_candidates: int | None,
 ) -> HybridCandidates:
-    """The served candidates: the index's (`qpr.index.dense_candidate_rows`: its top
-    `dense_candidates`, or for a `...,RFlat` index its codes' top `coded_candidates`) and
-    BM25's, each scored by its exact distance (what `Bundle.search` does per question).
-    `index` may be an exact twin (`qpr.index.exact_twin`): the reference the served nprobe
-    is chosen against.
+    """The served candidates: the index's top `dense_candidates` and BM25's, each scored
+    by its exact distance (what `Bundle.search` does per question). `index` may be an
+    exact twin (`qpr.index.exact_twin`): the reference the served nprobe is chosen against.
     """
-    from qpr.index import dense_candidate_rows, distances_to
+    from qpr.index import distances_to
     from qpr.lexical import candidate_union
 
     started = time.perf_counter()
-    dense_rows = dense_candidate_rows(
-        index,
-        vectors,
-        dense_candidates,
-        dense_candidates=dense_candidates,
-        coded_candidates=coded_candidates,
-        exclude=query_rows,
-    )
+    _, dense_rows = dense_search(index, vectors, query_rows, dense_candidates)
     rows = candidate_union(dense_rows, lexical_rows)
     sims = -distances_to(index, vectors, rows)
     return HybridCandidates(
@@ -251,8 +240,6 @@ def choose_served_depth(
     k: int,
     target: float,
     log: Callable[[str], None] = print,
-    *,
-    coded_candidates: int | None,
 ) -> dict:
     """The shallowest search (fewest IVF lists, or fewest HNSW candidates kept) whose
     fused top k keeps `target` of the top k fused from an exact dense search (`exact`: the
@@ -291,7 +278,6 @@ def choose_served_depth(
             exact.lexical_scores,
             exact.lexical_rows,
             dense_candidates,
-            coded_candidates=coded_candidates,
         )
         return recall_against(fused_rows(candidates), reference)
 
@@ -422,8 +408,8 @@ def write_threshold(
 ) -> Path:
     """models/threshold.json: what the service decides with, chosen on the validation
     split: the no-answer threshold and, when BM25 is fused in, the dense weight α, BM25's
-    candidates, the index's (`dense_candidates`, `coded_candidates`) and how deep fused
-    searches go (`nprobe` or `ef_search`) (null: the dense ranking alone)."""
+    candidates, the index's (`dense_candidates`) and how deep fused searches go (`nprobe`
+    or `ef_search`) (null: the dense ranking alone)."""
     payload = {
         "threshold": threshold,
         "target_precision": target,
@@ -580,17 +566,12 @@ def run_evaluate(
     if bm25 is None:
         plot_fusion_curve({}, None, fusion_plot)
     else:
-        from qpr.index import exact_twin, refine_k_factor_of
+        from qpr.index import exact_twin
 
-        from_codes = lexical.coded_candidates is not None and refine_k_factor_of(index) is not None
         # α is the model's, not the index's: chosen over an exact dense search; then the
         # fewest lists that reproduce that ranking closely enough are served.
         exact_val = hybrid_candidates(
-            exact_twin(index),
-            splits["val"],
-            *lexical_inputs["val"],
-            dense_candidates,
-            coded_candidates=lexical.coded_candidates,
+            exact_twin(index), splits["val"], *lexical_inputs["val"], dense_candidates
         )
         fusion = choose_dense_weight(
             exact_val, lexical.dense_weights, index, ids.qids, k, fusion_plot
@@ -603,7 +584,6 @@ def run_evaluate(
             k,
             lexical.served_recall,
             log=log,
-            coded_candidates=lexical.coded_candidates,
         )
         probing = "".join(
             f"fused searches at {knob} {served[knob]} (the dense ranking alone "
@@ -622,7 +602,6 @@ def run_evaluate(
                 *lexical_inputs[split],
                 dense_candidates,
                 retrieval_seconds[split],
-                coded_candidates=lexical.coded_candidates,
             )
         for split in ("val", "test"):
             results[split]["model"] = fused_result(
@@ -674,7 +653,6 @@ def run_evaluate(
             "dense_weight": fusion["dense_weight"],
             "candidates": candidates,
             "dense_candidates": lexical.dense_candidates,
-            "coded_candidates": lexical.coded_candidates,
             **{knob: served[knob] for knob in ("nprobe", "ef_search") if served[knob]},
         },
     )
@@ -693,12 +671,6 @@ def run_evaluate(
             **fusion,
             "candidates": candidates,
             "dense_candidates": lexical.dense_candidates,
-            "coded_candidates": lexical.coded_candidates,
-            # what this index takes (qpr.index.dense_candidate_rows): codes or re-ranked
-            "dense_from_codes": from_codes,
-            "dense_taken": max(dense_candidates, lexical.coded_candidates or 0)
-            if from_codes
-            else dense_candidates,
             "served": served,
             "dense_test": dict(results["test"]["dense"].summary),
             "dense_val": dict(results["val"]["dense"].summary),
