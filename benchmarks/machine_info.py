@@ -31,7 +31,9 @@ def _git(root: Path, *args: str) -> str | None:
 def describe(root: Path, versions: dict[str, str], **extra: Any) -> dict[str, Any]:
     """CPU model, cores, memory, platform, package versions and the code's git commit."""
     memory = _first_field("/proc/meminfo", "MemTotal")
-    status = _git(root, "status", "--porcelain")
+    # The benchmarks' own result files do not make the code "dirty": a run beside another
+    # run's fresh outputs still measures the commit.
+    status = _git(root, "status", "--porcelain", "--", ".", ":(exclude)docs/results")
     return {
         "cpu_model": _first_field("/proc/cpuinfo", "model name") or "unknown",
         "cpu_count": os.cpu_count(),
