@@ -233,8 +233,9 @@ def use_per_query_scan(index: faiss.Index) -> bool:
     inverted list. On the 134k-question Quora index (``IVF1024,PQ150x4fs,RFlat``, nprobe
     192) the per-query kernel that keeps its results in a reservoir (``implem`` 11) was
     faster for every batch size tried, 1 to 2,048 queries on 1 or 2 threads: 0.29-0.30
-    against 0.34-0.35 ms for one question's top 20 (160 candidates re-ranked), 0.158
-    against 0.178 ms a query for 80 results in batches of 2,048. It finds the same rows.
+    against 0.34-0.35 ms for one question's top 20 (160 candidates re-ranked), and for
+    the codes' top 80 alone 0.158 against 0.178 ms a query in batches of 2,048 on one
+    thread. It finds the same rows.
     Not stored in the index file: set it after reading one. Returns False (and changes
     nothing) for other indexes.
     """
