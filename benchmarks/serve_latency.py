@@ -595,16 +595,15 @@ class InProcess:
         then BM25, then the fusion (the union of both sides scored exactly, and the
         distances of the kept hits), the way `Bundle.search` does it for one question."""
         from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
-        from qpr.index import RowDistances, distances_to, search, use_per_query_scan
+        from qpr.index import RowDistances, distances_to, load_index, search
         from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
         from qpr.serve.bundle import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
         session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
-        index = faiss.read_index(str(self.bundle_dir / INDEX_FILE))
+        index = load_index(self.bundle_dir / INDEX_FILE, nprobe=None)  # as Bundle.load does
         set_knob(index, self.knob, self.value)
-        use_per_query_scan(index)  # as Bundle.load does
         row_distances = RowDistances(index)
         fusion = self.bundle.fusion
         bm25 = BM25Index.load(self.bundle_dir / BM25_FILE) if fusion else None

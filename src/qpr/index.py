@@ -461,13 +461,14 @@ def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
 def load_index(
     path: str | os.PathLike[str],
     *,
-    nprobe: int,
+    nprobe: int | None,
     ef_search: int | None = None,
     use_gpu: bool | None = False,
 ) -> faiss.Index:
     """Read an index written by `save_index` and set its nprobe (not stored by FAISS's
-    writer for every index type, and a serving knob anyway) and, when given, its
-    efSearch (HNSW; None keeps the value stored in the file).
+    writer for every index type, and a serving knob anyway; None keeps the file's) and,
+    when given, its efSearch (HNSW; None keeps the value stored in the file). The search
+    kernel FAISS does not store is set too (`use_per_query_scan`).
 
     ``use_gpu``: False (default: serving and evaluation on CPU), None = GPU when present,
     True = GPU, falling back to CPU on faiss-cpu.
@@ -477,7 +478,8 @@ def load_index(
         # no GPU implementation for this index type (HNSW): stay on CPU
         with contextlib.suppress(RuntimeError):
             index = _to_gpu(index)
-    set_nprobe(index, nprobe)
+    if nprobe is not None:
+        set_nprobe(index, nprobe)
     use_per_query_scan(index)
     if ef_search is not None:
         set_ef_search(index, ef_search)

@@ -62,10 +62,8 @@ from qpr.index import (
     RowDistances,
     distances_to,
     ef_search_of,
+    load_index,
     search,
-    set_ef_search,
-    set_nprobe,
-    use_per_query_scan,
 )
 from qpr.lexical import (
     BM25Index,
@@ -264,9 +262,17 @@ class Bundle:
                 f"exported with max_len {max_len}"
             )
 
+        if fusion is not None:  # the shallowest search keeping the fused recall
+            nprobe = fusion.get("nprobe") if nprobe is None else nprobe
+            ef_search = fusion.get("ef_search") if ef_search is None else ef_search
         index_path = paths[INDEX_FILE]
         try:
-            index = faiss.read_index(str(index_path))
+            # nprobe / efSearch: False inside for indexes without lists / a graph
+            index = load_index(
+                index_path,
+                nprobe=None if nprobe is None else int(nprobe),
+                ef_search=None if ef_search is None else int(ef_search),
+            )
         except RuntimeError as exc:
             raise BundleError(f"cannot read FAISS index {index_path}: {exc}") from exc
         if index.metric_type != faiss.METRIC_L2:
@@ -279,14 +285,6 @@ class Bundle:
                 f"{index_path} holds {index.d}-dimensional vectors but {onnx_path} outputs "
                 f"{dim} dimensions: the index was built by another encoder"
             )
-        if fusion is not None:  # the shallowest search keeping the fused recall
-            nprobe = fusion.get("nprobe") if nprobe is None else nprobe
-            ef_search = fusion.get("ef_search") if ef_search is None else ef_search
-        if nprobe is not None:
-            set_nprobe(index, int(nprobe))  # False for non-IVF indexes: nothing to set
-        use_per_query_scan(index)
-        if ef_search is not None:
-            set_ef_search(index, int(ef_search))  # False for non-HNSW indexes
 
         ids_path = paths[IDS_FILE]
         try:

@@ -137,7 +137,8 @@ class AMSoftmaxLoss(nn.Module):
         examples = torch.cat([anchors, positives])
         both = torch.cat([labels, labels])
         # S >= C would score every class anyway, through a gathered copy of W.
-        if self.training and (self.sampled_classes or self.num_classes) < self.num_classes:
+        sampling = self.sampled_classes is not None and self.sampled_classes < self.num_classes
+        if self.training and sampling:
             classes, both = self.sample_classes(both)
             return F.cross_entropy(self.logits(examples, both, classes), both)
         return F.cross_entropy(self.logits(examples, both), both)
