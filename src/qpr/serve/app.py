@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -54,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import qpr
 from qpr.serve.bundle import Bundle, SearchResult
 from qpr.serve.metrics import CONTENT_TYPE, Registry
+from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
@@ -462,10 +462,13 @@ def create_app(
     """
     settings = settings or ServeSettings.from_env()
     source = source or source_from_settings(settings)
-    # Process-wide, so set once here; see qpr.serve.settings for why 1.
-    faiss.omp_set_num_threads(settings.faiss_threads)
+    # libgomp keeps the limit per thread: each thread that searches sets it (see
+    # qpr.serve.openmp); qpr.serve.settings says why 1.
+    openmp = OpenMPThreads(settings.faiss_threads)
+    openmp.apply()
 
     def default_load(path: Path) -> Bundle:
+        openmp.apply()  # the reloader's thread runs the canaries and the warm-up next
         return Bundle.load(
             path, threads=settings.threads, nprobe=settings.nprobe, ef_search=settings.ef_search
         )
@@ -563,7 +566,7 @@ def create_app(
         served = serving()
         try:
             result = await run_in_threadpool(
-                served.bundle.search, body.question, k, threshold=threshold
+                openmp.call, served.bundle.search, body.question, k, threshold=threshold
             )
         except ValueError as exc:  # e.g. only punctuation: no words to search with
             raise ApiError(422, "invalid_question", str(exc)) from None
@@ -597,7 +600,7 @@ def create_app(
         served = serving()
         try:
             results = await run_in_threadpool(
-                served.bundle.search_batch, body.questions, k, threshold=threshold
+                openmp.call, served.bundle.search_batch, body.questions, k, threshold=threshold
             )
         except ValueError as exc:
             raise ApiError(422, "invalid_question", str(exc)) from None

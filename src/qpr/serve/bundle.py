@@ -193,8 +193,9 @@ class Bundle:
 
         threads: ONNX Runtime intra-op threads. 1 is best for one question at a time (a
             thread pool costs more to wake than a single small CNN call takes); raise it
-            for large search_batch calls. FAISS's OpenMP pool is process-wide and is left
-            as the process configured it.
+            for large search_batch calls. FAISS's OpenMP threads are left as the
+            calling thread has them (libgomp keeps the limit per thread; the service
+            sets it in each of its threads, `qpr.serve.openmp`).
         nprobe: inverted lists visited per query for an IVF index; None keeps the value
             stored in the index file (the one the index stage was built and gated with).
             Ignored for indexes without inverted lists (Flat, HNSW).

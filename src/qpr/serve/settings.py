@@ -16,7 +16,7 @@ variable                           default    meaning
 ``QPR_SERVE_MAX_BATCH``            64         most questions in one /search/batch request
 ``QPR_SERVE_POLL_SECONDS``         30         how often the model source is polled (0: never)
 ``QPR_SERVE_THREADS``              1          ONNX Runtime intra-op threads per bundle
-``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads (process-wide)
+``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads per searching thread
 ``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
                                               chosen for fused searches (threshold.json),
                                               else the one stored in the index file
