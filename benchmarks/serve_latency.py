@@ -552,10 +552,12 @@ class InProcess:
         self, bundle_dir: Path, knob: str, value: int, queries: list[str], plan: Plan
     ) -> None:
         from qpr.serve.bundle import Bundle
+        from qpr.serve.settings import ServeSettings
 
         faiss.omp_set_num_threads(1)  # as the service sets it (QPR_SERVE_FAISS_THREADS)
         started = time.perf_counter()
-        self.bundle = Bundle.load(bundle_dir, threads=1, **{knob: value})
+        fold = ServeSettings().fold_encoder  # the service's default (QPR_SERVE_FOLD_ENCODER)
+        self.bundle = Bundle.load(bundle_dir, threads=1, fold_encoder=fold, **{knob: value})
         self.load_seconds = time.perf_counter() - started
         self.bundle_dir, self.queries, self.plan = bundle_dir, queries, plan
         self.knob, self.value = knob, value
@@ -598,10 +600,14 @@ class InProcess:
         from qpr.index import RowDistances, distances_to, load_index, search
         from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
         from qpr.serve.bundle import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
+        from qpr.serve.folded import fold_cnn
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
         session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
+        folded = None
+        if self.bundle.encoder_kernel == "folded":  # encode as the bundle does
+            folded = fold_cnn(self.bundle_dir / ENCODER_FILE)
         index = load_index(self.bundle_dir / INDEX_FILE, nprobe=None)  # as Bundle.load does
         set_knob(index, self.knob, self.value)
         row_distances = RowDistances(index)
@@ -619,7 +625,10 @@ class InProcess:
             t0 = time.perf_counter()
             ids = vocab.encode(q)[: self.bundle.max_len] or [1]
             t1 = time.perf_counter()
-            vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
+            if folded is not None:
+                vec = folded.encode([ids])
+            else:
+                vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
             # qpr.index.search, as the bundle calls it (a refine index's re-ranking budget)
             dist, rows = search(index, vec, dense_k)
@@ -649,6 +658,7 @@ class InProcess:
         return {
             "k": SEARCH_K,
             self.knob: self.value,
+            "encoder_kernel": self.bundle.encoder_kernel,
             "load_seconds": round(self.load_seconds, 2),
             "repeats": self.repeats,
             "p50_ms": summary([r["p50_ms"] for r in self.repeats]),
@@ -1072,6 +1082,13 @@ def nlist_note(idx: dict[str, Any], n: int) -> str:
     )
 
 
+def encoder_words(in_process: dict[str, Any]) -> str:
+    """How the measured bundle encoded (runs written before the choice existed: ONNX)."""
+    if in_process.get("encoder_kernel", "onnx") == "folded":
+        return "the CNN folded into lookup tables, `qpr.serve.folded`"
+    return "ONNX Runtime"
+
+
 def reading(report: dict[str, Any]) -> str:
     """What the figures say, in words, for the encoder that was measured."""
     idx, paper = report["index"], report["paper_index"]
@@ -1327,7 +1344,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "time over the questions it answered: about what the mean latency would be with a "
         "core to itself, so it is the steadier figure when the machine is busy (for HTTP: "
         "the server process's and the client process's CPU per request). In-process p50 by "
-        "step: "
+        f"step (encoder: {encoder_words(chosen['in_process'])}): "
         + ", ".join(f"{k} {v:.3f} ms" for k, v in chosen["in_process"]["breakdown_p50_ms"].items())
         + ". HTTP adds parsing, validation, a worker-thread hop, JSON of 10 hits, and the "
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "

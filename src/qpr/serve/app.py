@@ -470,7 +470,11 @@ def create_app(
     def default_load(path: Path) -> Bundle:
         openmp.apply()  # the reloader's thread runs the canaries and the warm-up next
         return Bundle.load(
-            path, threads=settings.threads, nprobe=settings.nprobe, ef_search=settings.ef_search
+            path,
+            threads=settings.threads,
+            nprobe=settings.nprobe,
+            ef_search=settings.ef_search,
+            fold_encoder=settings.fold_encoder,
         )
 
     telemetry = _Telemetry()

@@ -96,6 +96,7 @@ class ModelInfo:
     threshold: float | None
     ef_search: int | None = None
     fusion: dict[str, float] | None = None  # BM25 fused in: dense weight α and candidates
+    encoder_kernel: str = "onnx"  # or "folded" (qpr.serve.folded)
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +113,7 @@ class ModelInfo:
             "ef_search": self.ef_search,
             "threshold": self.threshold,
             "fusion": self.fusion,
+            "encoder_kernel": self.encoder_kernel,
             **self.details,
         }
 
@@ -336,6 +338,7 @@ class Reloader:
             ef_search=bundle.ef_search,
             threshold=bundle.threshold,
             fusion=bundle.fusion,
+            encoder_kernel=bundle.encoder_kernel,
             details=dict(candidate.details),
         )
         self._settled_token = candidate.token

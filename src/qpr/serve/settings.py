@@ -17,6 +17,8 @@ variable                           default    meaning
 ``QPR_SERVE_POLL_SECONDS``         30         how often the model source is polled (0: never)
 ``QPR_SERVE_THREADS``              1          ONNX Runtime intra-op threads per bundle
 ``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads per searching thread
+``QPR_SERVE_FOLD_ENCODER``         true       encode with the CNN folded into lookup tables
+                                              (`qpr.serve.folded`; more memory, 8x faster)
 ``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
                                               chosen for fused searches (threshold.json),
                                               else the one stored in the index file
@@ -62,6 +64,7 @@ class ServeSettings:
     poll_seconds: float = 30.0
     threads: int = 1
     faiss_threads: int = 1
+    fold_encoder: bool = True
     nprobe: int | None = None
     ef_search: int | None = None
     canaries: int = 5
@@ -140,6 +143,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "poll_seconds": ("number of seconds", float),
     "threads": ("integer", int),
     "faiss_threads": ("integer", int),
+    "fold_encoder": ("boolean (true/false)", _parse_bool),
     "nprobe": ("integer", int),
     "ef_search": ("integer", int),
     "canaries": ("integer", int),

@@ -1,0 +1,217 @@
+"""The exported CNN encoder with its embedding folded into its convolution: lookup tables.
+
+A convolution over embedded tokens is linear in the embedding rows: at position t a window
+of width w sums K_j · E[x_{t+j-p}] over its offsets j. The vocabulary is fixed, so
+T_j = E · K_jᵀ (one [V, C] table per offset) can be computed once, and a question's
+pre-activations become sums of table rows: w · L row reads for a question of L tokens,
+instead of L · w · e_dim · C multiply-adds. The rest is the exported graph's: tanh, the
+max over the question's tokens (taken before tanh, which is increasing), the projection.
+
+For the default CNN (e_dim 300, window 5, 300 channels) that is 5.4 M multiply-adds less
+per question: one question took 0.021 against 0.172 ms through ONNX Runtime (Quora,
+p50 of 1,000 questions in a loop). The tables cost memory: w · V · C float32, 172 MB for
+Quora's 28,727-word vocabulary, computed in about 0.7 s when a bundle loads.
+
+The ONNX model stays the reference: `fold_cnn` reads its weights, and the service only
+serves the tables after they reproduced the ONNX output (`matches`). Summed in another
+order, the vectors differ from ONNX Runtime's by float rounding (relative ~1e-6).
+
+Arrays: token ids int64 (0 = padding: no contribution, not pooled, as in the graph),
+tables float32 [w, V, C], vectors float32 [N, D].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numba
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_CNN_NODES = {
+    "Constant", "Equal", "Not", "Gather", "Unsqueeze", "Cast", "Mul", "Transpose", "Conv",
+    "Slice", "Tanh", "Where", "ReduceMax", "Concat", "Gemm",
+}  # fmt: skip
+_NORMALIZE_NODES = {"ReduceL2", "Clip", "Expand", "Shape", "Div"}  # F.normalize's export
+
+
+@numba.njit(nogil=True, cache=True)
+def _pooled(
+    ids: np.ndarray, lengths: np.ndarray, table: np.ndarray, bias: np.ndarray, shift: int
+) -> np.ndarray:
+    """float32 [N, C]: tanh of the max over each question's tokens of one convolution's
+    pre-activations. ids int64 [N, L] (row i's first lengths[i] columns are its tokens),
+    table float32 [w, V, C], bias float32 [C]; output t reads tokens t + j - shift."""
+    n, width, vocab, channels = ids.shape[0], table.shape[0], table.shape[1], table.shape[2]
+    for i in range(n):
+        for t in range(lengths[i]):
+            if ids[i, t] < 0 or ids[i, t] >= vocab:
+                raise ValueError("token ids must be in [0, vocabulary size)")
+    out = np.empty((n, channels), np.float32)
+    h = np.empty(channels, np.float32)
+    best = np.empty(channels, np.float32)
+    for i in range(n):
+        length = lengths[i]
+        best[:] = -np.inf  # no token pooled: tanh(-inf) = -1, the graph's masked value
+        for t in range(length):
+            if ids[i, t] == 0:
+                continue  # padding is masked out of the max
+            h[:] = bias
+            for j in range(width):
+                s = t + j - shift
+                if s < 0 or s >= length or ids[i, s] == 0:
+                    continue
+                row = table[j, ids[i, s]]
+                for c in range(channels):
+                    h[c] += row[c]
+            for c in range(channels):
+                if h[c] > best[c]:
+                    best[c] = h[c]
+        for c in range(channels):
+            out[i, c] = np.tanh(best[c])
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _projected(
+    h: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, normalize: bool
+) -> np.ndarray:
+    """float32 [N, D] = h [N, C] · weight_t [C, D] + bias, every output summed over c in
+    ascending order whatever N (a BLAS call picks other kernels for one row and for many,
+    and rounds differently), then L2-normalised when asked. The inner loop runs over d,
+    independent sums, so it vectorises without reordering any of them."""
+    n, channels = h.shape
+    dims = bias.size
+    out = np.empty((n, dims), np.float32)
+    for i in range(n):
+        row = out[i]
+        row[:] = bias
+        for c in range(channels):
+            x = h[i, c]
+            w = weight_t[c]
+            for d in range(dims):
+                row[d] += w[d] * x
+        if normalize:
+            norm = np.float32(0.0)
+            for d in range(dims):
+                norm += row[d] * row[d]
+            norm = max(np.sqrt(norm), np.float32(1e-12))
+            for d in range(dims):
+                row[d] /= norm
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _encoded(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    table: np.ndarray,
+    bias: np.ndarray,
+    shift: int,
+    weight_t: np.ndarray,
+    projection_bias: np.ndarray,
+    normalize: bool,
+) -> np.ndarray:
+    """`_pooled` then `_projected` for a CNN of one window (the default): one compiled
+    call a question, the GIL released throughout."""
+    pooled = _pooled(ids, lengths, table, bias, shift)
+    return _projected(pooled, weight_t, projection_bias, normalize)
+
+
+@dataclass(frozen=True)
+class FoldedCNN:
+    """The CNN encoder as lookup tables (one per convolution) and its projection."""
+
+    tables: tuple[np.ndarray, ...]  # float32 [w, V, c] each
+    biases: tuple[np.ndarray, ...]  # float32 [c] each
+    shifts: tuple[int, ...]  # output t reads tokens t + j - shift
+    projection_t: np.ndarray  # float32 [C, D]: the projection's weight, transposed
+    projection_bias: np.ndarray  # float32 [D]
+    normalize: bool
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tables[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tables)
+
+    def encode(self, sequences: list[list[int]]) -> np.ndarray:
+        """float32 [N, D] for N questions' token ids (unpadded; zeros are padding).
+        ValueError for an id outside [0, vocab_size)."""
+        if len(sequences) == 1:  # the service's path: no padding to build
+            ids = np.asarray(sequences, dtype=np.int64).reshape(1, -1)
+            lengths = np.full(1, ids.shape[1], np.int64)
+        else:
+            longest = max((len(s) for s in sequences), default=0)
+            ids = np.zeros((len(sequences), max(longest, 1)), np.int64)
+            for i, tokens in enumerate(sequences):
+                ids[i, : len(tokens)] = tokens
+            lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+        if len(self.tables) == 1:
+            return _encoded(
+                ids,
+                lengths,
+                self.tables[0],
+                self.biases[0],
+                self.shifts[0],
+                self.projection_t,
+                self.projection_bias,
+                self.normalize,
+            )
+        pooled = [
+            _pooled(ids, lengths, table, bias, shift)
+            for table, bias, shift in zip(self.tables, self.biases, self.shifts, strict=True)
+        ]
+        h = pooled[0] if len(pooled) == 1 else np.concatenate(pooled, axis=1)
+        return _projected(h, self.projection_t, self.projection_bias, self.normalize)
+
+    def matches(self, reference: np.ndarray, sequences: list[list[int]]) -> float:
+        """The largest |difference| between `encode(sequences)` and the reference vectors
+        (float32 [N, D], the ONNX model's), relative to the largest |reference value|."""
+        mine = self.encode(sequences)
+        scale = max(float(np.abs(reference).max()), 1e-12)
+        return float(np.abs(mine - reference).max()) / scale
+
+
+def fold_cnn(onnx_path: str | Path) -> FoldedCNN | None:
+    """The folded encoder of a CNN exported by `qpr.export.export_onnx`; None for a graph
+    that is not one (a transformer, or operators this folding does not know)."""
+    model = onnx.load(str(onnx_path))
+    metadata = {p.key: p.value for p in model.metadata_props}
+    ops = {node.op_type for node in model.graph.node}
+    if metadata.get("encoder", "cnn") != "cnn":  # files of early exports have no name
+        return None
+    normalize = "ReduceL2" in ops
+    if not ops <= (_CNN_NODES | _NORMALIZE_NODES if normalize else _CNN_NODES):
+        return None
+    weights = {w.name: numpy_helper.to_array(w) for w in model.graph.initializer}
+    try:
+        embedding = weights["embedding.weight"].astype(np.float32)
+        projection = weights["projection.weight"].astype(np.float32)
+        projection_bias = weights["projection.bias"].astype(np.float32)
+    except KeyError:
+        return None
+    tables, biases, shifts = [], [], []
+    i = 0
+    while f"convs.{i}.weight" in weights:
+        kernel = weights[f"convs.{i}.weight"].astype(np.float32)  # [c, e_dim, w]
+        width = kernel.shape[2]
+        # "same" padding of w // 2; an even window's first output is dropped (qpr.model.cnn)
+        shifts.append(width // 2 - (1 if width % 2 == 0 else 0))
+        tables.append(np.stack([embedding @ kernel[:, :, j].T for j in range(width)]))
+        biases.append(weights[f"convs.{i}.bias"].astype(np.float32))
+        i += 1
+    if not tables:
+        return None
+    return FoldedCNN(
+        tables=tuple(np.ascontiguousarray(t, np.float32) for t in tables),
+        biases=tuple(biases),
+        shifts=tuple(shifts),
+        projection_t=np.ascontiguousarray(projection.T),
+        projection_bias=projection_bias,
+        normalize=normalize,
+    )
