@@ -423,7 +423,8 @@ class Bundle:
     def search_batch(
         self, questions: Sequence[str], k: int = 10, *, threshold: float | None = None
     ) -> list[SearchResult]:
-        """`search` for many questions: one ONNX call per 256 questions, one FAISS search.
+        """`search` for many questions: one encoder call (ONNX: per 256 questions), one FAISS
+        search.
 
         Results are those of `search` on each question (the encoder is padding-invariant,
         so batching changes speed, not vectors). ValueError names the first bad question.
@@ -476,7 +477,7 @@ class Bundle:
         return ids[: self._max_len]
 
     def _embed(self, sequences: list[list[int]]) -> np.ndarray:
-        """float32 [N, D] in input order (one ONNX call when N <= 256)."""
+        """float32 [N, D] in input order (the folded CNN, else one ONNX call when N <= 256)."""
         if self._folded is not None:
             return self._folded.encode(sequences)
         if len(sequences) == 1:  # the single-question path: no sorting, no scatter
@@ -568,7 +569,7 @@ class Bundle:
 # ---------------------------------------------------------------- loading helpers
 
 # Folded tables sum in another order than ONNX Runtime's convolution: they differ by
-# rounding (relative ~1e-7 on tests, ~2e-6 on Quora), not by 1e-4.
+# rounding (relative ~1e-7 on the tests' encoders, 1.6e-6 on Quora's), not by 1e-4.
 _FOLDED_TOLERANCE = 1e-4
 
 
