@@ -610,6 +610,11 @@ def _folded_encoder(
             error,
         )
         return None
+    log.info(
+        "%s: encoding with the CNN folded into lookup tables (%.0f MB)",
+        onnx_path,
+        folded.nbytes / 1e6,
+    )
     return folded
 
 
