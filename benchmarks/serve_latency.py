@@ -556,7 +556,8 @@ class InProcess:
 
         faiss.omp_set_num_threads(1)  # as the service sets it (QPR_SERVE_FAISS_THREADS)
         started = time.perf_counter()
-        fold = ServeSettings().fold_encoder  # the service's default (QPR_SERVE_FOLD_ENCODER)
+        # as the server it starts, which inherits the environment (QPR_SERVE_FOLD_ENCODER)
+        fold = ServeSettings.from_env().fold_encoder
         self.bundle = Bundle.load(bundle_dir, threads=1, fold_encoder=fold, **{knob: value})
         self.load_seconds = time.perf_counter() - started
         self.bundle_dir, self.queries, self.plan = bundle_dir, queries, plan
@@ -604,10 +605,11 @@ class InProcess:
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
-        session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
-        folded = None
+        folded = session = None
         if self.bundle.encoder_kernel == "folded":  # encode as the bundle does
             folded = fold_cnn(self.bundle_dir / ENCODER_FILE)
+        else:
+            session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
         index = load_index(self.bundle_dir / INDEX_FILE, nprobe=None)  # as Bundle.load does
         set_knob(index, self.knob, self.value)
         row_distances = RowDistances(index)
@@ -628,6 +630,7 @@ class InProcess:
             if folded is not None:
                 vec = folded.encode([ids])
             else:
+                assert session is not None
                 vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
             # qpr.index.search, as the bundle calls it (a refine index's re-ranking budget)

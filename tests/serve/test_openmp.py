@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,6 @@ def in_new_thread(fn: Callable[[], Any]) -> Any:
     return out[0]
 
 
-@pytest.fixture
-def main_thread_limit() -> Iterator[int]:
-    """The main thread's limit, restored afterwards (create_app sets it there too)."""
-    before = faiss.omp_get_max_threads()
-    yield before
-    faiss.omp_set_num_threads(before)
-
-
 def test_a_limit_set_in_one_thread_does_not_reach_another() -> None:
     # The runtime behaviour the module works around; if libgomp ever shares the
     # setting, this fails and the workaround can go.
@@ -54,9 +46,10 @@ def test_zero_threads_is_refused() -> None:
         OpenMPThreads(0)
 
 
-def test_the_service_searches_with_its_limit(tmp_path: Path, main_thread_limit: int) -> None:
+def test_the_service_searches_with_its_limit(tmp_path: Path) -> None:
     bundle_dir = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
     wanted = in_new_thread(faiss.omp_get_max_threads) + 1  # not what a thread starts with
+    caller = faiss.omp_get_max_threads()
     seen: list[tuple[str, int, bool]] = []
 
     def load(path: Path) -> Bundle:
@@ -75,6 +68,7 @@ def test_the_service_searches_with_its_limit(tmp_path: Path, main_thread_limit: 
         return bundle
 
     app = create_app(LocalSource(bundle_dir), SETTINGS.replace(faiss_threads=wanted), load=load)
+    assert faiss.omp_get_max_threads() == caller  # building the app leaves this thread alone
     with TestClient(app) as client:
         seen.clear()  # the canaries and the warm-up ran in the loader's thread
         assert client.post("/search", json={"question": QUESTIONS[0]}).status_code == 200

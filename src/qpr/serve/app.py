@@ -463,9 +463,9 @@ def create_app(
     settings = settings or ServeSettings.from_env()
     source = source or source_from_settings(settings)
     # libgomp keeps the limit per thread: each thread that searches sets it (see
-    # qpr.serve.openmp); qpr.serve.settings says why 1.
+    # qpr.serve.openmp); qpr.serve.settings says why 1. The caller's thread only builds
+    # the app, so it is left as it is.
     openmp = OpenMPThreads(settings.faiss_threads)
-    openmp.apply()
 
     def default_load(path: Path) -> Bundle:
         openmp.apply()  # the reloader's thread runs the canaries and the warm-up next

@@ -209,8 +209,8 @@ class Bundle:
         ef_search: candidates kept per query for an HNSW index; None keeps the value
             stored in the index file. Ignored for other indexes.
         fold_encoder: encode with the CNN's embedding folded into its convolution
-            (`qpr.serve.folded`: 8x less time a question, w·V·C float32 more memory, about
-            0.7 s more to load for Quora's vocabulary), once the folded tables reproduced
+            (`qpr.serve.folded`: 8x less time a question, w·V·C float32 more memory,
+            0.7-1.0 s more to load for Quora's vocabulary), once the folded tables reproduced
             the ONNX model on probe questions. Other encoders, or a mismatch (logged),
             keep ONNX Runtime; `encoder_kernel` says which one encodes.
 
@@ -323,7 +323,7 @@ class Bundle:
                     f"holds {index.ntotal}: they come from different index runs"
                 )
 
-        folded = _folded_encoder(onnx_path, session, vocab, max_len) if fold_encoder else None
+        folded = _folded_encoder(onnx_path, session, max_len) if fold_encoder else None
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
         return cls(
@@ -574,24 +574,14 @@ _FOLDED_TOLERANCE = 1e-4
 
 
 def _folded_encoder(
-    onnx_path: Path,
-    session: ort.InferenceSession,
-    vocab: Vocabulary | WordPieceTokenizer,
-    max_len: int,
+    onnx_path: Path, session: ort.InferenceSession, max_len: int
 ) -> FoldedCNN | None:
     """The folded CNN when the encoder is one and the tables reproduce the ONNX output on
-    probe questions (random word ids of 1 .. max_len tokens, one with padding inside)."""
+    probe questions (random word ids of 1 .. max_len tokens, one with padding inside).
+    The embedding has a row per vocabulary entry: Bundle.load has already matched the
+    vocabulary's checksum with the one the encoder was exported with."""
     folded = fold_cnn(onnx_path)
     if folded is None:
-        return None
-    vocab_size = getattr(vocab, "size", None)
-    if vocab_size is not None and vocab_size != folded.vocab_size:
-        log.warning(
-            "%s: embedding of %d rows for a vocabulary of %d; encoding with ONNX Runtime",
-            onnx_path,
-            folded.vocab_size,
-            vocab_size,
-        )
         return None
     rng = np.random.default_rng(0)
     lengths = sorted({1, 2, 3, 7, max(1, max_len // 2), max_len})

@@ -169,7 +169,7 @@ class FoldedCNN:
             _pooled(ids, lengths, table, bias, shift)
             for table, bias, shift in zip(self.tables, self.biases, self.shifts, strict=True)
         ]
-        h = pooled[0] if len(pooled) == 1 else np.concatenate(pooled, axis=1)
+        h = np.concatenate(pooled, axis=1)  # one block of channels per window, in order
         return _projected(h, self.projection_t, self.projection_bias, self.normalize)
 
     def matches(self, reference: np.ndarray, sequences: list[list[int]]) -> float:
