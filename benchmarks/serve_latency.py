@@ -600,7 +600,13 @@ class InProcess:
         from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
         from qpr.index import RowDistances, distances_to, load_index, search
         from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
-        from qpr.serve.bundle import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
+        from qpr.serve.bundle import (
+            BM25_FILE,
+            ENCODER_FILE,
+            INDEX_FILE,
+            QUERY_ENCODER_FILE,
+            VOCAB_FILE,
+        )
         from qpr.serve.folded import fold_cnn
         from qpr.text import load_tokenizer
 
@@ -608,6 +614,8 @@ class InProcess:
         folded = session = None
         if self.bundle.encoder_kernel == "folded":  # encode as the bundle does
             folded = fold_cnn(self.bundle_dir / ENCODER_FILE)
+        elif self.bundle.encoder_kernel == "onnx-int8":
+            session = load_session(self.bundle_dir / QUERY_ENCODER_FILE, threads=1)
         else:
             session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
         index = load_index(self.bundle_dir / INDEX_FILE, nprobe=None)  # as Bundle.load does
@@ -1089,6 +1097,8 @@ def encoder_words(in_process: dict[str, Any]) -> str:
     """How the measured bundle encoded (runs written before the choice existed: ONNX)."""
     if in_process.get("encoder_kernel", "onnx") == "folded":
         return "the CNN folded into lookup tables, `qpr.serve.folded`"
+    if in_process.get("encoder_kernel") == "onnx-int8":
+        return "ONNX Runtime, the int8 query encoder (`qpr.quantize`)"
     return "ONNX Runtime"
 
 

@@ -178,6 +178,10 @@ class IndexSettings(_Section):
     threads: int = Field(2, ge=1)
     self_check_sample: int = Field(500, ge=1)
     self_check_min: float = Field(0.95, ge=0.0, le=1.0)
+    # "int8": queries encoded by the transformer with int8 weights (qpr.quantize), the
+    # index keeping float32 vectors; gated on the cosine of the two encodings
+    query_encoder: Literal["float32", "int8"] = "float32"
+    query_min_cosine: float = Field(0.98, ge=-1.0, le=1.0)
     lexical: LexicalSettings = LexicalSettings()
 
 
@@ -264,6 +268,12 @@ class Settings(_Section):
             raise ValueError(
                 "train.smoothing 1 with the uniform prior leaves no signal (every target is "
                 "uniform): use smoothing < 1, or train.prior: teacher for pure distillation"
+            )
+        if self.index.query_encoder == "int8" and self.model.encoder != "transformer":
+            raise ValueError(
+                "index.query_encoder int8 quantises the transformer encoder; the CNN is "
+                "served folded into float32 lookup tables, exact and faster than int8 "
+                "(docs/serving.md): keep index.query_encoder: float32"
             )
         return self
 

@@ -740,11 +740,30 @@ def exact_twin(index: faiss.Index) -> faiss.IndexFlat:
 # ---------------------------------------------------------------- gate checks
 
 
-def self_retrieval_rate(index: faiss.Index, vectors: np.ndarray, sample: int, seed: int) -> float:
+def self_check_rows(n: int, sample: int, seed: int) -> np.ndarray:
+    """int64 [min(sample, n)], ascending: the rows `self_retrieval_rate` draws (without
+    replacement, seeded), for a caller that encodes those rows' questions itself."""
+    if n < 1 or sample < 1:
+        raise ValueError("need at least one vector and sample >= 1")
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n, size=min(sample, n), replace=False)).astype(np.int64)
+
+
+def self_retrieval_rate(
+    index: faiss.Index,
+    vectors: np.ndarray,
+    sample: int,
+    seed: int,
+    *,
+    queries: np.ndarray | None = None,
+) -> float:
     """Share of sampled rows whose own vector finds the row itself at rank 1.
 
     vectors : float32 [N, D], the matrix the index was built from (row r = vectors[r]).
     sample : rows drawn without replacement (all of them when sample >= N).
+    queries : float32 [min(sample, N), D], the sampled rows' questions encoded as queries
+        are (`self_check_rows` gives the rows; e.g. by the int8 query encoder, qpr.quantize);
+        None: their stored vectors.
 
     A rank-1 row whose vector is identical to the query's (an exact duplicate question)
     counts as success: the two are indistinguishable at distance 0. Expected ≈ 1.0 for
@@ -755,11 +774,13 @@ def self_retrieval_rate(index: faiss.Index, vectors: np.ndarray, sample: int, se
     n = vectors.shape[0]
     if n != index.ntotal:
         raise ValueError(f"index holds {index.ntotal} vectors, got {n}")
-    if n == 0 or sample < 1:
-        raise ValueError("need at least one vector and sample >= 1")
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    _, found = search(index, vectors[rows], 1)
+    rows = self_check_rows(n, sample, seed)
+    if queries is None:
+        queries = vectors[rows]
+    queries = _as_matrix(queries, "queries", index.d)
+    if len(queries) != len(rows):
+        raise ValueError(f"{len(rows)} sampled rows but {len(queries)} query vectors")
+    _, found = search(index, queries, 1)
     top1 = found[:, 0]
     ok = top1 == rows
     tie = ~ok & (top1 >= 0)

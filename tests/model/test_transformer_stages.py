@@ -72,3 +72,48 @@ def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
     indexed_text = pd.read_parquet(paths.index_dir / "questions.parquet")["text"].iloc[0]
     hit = bundle.search(indexed_text, k=1).hits[0]
     assert hit.distance < 1e-5  # the question itself (or an identical text)
+
+    # index.query_encoder int8: the index stage quantises the encoder for queries and gates
+    # it; evaluate and the bundle encode queries with it. The vectors are reused (cached).
+    from qpr.quality.gate import GateFailed
+
+    def int8_settings(min_cosine: float):
+        return settings_from_dict(
+            tiny_overrides(
+                tmp_path,
+                model={
+                    "encoder": "transformer",
+                    "normalize": True,
+                    "transformer": {"max_len": MAX_LEN},
+                },
+                index={
+                    "factory": "Flat",
+                    "threads": 2,
+                    "encode_batch_size": 64,
+                    "query_encoder": "int8",
+                    "query_min_cosine": min_cosine,
+                },
+            )
+        )
+
+    strict = int8_settings(1.0)  # int8 arithmetic never reproduces float32 exactly
+    with pytest.raises(GateFailed, match="query_min_cosine"):
+        run_index(strict, paths, log=quiet)
+    assert not (paths.index_dir / "query_encoder.onnx").exists()  # the old index stays
+    assert Bundle.load(paths.models_dir).encoder_kernel == "onnx"
+
+    int8 = int8_settings(0.98)
+    logged: list[str] = []
+    indexed8 = run_index(int8, paths, log=logged.append)
+    assert indexed8["vectors_reused"] == 1 and indexed8["query_encoder"] == "int8"
+    assert 0.98 <= indexed8["query_min_cosine"] <= indexed8["query_median_cosine"] < 1.0
+    assert indexed8["query_self_retrieval_rate"] >= int8.index.self_check_min
+    # int8 matrices; the word-piece embedding table (47 MB) stays float32
+    float_bytes = (paths.models_dir / "encoder.onnx").stat().st_size
+    assert indexed8["query_encoder_bytes"] < 0.7 * float_bytes
+    assert any("int8 query encoder" in line for line in logged)
+    metrics8 = run_evaluate(int8, paths, log=quiet)
+    assert 0.0 < metrics8["success_1"] <= 1.0
+    bundle8 = Bundle.load(paths.models_dir)
+    assert bundle8.encoder_kernel == "onnx-int8"
+    assert bundle8.search(indexed_text, k=1).hits[0].distance < 0.05

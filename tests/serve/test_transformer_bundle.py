@@ -27,6 +27,7 @@ from qpr.serve.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
+    QUERY_ENCODER_FILE,
     QUESTIONS_FILE,
     THRESHOLD_FILE,
     VOCAB_FILE,
@@ -174,3 +175,46 @@ def test_query_path_imports_neither_torch_nor_transformers(bundle_dir: Path) -> 
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def int8_bundle_dir(bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same bundle with the int8 query encoder the index stage writes for
+    index.query_encoder int8; the index keeps its float32 vectors."""
+    from qpr.quantize import quantize_query_encoder
+
+    copy = Path(shutil.copytree(bundle_dir, tmp_path_factory.mktemp("int8") / "models"))
+    quantize_query_encoder(copy / ENCODER_FILE, copy / QUERY_ENCODER_FILE)
+    return copy
+
+
+def test_int8_query_encoder_is_served(int8_bundle_dir: Path, bundle: Bundle) -> None:
+    quantized = Bundle.load(int8_bundle_dir)
+    assert (quantized.encoder_kernel, bundle.encoder_kernel) == ("onnx-int8", "onnx")
+    assert quantized.fingerprint != bundle.fingerprint  # one more file, hashed
+    for query, row in PARAPHRASES.items():
+        hits = quantized.search(query, k=3).hits
+        assert hits[0].text == INDEXED[row], (query, hits)
+        float_hit = bundle.search(query, k=1).hits[0]
+        # the int8 query lands near the float32 one: distances to the same question agree
+        assert hits[0].distance == pytest.approx(float_hit.distance, abs=0.05)
+        assert hits[0].distance != float_hit.distance  # it is the int8 encoder that ran
+    for i, question in enumerate(INDEXED):
+        hit = quantized.search(question, k=1).hits[0]
+        assert hit.question_id == 500 + i and hit.distance < 0.05
+
+
+def test_int8_query_encoder_of_another_encoder_is_refused(
+    int8_bundle_dir: Path, tmp_path: Path
+) -> None:
+    import onnx
+
+    from qpr.quantize import QUANTIZED_FROM
+
+    copy = Path(shutil.copytree(int8_bundle_dir, tmp_path / "models"))
+    model = onnx.load(str(copy / QUERY_ENCODER_FILE))
+    props = {p.key: p.value for p in model.metadata_props} | {QUANTIZED_FROM: "0" * 64}
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, str(copy / QUERY_ENCODER_FILE))
+    with pytest.raises(BundleError, match="not quantised from"):
+        Bundle.load(copy)

@@ -26,6 +26,8 @@ def test_typo_in_a_key_is_named(tmp_path):
         ({"cluster": {"coherence_threshold": 2}}, r"cluster\.coherence_threshold"),
         ({"index": {"lexical": {"stemmer": "klingon"}}}, r"unknown stemmer 'klingon'"),
         ({"index": {"lexical": {"b": 1.5}}}, r"index\.lexical\.b"),
+        ({"index": {"query_encoder": "int4"}}, r"index\.query_encoder"),
+        ({"index": {"query_encoder": "int8"}}, "the CNN is served folded"),
     ],
 )
 def test_invalid_values_are_rejected(tree, message):

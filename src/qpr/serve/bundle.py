@@ -15,6 +15,9 @@ A bundle is the ``models/`` directory the pipeline writes:
                            ranking alone, else the dense weight α and the candidates)
 ``index/bm25.npz``         BM25 weights of the index rows (`qpr.lexical.BM25Index`);
                            present, and required, when threshold.json has a fusion
+``index/query_encoder.onnx``  optional (index.query_encoder int8): the encoder with int8
+                           matrix products (`qpr.quantize`); queries go through it, against
+                           the float32 vectors ``encoder.onnx`` gave the index
 =========================  ===============================================================
 
 `Bundle.load` refuses a directory whose files do not belong together (`BundleError` naming
@@ -105,6 +108,7 @@ IDS_FILE = IdMap.path_for(INDEX_FILE)
 QUESTIONS_FILE = Path("index") / "questions.parquet"
 THRESHOLD_FILE = Path("threshold.json")
 BM25_FILE = Path("index") / "bm25.npz"  # only in bundles that fuse BM25 in
+QUERY_ENCODER_FILE = Path("index") / "query_encoder.onnx"  # only with int8 queries
 # Order matters: it is the order the fingerprint hashes them in.
 _FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
 
@@ -168,6 +172,7 @@ class Bundle:
         bm25: BM25Index | None = None,
         fusion: dict[str, float] | None = None,
         folded: FoldedCNN | None = None,
+        int8_queries: bool = False,
     ) -> None:
         self._models_dir = models_dir
         self._vocab = vocab
@@ -182,6 +187,7 @@ class Bundle:
         self._bm25 = bm25
         self._fusion = fusion
         self._folded = folded
+        self._int8_queries = int8_queries
         self._row_distances = RowDistances(index)
 
     # -- loading --------------------------------------------------------------------------
@@ -214,6 +220,9 @@ class Bundle:
             the ONNX model on probe questions. Other encoders, or a mismatch (logged),
             keep ONNX Runtime; `encoder_kernel` says which one encodes.
 
+        A bundle with ``index/query_encoder.onnx`` encodes queries with it (int8, what its
+        evaluation measured); it must have been quantised from this ``encoder.onnx``.
+
         Raises BundleError (naming the file) when a file is missing or unreadable, or the
         files do not belong together; ValueError for a bad argument.
         """
@@ -238,6 +247,9 @@ class Bundle:
                 raise BundleError(
                     f"{paths[THRESHOLD_FILE]} fuses BM25 in, but {paths[BM25_FILE]} is missing"
                 )
+        if (root / QUERY_ENCODER_FILE).is_file():
+            files = (*files, QUERY_ENCODER_FILE)
+            paths[QUERY_ENCODER_FILE] = root / QUERY_ENCODER_FILE
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
@@ -323,13 +335,20 @@ class Bundle:
                     f"holds {index.ntotal}: they come from different index runs"
                 )
 
-        folded = _folded_encoder(onnx_path, session, max_len) if fold_encoder else None
+        query_session = None
+        if QUERY_ENCODER_FILE in paths:
+            query_session = _query_encoder(
+                paths[QUERY_ENCODER_FILE], onnx_path, metadata, dim, threads
+            )
+        folded = None
+        if fold_encoder and query_session is None:
+            folded = _folded_encoder(onnx_path, session, max_len)
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
         return cls(
             models_dir=root,
             vocab=vocab,
-            session=session,
+            session=session if query_session is None else query_session,
             index=index,
             qids=id_map.qids,
             texts=texts,
@@ -340,6 +359,7 @@ class Bundle:
             bm25=bm25,
             fusion=fusion,
             folded=folded,
+            int8_queries=query_session is not None,
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -390,13 +410,16 @@ class Bundle:
 
     @property
     def encoder_kernel(self) -> str:
-        """ "folded" (the CNN's lookup tables, `qpr.serve.folded`) or "onnx" (ONNX Runtime)."""
-        return "onnx" if self._folded is None else "folded"
+        """ "folded" (the CNN's lookup tables, `qpr.serve.folded`), "onnx-int8" (ONNX
+        Runtime, the int8 query encoder, `qpr.quantize`) or "onnx" (ONNX Runtime)."""
+        if self._folded is not None:
+            return "folded"
+        return "onnx-int8" if self._int8_queries else "onnx"
 
     @property
     def fingerprint(self) -> str:
-        """sha256 over the bundle's files (six; seven with BM25): each file's path and
-        sha256, in a fixed order.
+        """sha256 over the bundle's files (six; one more with BM25, one more with an int8
+        query encoder): each file's path and sha256, in a fixed order.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
@@ -571,6 +594,32 @@ class Bundle:
 # Folded tables sum in another order than ONNX Runtime's convolution: they differ by
 # rounding (relative ~1e-7 on the tests' encoders, 1.6e-6 on Quora's), not by 1e-4.
 _FOLDED_TOLERANCE = 1e-4
+
+
+def _query_encoder(
+    path: Path, encoder_path: Path, encoder_metadata: dict[str, str], dim: int, threads: int
+) -> ort.InferenceSession:
+    """The int8 query encoder's session, once it is shown to come from `encoder_path`."""
+    from qpr.quantize import QUANTIZED_FROM, file_sha256
+
+    try:
+        session = load_session(path, threads=threads)
+        metadata = dict(session.get_modelmeta().custom_metadata_map)
+        query_dim = embedding_dim(session)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise BundleError(f"cannot load ONNX query encoder {path}: {exc}") from exc
+    _check_io(session, path)
+    if metadata.get(QUANTIZED_FROM) != file_sha256(encoder_path):
+        raise BundleError(
+            f"{path} was not quantised from {encoder_path}: the two files come from "
+            "different runs (run the index stage again)"
+        )
+    for key in ("vocab_sha256", "max_len"):
+        if metadata.get(key) != encoder_metadata.get(key):
+            raise BundleError(f"{path}: {key} differs from {encoder_path}'s")
+    if query_dim != dim:
+        raise BundleError(f"{path} outputs {query_dim} dimensions, {encoder_path} {dim}")
+    return session
 
 
 def _folded_encoder(

@@ -96,7 +96,7 @@ class ModelInfo:
     threshold: float | None
     ef_search: int | None = None
     fusion: dict[str, float] | None = None  # BM25 fused in: dense weight α and candidates
-    encoder_kernel: str = "onnx"  # or "folded" (qpr.serve.folded)
+    encoder_kernel: str = "onnx"  # "folded" (qpr.serve.folded), "onnx-int8" (qpr.quantize)
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:

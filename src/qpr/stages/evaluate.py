@@ -38,7 +38,7 @@ from qpr.evaluate import (
 from qpr.lexical import lexical_search
 from qpr.paths import ProjectPaths
 from qpr.quality.checks import Check, require
-from qpr.stages.index import load_index_bundle, onnx_max_len
+from qpr.stages.index import load_index_bundle, onnx_max_len, query_encoder_path
 from qpr.stages.train import MissingInputError
 from qpr.text import load_tokenizer
 
@@ -520,7 +520,11 @@ def run_evaluate(
     )
     questions = pd.read_parquet(paths.cluster_dir / "questions.parquet")
     vocab = load_tokenizer(paths.vocab)
-    session = load_session(paths.encoder_onnx, threads=settings.index.threads)
+    # Queries go through the encoder the service runs: the int8 one when the index has it.
+    query_encoder = query_encoder_path(paths.encoder_onnx, paths.index_dir)
+    session = load_session(query_encoder, threads=settings.index.threads)
+    if query_encoder != paths.encoder_onnx:
+        log(f"queries encoded by {query_encoder} (int8) against the float32 index vectors")
     max_len = onnx_max_len(session)
     out_dir = paths.evaluation_dir
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,12 @@ bm25.npz, the BM25 weights of the same rows (qpr.lexical), fused with the dense 
 Gate: one vector per question, all finite and non-zero, and sampled questions retrieve
 themselves first.
 
+With index.query_encoder int8 (a transformer) it also writes query_encoder.onnx: the
+encoder with int8 matrix products (qpr.quantize), which the evaluate stage and the service
+encode queries with, against the float32 vectors here. Gated too: the sampled questions'
+int8 and float32 vectors at cosine >= index.query_min_cosine, and their int8 query
+vectors retrieving them first as often as self_check_min asks.
+
 The vectors are kept in artifacts/index/<key>.npy, the key a digest of the ONNX file, the
 tokenizer file and the questions: a run that changes only the index's settings (factory,
 nprobe, BM25) reuses them instead of encoding every question again (minutes for a
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 INDEX_FILE = "index.faiss"
 QUESTIONS_FILE = "questions.parquet"
 BM25_FILE = "bm25.npz"
+QUERY_ENCODER_FILE = "query_encoder.onnx"  # only with index.query_encoder int8
 CHUNK = 20_000  # questions per progress line
 
 
@@ -122,6 +129,7 @@ def run_index(
         ef_search_of,
         nlist_of,
         save_index,
+        self_check_rows,
         self_retrieval_rate,
     )
 
@@ -167,32 +175,67 @@ def run_index(
     self_rate = self_retrieval_rate(
         index, vectors, sample=min(cfg.self_check_sample, len(vectors)), seed=settings.seed
     )
-    require(
-        "index",
-        [
-            Check("vectors_equal_questions", index.ntotal, "==", len(questions)),
-            Check("all_vectors_finite", float(finite), "==", 1.0),
-            Check(
-                "min_vector_norm",
-                float(norms.min()) if len(norms) else 0.0,
-                ">",
-                0.0,
-                "a zero vector matches everything equally",
-            ),
-            Check(
-                "self_retrieval_rate",
-                self_rate,
-                ">=",
-                cfg.self_check_min,
-                f"{min(cfg.self_check_sample, len(vectors))} sampled questions",
-            ),
-        ],
-        paths.gate_reports("index"),
-    )
-
     staging = paths.index_dir.with_name(paths.index_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    checks = [
+        Check("vectors_equal_questions", index.ntotal, "==", len(questions)),
+        Check("all_vectors_finite", float(finite), "==", 1.0),
+        Check(
+            "min_vector_norm",
+            float(norms.min()) if len(norms) else 0.0,
+            ">",
+            0.0,
+            "a zero vector matches everything equally",
+        ),
+        Check(
+            "self_retrieval_rate",
+            self_rate,
+            ">=",
+            cfg.self_check_min,
+            f"{min(cfg.self_check_sample, len(vectors))} sampled questions",
+        ),
+    ]
+    query_metrics: dict[str, float] = {}
+    if cfg.query_encoder == "int8":
+        rows = self_check_rows(len(texts), cfg.self_check_sample, settings.seed)
+        query_metrics = int8_query_encoder(
+            paths.encoder_onnx,
+            staging / QUERY_ENCODER_FILE,
+            vocab,
+            [texts[r] for r in rows],
+            vectors[rows],
+            threads=cfg.threads,
+            batch_size=cfg.encode_batch_size,
+            log=log,
+        )
+        query_vectors = query_metrics.pop("vectors")
+        query_metrics["query_self_retrieval_rate"] = self_retrieval_rate(
+            index, vectors, cfg.self_check_sample, settings.seed, queries=query_vectors
+        )
+        sampled = f"{len(rows)} sampled questions, int8 query against float32 index vectors"
+        checks += [
+            Check(
+                "query_min_cosine",
+                query_metrics["query_min_cosine"],
+                ">=",
+                cfg.query_min_cosine,
+                sampled,
+            ),
+            Check(
+                "query_self_retrieval_rate",
+                query_metrics["query_self_retrieval_rate"],
+                ">=",
+                cfg.self_check_min,
+                sampled,
+            ),
+        ]
+    try:
+        require("index", checks, paths.gate_reports("index"))
+    except Exception:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
     index_path = save_index(index, staging / INDEX_FILE)
     IdMap(questions["question_id"].to_numpy(np.int64)).save(IdMap.path_for(index_path))
     questions[["question_id", "text", "cluster_id"]].to_parquet(
@@ -232,7 +275,11 @@ def run_index(
         "build_seconds": build_seconds,
         "lexical_seconds": lexical_seconds,
         "self_retrieval_rate": self_rate,
-        "index_bytes": sum(f.stat().st_size for f in paths.index_dir.iterdir()),
+        "query_encoder": cfg.query_encoder,
+        **query_metrics,
+        "index_bytes": sum(
+            f.stat().st_size for f in paths.index_dir.iterdir() if f.name != QUERY_ENCODER_FILE
+        ),
     }
     log(
         f"indexed {len(questions):,} questions (dim {metrics['dim']}, nlist {metrics['nlist']}) "
@@ -240,6 +287,51 @@ def run_index(
         f"self-retrieval {self_rate:.3f}"
     )
     return metrics
+
+
+def int8_query_encoder(
+    encoder_onnx: Path,
+    target: Path,
+    vocab: Vocabulary | WordPieceTokenizer,
+    texts: list[str],
+    reference: np.ndarray,
+    *,
+    threads: int,
+    batch_size: int,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Quantise the encoder into `target` (qpr.quantize) and encode `texts` with it:
+    {"vectors": float32 [N, D], "query_min_cosine", "query_median_cosine" against
+    `reference` (their float32 vectors), "query_encoder_bytes", "quantize_seconds"}."""
+    from qpr.export import load_session
+    from qpr.quantize import quantize_query_encoder, row_cosines
+
+    started = time.perf_counter()
+    quantize_query_encoder(encoder_onnx, target)
+    seconds = time.perf_counter() - started
+    session = load_session(target, threads=threads)
+    vectors = encode_corpus(session, vocab, texts, batch_size=batch_size, log=lambda _: None)
+    cosines = row_cosines(reference, vectors)
+    size = target.stat().st_size
+    log(
+        f"int8 query encoder: {size / 1e6:.1f} MB against {encoder_onnx.stat().st_size / 1e6:.1f}"
+        f" MB ({seconds:.1f} s); cosine with the float32 vectors of {len(texts)} sampled "
+        f"questions: min {cosines.min():.4f}, median {np.median(cosines):.4f}"
+    )
+    return {
+        "vectors": vectors,
+        "query_min_cosine": float(cosines.min()),
+        "query_median_cosine": float(np.median(cosines)),
+        "query_encoder_bytes": size,
+        "quantize_seconds": seconds,
+    }
+
+
+def query_encoder_path(encoder_onnx: Path, index_dir: Path) -> Path:
+    """The encoder queries go through: the index's int8 query encoder when the index stage
+    wrote one (index.query_encoder int8), else the exported encoder itself."""
+    quantized = index_dir / QUERY_ENCODER_FILE
+    return quantized if quantized.is_file() else encoder_onnx
 
 
 def load_index_bundle(index_dir: Path, *, nprobe: int, ef_search: int | None = None):
