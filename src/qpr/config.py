@@ -181,7 +181,7 @@ class IndexSettings(_Section):
     # "int8": queries encoded by the transformer with int8 weights (qpr.quantize), the
     # index keeping float32 vectors; gated on the cosine of the two encodings
     query_encoder: Literal["float32", "int8"] = "float32"
-    query_min_cosine: float = Field(0.98, ge=-1.0, le=1.0)
+    query_cosine_floor: float = Field(0.98, ge=-1.0, le=1.0)  # the sample's 1st percentile
     lexical: LexicalSettings = LexicalSettings()
 
 

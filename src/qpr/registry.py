@@ -60,6 +60,7 @@ from qpr.serve.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
+    QUERY_ENCODER_FILE,
     QUESTIONS_FILE,
     THRESHOLD_FILE,
     VOCAB_FILE,
@@ -101,7 +102,9 @@ MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
 BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
 METRICS_FILE = "metrics.json"
 BUNDLE_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
-OPTIONAL_BUNDLE_FILES = (BM25_FILE,)  # copied when present (a bundle that fuses BM25 in)
+# Copied when present: BM25 for a bundle that fuses it in, the int8 query encoder of
+# index.query_encoder int8.
+OPTIONAL_BUNDLE_FILES = (BM25_FILE, QUERY_ENCODER_FILE)
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
 PREDICTION_COLUMNS = (

@@ -7,15 +7,18 @@ pinned here with numbers small enough to check in one's head; no MLflow store is
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from qpr.registry import (
+    BUNDLE_FILES,
     RegistryError,
     VersionInfo,
     _measures,
     _questions,
+    _stage_bundle,
     decide_promotion,
     metric_value,
 )
@@ -124,3 +127,20 @@ def test_predict_accepts_what_pyfunc_callers_send(model_input):
 def test_predict_input_with_two_unnamed_columns_is_an_error():
     with pytest.raises(ValueError, match="question"):
         _questions(pd.DataFrame({"a": ["x"], "b": ["y"]}))
+
+
+@pytest.mark.parametrize("optional", [(), ("index/bm25.npz",), ("index/query_encoder.onnx",)])
+def test_staged_bundle_keeps_the_optional_files_present(
+    tmp_path: Path, optional: tuple[str, ...]
+) -> None:
+    """BM25's weights and the int8 query encoder travel with the bundle when it has them:
+    a registered model without its query encoder would serve float32 queries, not what its
+    evaluation measured."""
+    models = tmp_path / "models"
+    for rel in (*map(str, BUNDLE_FILES), *optional):
+        (models / rel).parent.mkdir(parents=True, exist_ok=True)
+        (models / rel).write_text(rel, encoding="utf-8")
+    staged = _stage_bundle(models, {"success_1": 0.9}, tmp_path / "staged")
+    copied = sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file())
+    expected = {*map(str, BUNDLE_FILES), *optional}
+    assert set(copied) - {"metrics.json"} == expected

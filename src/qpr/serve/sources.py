@@ -35,6 +35,7 @@ from qpr.serve.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
+    QUERY_ENCODER_FILE,
     QUESTIONS_FILE,
     THRESHOLD_FILE,
     VOCAB_FILE,
@@ -70,6 +71,7 @@ _WATCHED = (
     QUESTIONS_FILE,
     THRESHOLD_FILE,
     BM25_FILE,
+    QUERY_ENCODER_FILE,
 )
 
 
