@@ -18,6 +18,8 @@ from qpr.text.wordpiece import WordPieceTokenizer
 from tests.conftest import tiny_overrides
 
 MAX_LEN = 32
+MODEL = {"encoder": "transformer", "normalize": True, "transformer": {"max_len": MAX_LEN}}
+INDEX = {"factory": "Flat", "threads": 2, "encode_batch_size": 64}
 
 
 @pytest.mark.slow
@@ -32,14 +34,10 @@ def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
     settings = settings_from_dict(
         tiny_overrides(
             tmp_path,
-            model={
-                "encoder": "transformer",
-                "normalize": True,
-                "transformer": {"max_len": MAX_LEN},
-            },
+            model=MODEL,
             train={"batch_size": 16, "max_epochs": 1, "max_pairs": 32, "lr": 5e-5, "threads": 2},
             export={"sample": 48},
-            index={"factory": "Flat", "threads": 2, "encode_batch_size": 64},
+            index=INDEX,
         )
     )
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
@@ -78,23 +76,8 @@ def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
     from qpr.quality.gate import GateFailed
 
     def int8_settings(min_cosine: float):
-        return settings_from_dict(
-            tiny_overrides(
-                tmp_path,
-                model={
-                    "encoder": "transformer",
-                    "normalize": True,
-                    "transformer": {"max_len": MAX_LEN},
-                },
-                index={
-                    "factory": "Flat",
-                    "threads": 2,
-                    "encode_batch_size": 64,
-                    "query_encoder": "int8",
-                    "query_cosine_floor": min_cosine,
-                },
-            )
-        )
+        index = {**INDEX, "query_encoder": "int8", "query_cosine_floor": min_cosine}
+        return settings_from_dict(tiny_overrides(tmp_path, model=MODEL, index=index))
 
     strict = int8_settings(1.0)  # int8 arithmetic never reproduces float32 exactly
     with pytest.raises(GateFailed, match="query_cosine_p1"):

@@ -262,13 +262,7 @@ class Bundle:
             raise BundleError(str(exc)) from exc
 
         onnx_path = paths[ENCODER_FILE]
-        try:
-            session = load_session(onnx_path, threads=threads)
-            metadata = dict(session.get_modelmeta().custom_metadata_map)
-            dim = embedding_dim(session)
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise BundleError(f"cannot load ONNX encoder {onnx_path}: {exc}") from exc
-        _check_io(session, onnx_path)
+        session, metadata, dim = _open_encoder(onnx_path, threads, "encoder")
         stored_sha = metadata.get("vocab_sha256")
         if stored_sha is None:
             raise BundleError(f"{onnx_path}: metadata has no vocab_sha256 (not a pipeline export)")
@@ -596,19 +590,27 @@ class Bundle:
 _FOLDED_TOLERANCE = 1e-4
 
 
+def _open_encoder(
+    path: Path, threads: int, what: str
+) -> tuple[ort.InferenceSession, dict[str, str], int]:
+    """(session, metadata_props, output dimension) of an ONNX encoder, or BundleError."""
+    try:
+        session = load_session(path, threads=threads)
+        metadata = dict(session.get_modelmeta().custom_metadata_map)
+        dim = embedding_dim(session)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise BundleError(f"cannot load ONNX {what} {path}: {exc}") from exc
+    _check_io(session, path)
+    return session, metadata, dim
+
+
 def _query_encoder(
     path: Path, encoder_path: Path, encoder_metadata: dict[str, str], dim: int, threads: int
 ) -> ort.InferenceSession:
     """The int8 query encoder's session, once it is shown to come from `encoder_path`."""
     from qpr.quantize import QUANTIZED_FROM, file_sha256
 
-    try:
-        session = load_session(path, threads=threads)
-        metadata = dict(session.get_modelmeta().custom_metadata_map)
-        query_dim = embedding_dim(session)
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise BundleError(f"cannot load ONNX query encoder {path}: {exc}") from exc
-    _check_io(session, path)
+    session, metadata, query_dim = _open_encoder(path, threads, "query encoder")
     if metadata.get(QUANTIZED_FROM) != file_sha256(encoder_path):
         raise BundleError(
             f"{path} was not quantised from {encoder_path}: the two files come from "
