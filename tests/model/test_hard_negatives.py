@@ -4,6 +4,7 @@ checkpoint must match to be resumed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -89,5 +90,8 @@ def test_train_stage_mines_negatives_for_the_pairs_it_keeps(tmp_path: Path) -> N
     lines: list[str] = []
     trained = run_train(settings, paths, progress=False, log=lines.append)
     assert any(line.startswith("mining hard negatives") and "ranks 2-6" in line for line in lines)
+    progress = [line for line in lines if line.startswith("mining: encoded")]
+    done, total = re.search(r"encoded ([\d,]+) / ([\d,]+) questions", progress[-1]).groups()
+    assert done == total  # the last line says every question is encoded
     assert trained.metrics["train_pairs"] == 400
     assert trained.metrics["val_mrr"] > trained.metrics["untrained_val_mrr"]

@@ -198,40 +198,40 @@ def run_index(
         ),
     ]
     query_metrics: dict[str, float] = {}
-    if cfg.query_encoder == "int8":
-        rows = self_check_rows(len(texts), cfg.self_check_sample, settings.seed)
-        query_metrics = int8_query_encoder(
-            paths.encoder_onnx,
-            staging / QUERY_ENCODER_FILE,
-            vocab,
-            [texts[r] for r in rows],
-            vectors[rows],
-            threads=cfg.threads,
-            batch_size=cfg.encode_batch_size,
-            log=log,
-        )
-        query_vectors = query_metrics.pop("vectors")
-        query_metrics["query_self_retrieval_rate"] = self_retrieval_rate(
-            index, vectors, cfg.self_check_sample, settings.seed, queries=query_vectors
-        )
-        sampled = f"{len(rows)} sampled questions, int8 query against float32 index vectors"
-        checks += [
-            Check(
-                "query_cosine_p1",
-                query_metrics["query_cosine_p1"],
-                ">=",
-                cfg.query_cosine_floor,
-                sampled,
-            ),
-            Check(
-                "query_self_retrieval_rate",
-                query_metrics["query_self_retrieval_rate"],
-                ">=",
-                cfg.self_check_min,
-                sampled,
-            ),
-        ]
-    try:
+    try:  # a failure leaves no half-written staging folder behind
+        if cfg.query_encoder == "int8":
+            rows = self_check_rows(len(texts), cfg.self_check_sample, settings.seed)
+            query_metrics = int8_query_encoder(
+                paths.encoder_onnx,
+                staging / QUERY_ENCODER_FILE,
+                vocab,
+                [texts[r] for r in rows],
+                vectors[rows],
+                threads=cfg.threads,
+                batch_size=cfg.encode_batch_size,
+                log=log,
+            )
+            query_vectors = query_metrics.pop("vectors")
+            query_metrics["query_self_retrieval_rate"] = self_retrieval_rate(
+                index, vectors, cfg.self_check_sample, settings.seed, queries=query_vectors
+            )
+            sampled = f"{len(rows)} sampled questions, int8 query against float32 index vectors"
+            checks += [
+                Check(
+                    "query_cosine_p1",
+                    query_metrics["query_cosine_p1"],
+                    ">=",
+                    cfg.query_cosine_floor,
+                    sampled,
+                ),
+                Check(
+                    "query_self_retrieval_rate",
+                    query_metrics["query_self_retrieval_rate"],
+                    ">=",
+                    cfg.self_check_min,
+                    sampled,
+                ),
+            ]
         require("index", checks, paths.gate_reports("index"))
     except Exception:
         shutil.rmtree(staging, ignore_errors=True)
