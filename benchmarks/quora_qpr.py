@@ -187,6 +187,19 @@ ROWS: dict[str, tuple] = {
             "index": {"encode_batch_size": 64, "lexical": {"enabled": True}},
         },
     ),
+    # That model served with int8 queries (qpr.quantize): the transformer setting to use.
+    "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": (
+        "transformer-fusion",
+        {**MINILM_FINE_TUNE, "hard_negatives": {"mine": True, "skip": 0, "window": 10}},
+        {
+            "model": {"encoder": "transformer", "normalize": True},
+            "index": {
+                "encode_batch_size": 64,
+                "query_encoder": "int8",
+                "lexical": {"enabled": True},
+            },
+        },
+    ),
     # The same model and index; queries encoded with int8 matrix products (qpr.quantize).
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": (
         "transformer-fusion",
@@ -204,6 +217,9 @@ ROWS: dict[str, tuple] = {
 TRAINED_AS = {
     "MiniLM fine-tuned, SDML + BM25 fusion": "MiniLM fine-tuned, SDML",
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": "MiniLM fine-tuned, SDML",
+    "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": (
+        "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion"
+    ),
     "SDML (ε 0.3, N 512) + BM25 fusion": "SDML (ε 0.3, N 512)",
     "SDML (ε 0.3, N 512) + BM25 fusion, up to 12 epochs": "SDML (ε 0.3, N 512) + BM25 fusion",
     "SDML, D 128 + BM25 fusion": "SDML, D 128",
@@ -219,6 +235,7 @@ OWN_BASELINES = {
     "MiniLM fine-tuned, SDML + BM25 fusion": ["bm25"],
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": [],
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion": ["bm25"],
+    "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": [],
 }
 
 
