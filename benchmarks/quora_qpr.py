@@ -65,9 +65,8 @@ TEACHER_PRIOR = {
 # Fine-tuning 22M parameters on 2 cores: a time budget, smaller batches and a lower
 # learning rate, as usual for pretrained transformers. Unit vectors with SDML ε 0 and logit
 # scale 10 (the cosine softmax MiniLM was trained with) won the GPU sweep on validation
-# (docs/results/transformer_fine_tune.md); mined negatives, which won there too, are left
-# out here: with its negative a pair costs half as much again, so the same 1,500 s budget
-# would train on a third fewer pairs, and that trade was not measured on 2 cores.
+# (docs/results/transformer_fine_tune.md). Mined negatives, which won there too, have rows
+# of their own below: with its negative a pair costs half as much again.
 MINILM_FINE_TUNE = {
     "loss": "sdml",
     "smoothing": 0.0,
