@@ -253,7 +253,8 @@ class Bundle:
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
-        fingerprint = _fingerprint(root, files)
+        digests = _file_digests(root, files)
+        fingerprint = _fingerprint(digests)
 
         vocab_path = paths[VOCAB_FILE]
         try:
@@ -262,22 +263,32 @@ class Bundle:
             raise BundleError(str(exc)) from exc
 
         onnx_path = paths[ENCODER_FILE]
-        session, metadata, dim = _open_encoder(onnx_path, threads, "encoder")
+        int8_queries = QUERY_ENCODER_FILE in paths
+        if int8_queries:  # quantised from encoder.onnx, its metadata copied: open it alone
+            encoder_path = paths[QUERY_ENCODER_FILE]
+            session, metadata, dim = _query_encoder(
+                encoder_path, onnx_path, digests[ENCODER_FILE], threads
+            )
+        else:
+            encoder_path = onnx_path
+            session, metadata, dim = _open_encoder(onnx_path, threads, "encoder")
         stored_sha = metadata.get("vocab_sha256")
         if stored_sha is None:
-            raise BundleError(f"{onnx_path}: metadata has no vocab_sha256 (not a pipeline export)")
+            raise BundleError(
+                f"{encoder_path}: metadata has no vocab_sha256 (not a pipeline export)"
+            )
         if stored_sha != vocab.checksum:
             raise BundleError(
-                f"{onnx_path} was trained with vocabulary {stored_sha[:12]}…, but {vocab_path} "
-                f"is {vocab.checksum[:12]}…: the two files come from different runs"
+                f"{encoder_path} was trained with vocabulary {stored_sha[:12]}…, but "
+                f"{vocab_path} is {vocab.checksum[:12]}…: the two files come from different runs"
             )
-        max_len = _parse_max_len(metadata.get("max_len"), onnx_path)
+        max_len = _parse_max_len(metadata.get("max_len"), encoder_path)
         # A word-piece tokenizer truncates to its own max_len keeping [SEP]; a different
         # encoder max_len would cut [SEP] off long questions here.
         vocab_max_len = getattr(vocab, "max_len", None)
         if vocab_max_len is not None and vocab_max_len != max_len:
             raise BundleError(
-                f"{vocab_path} truncates to {vocab_max_len} word pieces but {onnx_path} was "
+                f"{vocab_path} truncates to {vocab_max_len} word pieces but {encoder_path} was "
                 f"exported with max_len {max_len}"
             )
 
@@ -301,7 +312,7 @@ class Bundle:
             )
         if index.d != dim:
             raise BundleError(
-                f"{index_path} holds {index.d}-dimensional vectors but {onnx_path} outputs "
+                f"{index_path} holds {index.d}-dimensional vectors but {encoder_path} outputs "
                 f"{dim} dimensions: the index was built by another encoder"
             )
 
@@ -329,20 +340,15 @@ class Bundle:
                     f"holds {index.ntotal}: they come from different index runs"
                 )
 
-        query_session = None
-        if QUERY_ENCODER_FILE in paths:
-            query_session = _query_encoder(
-                paths[QUERY_ENCODER_FILE], onnx_path, metadata, dim, threads
-            )
         folded = None
-        if fold_encoder and query_session is None:
+        if fold_encoder and not int8_queries:
             folded = _folded_encoder(onnx_path, session, max_len)
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
         return cls(
             models_dir=root,
             vocab=vocab,
-            session=session if query_session is None else query_session,
+            session=session,
             index=index,
             qids=id_map.qids,
             texts=texts,
@@ -353,7 +359,7 @@ class Bundle:
             bm25=bm25,
             fusion=fusion,
             folded=folded,
-            int8_queries=query_session is not None,
+            int8_queries=int8_queries,
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -605,23 +611,19 @@ def _open_encoder(
 
 
 def _query_encoder(
-    path: Path, encoder_path: Path, encoder_metadata: dict[str, str], dim: int, threads: int
-) -> ort.InferenceSession:
-    """The int8 query encoder's session, once it is shown to come from `encoder_path`."""
-    from qpr.quantize import QUANTIZED_FROM, file_sha256
+    path: Path, encoder_path: Path, encoder_sha256: str, threads: int
+) -> tuple[ort.InferenceSession, dict[str, str], int]:
+    """`_open_encoder` for the int8 query encoder, once its metadata shows it was quantised
+    from `encoder_path` (whose sha256 is given): then it carries that file's metadata."""
+    from qpr.quantize import QUANTIZED_FROM
 
-    session, metadata, query_dim = _open_encoder(path, threads, "query encoder")
-    if metadata.get(QUANTIZED_FROM) != file_sha256(encoder_path):
+    session, metadata, dim = _open_encoder(path, threads, "query encoder")
+    if metadata.get(QUANTIZED_FROM) != encoder_sha256:
         raise BundleError(
             f"{path} was not quantised from {encoder_path}: the two files come from "
             "different runs (run the index stage again)"
         )
-    for key in ("vocab_sha256", "max_len"):
-        if metadata.get(key) != encoder_metadata.get(key):
-            raise BundleError(f"{path}: {key} differs from {encoder_path}'s")
-    if query_dim != dim:
-        raise BundleError(f"{path} outputs {query_dim} dimensions, {encoder_path} {dim}")
-    return session
+    return session, metadata, dim
 
 
 def _folded_encoder(
@@ -682,11 +684,18 @@ def _signatures(paths: Iterable[Path]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _fingerprint(root: Path, files: Sequence[Path]) -> str:
-    outer = hashlib.sha256()
+def _file_digests(root: Path, files: Sequence[Path]) -> dict[Path, str]:
+    """{relative path: sha256 hex} of each file, in the order given."""
+    digests = {}
     for rel in files:
         with open(root / rel, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            digests[rel] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return digests
+
+
+def _fingerprint(digests: dict[Path, str]) -> str:
+    outer = hashlib.sha256()
+    for rel, digest in digests.items():
         outer.update(f"{rel.as_posix()}\t{digest}\n".encode())
     return outer.hexdigest()
 

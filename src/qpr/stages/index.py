@@ -201,7 +201,7 @@ def run_index(
     try:  # a failure leaves no half-written staging folder behind
         if cfg.query_encoder == "int8":
             rows = self_check_rows(len(texts), cfg.self_check_sample, settings.seed)
-            query_metrics = int8_query_encoder(
+            query_vectors, query_metrics = int8_query_encoder(
                 paths.encoder_onnx,
                 staging / QUERY_ENCODER_FILE,
                 vocab,
@@ -211,7 +211,6 @@ def run_index(
                 batch_size=cfg.encode_batch_size,
                 log=log,
             )
-            query_vectors = query_metrics.pop("vectors")
             query_metrics["query_self_retrieval_rate"] = self_retrieval_rate(
                 index, vectors, cfg.self_check_sample, settings.seed, queries=query_vectors
             )
@@ -300,10 +299,11 @@ def int8_query_encoder(
     threads: int,
     batch_size: int,
     log: Callable[[str], None] = print,
-) -> dict:
+) -> tuple[np.ndarray, dict[str, float]]:
     """Quantise the encoder into `target` (qpr.quantize) and encode `texts` with it:
-    {"vectors": float32 [N, D], "query_cosine_min", "_p1" (1st percentile), "_median" against
-    `reference` (their float32 vectors), "query_encoder_bytes", "quantize_seconds"}."""
+    (their int8 vectors float32 [N, D], {"query_cosine_min", "_p1" (1st percentile),
+    "_median" against `reference` (their float32 vectors), "query_encoder_bytes",
+    "quantize_seconds"})."""
     from qpr.export import load_session
     from qpr.quantize import quantize_query_encoder, row_cosines
 
@@ -320,8 +320,7 @@ def int8_query_encoder(
         f"questions: min {cosines.min():.4f}, 1st percentile {np.percentile(cosines, 1):.4f}, "
         f"median {np.median(cosines):.4f}"
     )
-    return {
-        "vectors": vectors,
+    return vectors, {
         "query_cosine_min": float(cosines.min()),
         "query_cosine_p1": float(np.percentile(cosines, 1)),
         "query_cosine_median": float(np.median(cosines)),
