@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,7 +54,7 @@ def teacher_vectors(
     this package and max_len, else write it there (atomically)."""
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.train import embed_token_ids, torch_threads
+    from qpr.train import atomic_numpy_save, embed_with_progress, torch_threads
 
     if len(texts) == 0:
         raise ValueError("teacher_vectors needs at least one text")
@@ -69,26 +68,22 @@ def teacher_vectors(
                 return vectors
     tokenizer = WordPieceTokenizer.from_package(package, max_len=max_len)
     encoder = TransformerEncoder(package=package, normalize=True).eval()
+    log(f"teacher: encoding {len(texts):,} questions with {package}")
+
+    def report(done: int, total: int, rate: float) -> None:
+        log(
+            f"teacher: {done:,} / {total:,} questions ({rate:.0f}/s, "
+            f"{(total - done) / rate:.0f} s left)"
+        )
+
+    ids, lengths = tokenizer.encode_batch(list(texts), max_len=max_len)
     with torch_threads(threads):
-        log(f"teacher: encoding {len(texts):,} questions with {package}")
-        started = time.perf_counter()
-        parts = []
-        for lo in range(0, len(texts), PROGRESS_EVERY):
-            ids, lengths = tokenizer.encode_batch(texts[lo : lo + PROGRESS_EVERY], max_len=max_len)
-            parts.append(embed_token_ids(encoder, ids, lengths, batch_size=batch_size).numpy())
-            done = min(lo + PROGRESS_EVERY, len(texts))
-            rate = done / max(time.perf_counter() - started, 1e-9)
-            log(
-                f"teacher: {done:,} / {len(texts):,} questions ({rate:.0f}/s, "
-                f"{(len(texts) - done) / rate:.0f} s left)"
-            )
-    vectors = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+        vectors = embed_with_progress(
+            encoder, ids, lengths, chunk=PROGRESS_EVERY, report=report, batch_size=batch_size
+        )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, vectors)
-        os.replace(tmp, path)
+        atomic_numpy_save(vectors, path)
     return vectors
 
 

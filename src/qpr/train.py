@@ -86,6 +86,7 @@ from qpr.text.vocab import Vocabulary
 
 CHECKPOINT_VERSION = 1
 EpochCallback = Callable[[dict[str, Any]], None]
+ProgressCallback = Callable[[dict[str, Any]], None]
 
 
 class TrainingStateError(RuntimeError):
@@ -232,6 +233,32 @@ def embed_token_ids(
         encoder.train(was_training)
 
 
+def embed_with_progress(
+    encoder: nn.Module,
+    token_ids: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    chunk: int,
+    report: Callable[[int, int, float], None],
+    batch_size: int = 512,
+    device: str | torch.device = "cpu",
+) -> np.ndarray:
+    """embed_token_ids `chunk` rows at a time → float32 [N, D], calling report(rows done,
+    N, rows per second) after each chunk: minutes of encoding are not spent in silence."""
+    total = int(token_ids.shape[0])
+    parts = []
+    started = time.perf_counter()
+    for lo in range(0, total, chunk):
+        hi = min(lo + chunk, total)
+        parts.append(
+            embed_token_ids(
+                encoder, token_ids[lo:hi], lengths[lo:hi], batch_size=batch_size, device=device
+            ).numpy()
+        )
+        report(hi, total, hi / max(time.perf_counter() - started, 1e-9))
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+
 def encode_texts(
     encoder: nn.Module,
     vocab: Vocabulary,
@@ -355,6 +382,19 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_numpy_save(array: np.ndarray, path: Path) -> None:
+    """np.save to a temp file in the same directory, then os.replace: a killed run never
+    leaves a half-written cache file under the final name."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, array)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -499,15 +539,17 @@ def _train_epoch(
     bar: tqdm,
     epoch: int,
     deadline: float | None = None,
+    on_progress: ProgressCallback | None = None,
+    progress_every_s: float = 60.0,
 ) -> tuple[float, int, int]:
     """One pass over `batches`, or up to `deadline` (a time.perf_counter() value, checked
     before each batch but the first); returns (sum of loss × batch size, pairs seen,
-    batches run)."""
+    batches run). on_progress gets the bar's figures at most every `progress_every_s`."""
     encoder.train()
     with_labels = needs_labels(loss)
     with_teacher = needs_teacher(loss)
     loss_sum, pairs_seen, done = 0.0, 0, 0
-    t0 = time.perf_counter()
+    t0 = last_report = time.perf_counter()
     for batch in batches:
         if done and deadline is not None and time.perf_counter() >= deadline:
             break
@@ -545,6 +587,20 @@ def _train_epoch(
         if deadline is not None:
             postfix["budget_left"] = f"{max(deadline - now, 0.0):.0f}s"
         bar.set_postfix(postfix, refresh=False)
+        if on_progress is not None and now - last_report >= progress_every_s:
+            last_report = now
+            on_progress(
+                {
+                    "epoch": epoch,
+                    "batches": done,
+                    "planned_batches": len(batches),
+                    "pairs": pairs_seen,
+                    "train_loss": loss_sum / pairs_seen,
+                    "pairs_per_s": pairs_seen / max(now - t0, 1e-9),
+                    "seconds": now - t0,
+                    "budget_left_s": None if deadline is None else max(deadline - now, 0.0),
+                }
+            )
     return loss_sum, pairs_seen, done
 
 
@@ -629,6 +685,8 @@ def train_encoder(
     resume: bool = True,
     on_epoch: EpochCallback | None = None,
     progress: bool = True,
+    on_progress: ProgressCallback | None = None,
+    progress_every_s: float = 60.0,
     threads: int | None = None,
     device: str | torch.device = "cpu",
     eval_batch_size: int = 1024,
@@ -647,6 +705,9 @@ def train_encoder(
     best again among the epochs whose weights are still there (best.pt's and the last).
     on_epoch gets {epoch, train_loss, val_auc, val_mrr, pairs_per_s, seconds, ...} after
     the epoch's checkpoints are on disk (an exception there leaves a resumable run).
+    on_progress gets {epoch, batches, planned_batches, pairs, train_loss, pairs_per_s,
+    seconds, budget_left_s} inside an epoch, at most every progress_every_s seconds: the
+    bar's figures for a log (a transformer's epoch on 2 cores can take an hour).
     threads: torch intra-op threads for this call (restored afterwards); None keeps torch's.
     max_pairs: train on a seeded subset of this many pairs; time_budget_s: stop when the
     epochs have taken this long (module docstring). A loss with `needs_labels` gets dense
@@ -846,6 +907,8 @@ def train_encoder(
                     bar=bar,
                     epoch=epoch,
                     deadline=deadline,
+                    on_progress=on_progress,
+                    progress_every_s=progress_every_s,
                 )
             train_seconds = time.perf_counter() - t0
             metrics = evaluate()

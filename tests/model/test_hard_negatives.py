@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qpr.model import CNNEncoder
@@ -67,7 +68,9 @@ def test_hard_negatives_are_checked(tiny_paraphrases, tmp_path) -> None:
         _train(data, tmp_path / "b", _shifted(data), loss=build_loss("triplet"))
 
 
-def test_train_stage_mines_negatives_for_the_pairs_it_keeps(tmp_path: Path) -> None:
+def test_train_stage_mines_negatives_for_the_pairs_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from qpr.config import settings_from_dict
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
@@ -87,11 +90,43 @@ def test_train_stage_mines_negatives_for_the_pairs_it_keeps(tmp_path: Path) -> N
     run_cluster(
         settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
     )
+    # A progress line after every batch (once a minute in use).
+    monkeypatch.setattr("qpr.stages.train.PROGRESS_EVERY_S", 0.0)
     lines: list[str] = []
     trained = run_train(settings, paths, progress=False, log=lines.append)
     assert any(line.startswith("mining hard negatives") and "ranks 2-6" in line for line in lines)
+    in_epoch = [line for line in lines if re.match(r"epoch 1: [\d,]+ / [\d,]+ batches", line)]
+    assert in_epoch and in_epoch[0].startswith("epoch 1: 1 / ")
     progress = [line for line in lines if line.startswith("mining: encoded")]
     done, total = re.search(r"encoded ([\d,]+) / ([\d,]+) questions", progress[-1]).groups()
     assert done == total  # the last line says every question is encoded
     assert trained.metrics["train_pairs"] == 400
     assert trained.metrics["val_mrr"] > trained.metrics["untrained_val_mrr"]
+
+    # Run again (a killed run started over, or another budget): the pool's vectors come
+    # from the cache, not encoded again, and training resumes where it ended.
+    cached = sorted((paths.train_dir / "negatives").glob("pool-*.npy"))
+    assert len(cached) == 1
+    again: list[str] = []
+    run_train(settings, paths, progress=False, log=again.append)
+    assert any("vectors of" in line and str(cached[0]) in line for line in again)
+    assert not any(line.startswith("mining: encoded") for line in again)
+
+
+def test_pool_vectors_are_keyed_by_the_weights_and_the_token_ids(tmp_path: Path) -> None:
+    import torch
+
+    from qpr.stages.train import pool_vectors_file
+
+    torch.manual_seed(0)
+    encoder = torch.nn.Embedding(10, 4)
+    ids = np.array([[1, 2, 0], [3, 4, 5]], dtype=np.int64)
+    lengths = np.array([2, 3], dtype=np.int64)
+    key = pool_vectors_file(tmp_path, encoder, ids, lengths)
+    assert key.parent == tmp_path and key.name.startswith("pool-") and key.suffix == ".npy"
+    assert pool_vectors_file(tmp_path, encoder, ids.copy(), lengths.copy()) == key
+    assert pool_vectors_file(tmp_path, encoder, ids[::-1].copy(), lengths[::-1].copy()) != key
+    assert pool_vectors_file(tmp_path, encoder, ids, np.array([3, 3])) != key
+    with torch.no_grad():
+        encoder.weight[0, 0] += 1e-3
+    assert pool_vectors_file(tmp_path, encoder, ids, lengths) != key

@@ -152,3 +152,45 @@ def test_generous_budget_changes_nothing_and_survives_a_kill(
     resumed = _train(data, tmp_path / "resumed", max_epochs=3, time_budget_s=3600.0)
     assert resumed.resumed_from_epoch == 1 and not resumed.stopped_by_budget
     assert _metrics(resumed.history) == _metrics(straight.history)
+
+
+# -- progress inside an epoch ------------------------------------------------------------------
+
+
+def test_progress_reports_inside_the_epoch_and_match_its_history(
+    tiny_paraphrases, tmp_path: Path
+) -> None:
+    data = tiny_paraphrases
+    reports: list[dict[str, Any]] = []
+    run = _train(
+        data,
+        tmp_path / "every",
+        max_epochs=1,
+        time_budget_s=3600.0,
+        on_progress=reports.append,
+        progress_every_s=0.0,
+    )
+    record = run.history[0]
+    # Every batch reported once, in order, the last with the epoch's own totals.
+    assert [r["batches"] for r in reports] == list(range(1, record["batches"] + 1))
+    assert {r["epoch"] for r in reports} == {1}
+    assert {r["planned_batches"] for r in reports} == {record["planned_batches"]}
+    assert reports[-1]["pairs"] == record["pairs"]
+    assert reports[-1]["train_loss"] == pytest.approx(record["train_loss"])
+    budget_left = [r["budget_left_s"] for r in reports]
+    assert all(0.0 < left < 3600.0 for left in budget_left)
+    assert budget_left == sorted(budget_left, reverse=True)
+
+    # Unbudgeted: no budget figure; a long interval: no report in a run this short.
+    unbudgeted: list[dict[str, Any]] = []
+    _train(
+        data,
+        tmp_path / "plain",
+        max_epochs=1,
+        on_progress=unbudgeted.append,
+        progress_every_s=0.0,
+    )
+    assert unbudgeted and all(r["budget_left_s"] is None for r in unbudgeted)
+    quiet: list[dict[str, Any]] = []
+    _train(data, tmp_path / "quiet", max_epochs=1, on_progress=quiet.append)
+    assert quiet == []

@@ -8,7 +8,7 @@ stopped when the stage is run again with the same settings and data.
 
 from __future__ import annotations
 
-import time
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,20 @@ PRETRAINED_SLACK = 1e-3
 # Questions encoded between two progress lines while mining (a transformer on 2 cores
 # takes minutes for Quora's 111k training and unclustered questions).
 MINING_CHUNK = 8192
+# Without a progress bar (a log file, a Prefect run), a line this often inside an epoch: a
+# transformer's epoch on 2 cores can run for an hour between two epoch lines.
+PROGRESS_EVERY_S = 60.0
+
+
+def progress_line(record: dict[str, Any]) -> str:
+    """One in-epoch log line from train_encoder's on_progress record."""
+    line = (
+        f"epoch {record['epoch']}: {record['batches']:,} / {record['planned_batches']:,} "
+        f"batches, loss {record['train_loss']:.4f}, {record['pairs_per_s']:.0f} pairs/s"
+    )
+    if record.get("budget_left_s") is not None:
+        line += f", {record['budget_left_s']:,.0f} s of the budget left"
+    return line
 
 
 def trained_model_checks(
@@ -253,6 +267,18 @@ def negative_texts(
     return pool["text"].to_numpy()[rows].tolist()
 
 
+def pool_vectors_file(cache_dir: Path, encoder, token_ids: np.ndarray, lengths: np.ndarray) -> Path:
+    """Where the pool's vectors by this encoder are cached: keyed by the encoder's weights
+    and the pool's token ids (so by the texts, the tokenizer and max_len together)."""
+    h = hashlib.sha256()
+    for name, tensor in encoder.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    h.update(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    return cache_dir / f"pool-{h.hexdigest()[:20]}.npy"
+
+
 def mined_negative_texts(
     settings: Settings,
     questions: pd.DataFrame,
@@ -262,34 +288,65 @@ def mined_negative_texts(
     *,
     max_len: int,
     device: str,
+    cache_dir: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> list[str]:
     """train.hard_negatives.mine: one question per training pair, close to the pair's first
     question by the encoder as it starts, of another cluster, from the training and
-    unclustered questions only (never a validation or test one)."""
-    from qpr.train import encode_texts, select_training_pairs, torch_threads
+    unclustered questions only (never a validation or test one).
+
+    cache_dir: the pool's vectors are read from there when this encoder (the same weights)
+    encoded the same token ids before, e.g. a killed run started again or a run with
+    another budget or learning rate; else they are written there, replacing the previous
+    file (MiniLM's vectors of Quora's pool take 170 MB)."""
+    from qpr.train import (
+        atomic_numpy_save,
+        embed_with_progress,
+        select_training_pairs,
+        torch_threads,
+    )
 
     mining = settings.train.hard_negatives
     pool = questions[questions["split"].isin(["train", "none"])].reset_index(drop=True)
-    log(
-        f"mining hard negatives: encoding {len(pool):,} training and unclustered questions "
-        f"with the encoder as it starts (ranks {mining.skip + 1}-{mining.skip + mining.window})"
+    ranks = f"ranks {mining.skip + 1}-{mining.skip + mining.window}"
+    token_ids, lengths = vocab.encode_batch(pool["text"].tolist(), max_len=max_len)
+    cached = (
+        None if cache_dir is None else pool_vectors_file(cache_dir, encoder, token_ids, lengths)
     )
-    texts = pool["text"].tolist()
-    parts = []
-    started = time.perf_counter()
-    with torch_threads(settings.train.threads):
-        encoder = encoder.to(device).eval()
-        for lo in range(0, len(texts), MINING_CHUNK):
-            chunk = texts[lo : lo + MINING_CHUNK]
-            parts.append(encode_texts(encoder, vocab, chunk, max_len=max_len, device=device))
-            done = lo + len(chunk)
-            rate = done / max(time.perf_counter() - started, 1e-9)
+    if (
+        cached is not None
+        and cached.is_file()
+        and np.load(cached, mmap_mode="r").shape[0] == len(pool)
+    ):
+        log(f"mining hard negatives ({ranks}): vectors of {len(pool):,} questions from {cached}")
+        vectors = np.load(cached)
+    else:
+        log(
+            f"mining hard negatives: encoding {len(pool):,} training and unclustered "
+            f"questions with the encoder as it starts ({ranks})"
+        )
+
+        def report(done: int, total: int, rate: float) -> None:
             log(
-                f"mining: encoded {done:,} / {len(texts):,} questions ({rate:,.0f}/s, "
-                f"{(len(texts) - done) / rate:,.0f} s left)"
+                f"mining: encoded {done:,} / {total:,} questions ({rate:,.0f}/s, "
+                f"{(total - done) / rate:,.0f} s left)"
             )
-    vectors = np.concatenate(parts)
+
+        with torch_threads(settings.train.threads):
+            vectors = embed_with_progress(
+                encoder.to(device),
+                token_ids,
+                lengths,
+                chunk=MINING_CHUNK,
+                report=report,
+                device=device,
+            )
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_numpy_save(vectors, cached)
+            for stale in cached.parent.glob("pool-*.npy"):
+                if stale != cached:
+                    stale.unlink()
     # Only the pairs train.max_pairs keeps (train_encoder takes the same seeded subset);
     # the others get an empty text that no batch reads.
     chosen = select_training_pairs(len(train_pairs), settings.train.max_pairs, settings.seed)
@@ -438,6 +495,7 @@ def run_train(
             vocab,
             max_len=max_len,
             device=device,
+            cache_dir=paths.train_dir / "negatives",
             log=log,
         )
     arguments = dict(
@@ -458,6 +516,8 @@ def run_train(
         seed=settings.seed,
         on_epoch=on_epoch,
         progress=progress,
+        on_progress=None if progress else (lambda record: log(progress_line(record))),
+        progress_every_s=PROGRESS_EVERY_S,
         threads=train.threads,
         max_pairs=train.max_pairs,
         time_budget_s=train.time_budget_s,
