@@ -79,6 +79,19 @@ MINILM_FINE_TUNE = {
     # the validation questions): the epoch kept is the best by MRR, not by a saturated AUC.
     "monitor": "val_mrr",
 }
+MINILM_MINED = {**MINILM_FINE_TUNE, "hard_negatives": {"mine": True, "skip": 0, "window": 10}}
+MINILM_MINED_60K = {**MINILM_MINED, "time_budget_s": 3000, "max_pairs": 60_000}
+
+
+def minilm_fused(int8_queries: bool = False) -> dict[str, dict[str, Any]]:
+    """The other sections' overrides of a MiniLM row with BM25 fused in (unit vectors,
+    ONNX batches of 64), queries encoded in int8 or float32."""
+    index: dict[str, Any] = {"encode_batch_size": 64, "lexical": {"enabled": True}}
+    if int8_queries:
+        index["query_encoder"] = "int8"
+    return {"model": {"encoder": "transformer", "normalize": True}, "index": index}
+
+
 # name → (group, training overrides[, other sections' overrides]). Sweep rows get
 # --sweep-epochs epochs; "models" rows (other encoders and losses) their own budget.
 ROWS: dict[str, tuple] = {
@@ -171,79 +184,39 @@ ROWS: dict[str, tuple] = {
     "MiniLM fine-tuned, SDML + BM25 fusion": (
         "transformer-fusion",
         MINILM_FINE_TUNE,
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {"encode_batch_size": 64, "lexical": {"enabled": True}},
-        },
+        minilm_fused(),
     ),
     # The GPU sweep's winner on 2 cores: one mined negative per pair (ranks 1-10 of the
     # packaged model), the same 1,500 s budget; a pair then costs half as much again.
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion": (
         "transformer-fusion",
-        {**MINILM_FINE_TUNE, "hard_negatives": {"mine": True, "skip": 0, "window": 10}},
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {"encode_batch_size": 64, "lexical": {"enabled": True}},
-        },
+        MINILM_MINED,
+        minilm_fused(),
     ),
     # That model served with int8 queries (qpr.quantize): the transformer setting to use.
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": (
         "transformer-fusion",
-        {**MINILM_FINE_TUNE, "hard_negatives": {"mine": True, "skip": 0, "window": 10}},
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {
-                "encode_batch_size": 64,
-                "query_encoder": "int8",
-                "lexical": {"enabled": True},
-            },
-        },
+        MINILM_MINED,
+        minilm_fused(int8_queries=True),
     ),
     # The mined-negatives recipe with twice the budget and twice the pairs: one pass over
     # 60k of the 94k training pairs (about 50 minutes of training on 2 cores).
     "MiniLM fine-tuned, SDML, mined negatives, 60k pairs + BM25 fusion, int8 queries": (
         "transformer-fusion",
-        {
-            **MINILM_FINE_TUNE,
-            "time_budget_s": 3000,
-            "max_pairs": 60_000,
-            "hard_negatives": {"mine": True, "skip": 0, "window": 10},
-        },
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {
-                "encode_batch_size": 64,
-                "query_encoder": "int8",
-                "lexical": {"enabled": True},
-            },
-        },
+        MINILM_MINED_60K,
+        minilm_fused(int8_queries=True),
     ),
     # That model with float32 queries, beside its int8 row (the same index vectors).
     "MiniLM fine-tuned, SDML, mined negatives, 60k pairs + BM25 fusion": (
         "transformer-fusion",
-        {
-            **MINILM_FINE_TUNE,
-            "time_budget_s": 3000,
-            "max_pairs": 60_000,
-            "hard_negatives": {"mine": True, "skip": 0, "window": 10},
-        },
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {"encode_batch_size": 64, "lexical": {"enabled": True}},
-        },
+        MINILM_MINED_60K,
+        minilm_fused(),
     ),
     # The same model and index; queries encoded with int8 matrix products (qpr.quantize).
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": (
         "transformer-fusion",
         MINILM_FINE_TUNE,
-        {
-            "model": {"encoder": "transformer", "normalize": True},
-            "index": {
-                "encode_batch_size": 64,
-                "query_encoder": "int8",
-                "lexical": {"enabled": True},
-            },
-        },
+        minilm_fused(int8_queries=True),
     ),
 }
 TRAINED_AS = {

@@ -538,9 +538,9 @@ def _train_epoch(
     device: str | torch.device,
     bar: tqdm,
     epoch: int,
-    deadline: float | None = None,
-    on_progress: ProgressCallback | None = None,
-    progress_every_s: float = 60.0,
+    deadline: float | None,
+    on_progress: ProgressCallback | None,
+    progress_every_s: float,
 ) -> tuple[float, int, int]:
     """One pass over `batches`, or up to `deadline` (a time.perf_counter() value, checked
     before each batch but the first); returns (sum of loss × batch size, pairs seen,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from qpr.model import CNNEncoder
@@ -113,20 +112,23 @@ def test_train_stage_mines_negatives_for_the_pairs_it_keeps(
     assert not any(line.startswith("mining: encoded") for line in again)
 
 
-def test_pool_vectors_are_keyed_by_the_weights_and_the_token_ids(tmp_path: Path) -> None:
+def test_pool_vectors_are_keyed_by_the_weights_the_tokenizer_and_the_texts(
+    tmp_path: Path,
+) -> None:
     import torch
 
     from qpr.stages.train import pool_vectors_file
 
     torch.manual_seed(0)
     encoder = torch.nn.Embedding(10, 4)
-    ids = np.array([[1, 2, 0], [3, 4, 5]], dtype=np.int64)
-    lengths = np.array([2, 3], dtype=np.int64)
-    key = pool_vectors_file(tmp_path, encoder, ids, lengths)
+    texts = ["how do i learn python", "what is a monad"]
+    key = pool_vectors_file(tmp_path, encoder, "vocab-a", 16, texts)
     assert key.parent == tmp_path and key.name.startswith("pool-") and key.suffix == ".npy"
-    assert pool_vectors_file(tmp_path, encoder, ids.copy(), lengths.copy()) == key
-    assert pool_vectors_file(tmp_path, encoder, ids[::-1].copy(), lengths[::-1].copy()) != key
-    assert pool_vectors_file(tmp_path, encoder, ids, np.array([3, 3])) != key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-a", 16, list(texts)) == key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-a", 16, texts[::-1]) != key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-a", 16, [texts[0] + "?", texts[1]]) != key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-b", 16, texts) != key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-a", 32, texts) != key
     with torch.no_grad():
         encoder.weight[0, 0] += 1e-3
-    assert pool_vectors_file(tmp_path, encoder, ids, lengths) != key
+    assert pool_vectors_file(tmp_path, encoder, "vocab-a", 16, texts) != key

@@ -267,15 +267,19 @@ def negative_texts(
     return pool["text"].to_numpy()[rows].tolist()
 
 
-def pool_vectors_file(cache_dir: Path, encoder, token_ids: np.ndarray, lengths: np.ndarray) -> Path:
-    """Where the pool's vectors by this encoder are cached: keyed by the encoder's weights
-    and the pool's token ids (so by the texts, the tokenizer and max_len together)."""
+def pool_vectors_file(
+    cache_dir: Path, encoder, vocab_checksum: str, max_len: int, texts: list[str]
+) -> Path:
+    """Where the pool's vectors by this encoder are cached: keyed by the encoder's weights,
+    the tokenizer (its checksum), max_len and the texts in order. Nothing is tokenised to
+    find the file."""
+    from qpr.teacher import texts_digest
+
     h = hashlib.sha256()
     for name, tensor in encoder.state_dict().items():
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    h.update(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
-    h.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    h.update(f"\x1f{vocab_checksum}\x1f{max_len}\x1f{texts_digest(texts)}".encode())
     return cache_dir / f"pool-{h.hexdigest()[:20]}.npy"
 
 
@@ -309,17 +313,15 @@ def mined_negative_texts(
     mining = settings.train.hard_negatives
     pool = questions[questions["split"].isin(["train", "none"])].reset_index(drop=True)
     ranks = f"ranks {mining.skip + 1}-{mining.skip + mining.window}"
-    token_ids, lengths = vocab.encode_batch(pool["text"].tolist(), max_len=max_len)
+    texts = pool["text"].tolist()
     cached = (
-        None if cache_dir is None else pool_vectors_file(cache_dir, encoder, token_ids, lengths)
+        None
+        if cache_dir is None
+        else pool_vectors_file(cache_dir, encoder, vocab.checksum, max_len, texts)
     )
-    if (
-        cached is not None
-        and cached.is_file()
-        and np.load(cached, mmap_mode="r").shape[0] == len(pool)
-    ):
+    vectors = np.load(cached) if cached is not None and cached.is_file() else None
+    if vectors is not None and vectors.shape[0] == len(pool):
         log(f"mining hard negatives ({ranks}): vectors of {len(pool):,} questions from {cached}")
-        vectors = np.load(cached)
     else:
         log(
             f"mining hard negatives: encoding {len(pool):,} training and unclustered "
@@ -332,6 +334,7 @@ def mined_negative_texts(
                 f"{(total - done) / rate:,.0f} s left)"
             )
 
+        token_ids, lengths = vocab.encode_batch(texts, max_len=max_len)
         with torch_threads(settings.train.threads):
             vectors = embed_with_progress(
                 encoder.to(device),
