@@ -64,7 +64,7 @@ RUN apt-get update \
        ca-certificates=202* \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 qpr
-# NUMBA_CACHE_DIR: the compiled BM25 kernels (qpr.maxscore) are cached where the
+# NUMBA_CACHE_DIR: the compiled BM25 kernels (qpr.retrieval.maxscore) are cached where the
 # unprivileged user can write (the venv is root's).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -9,7 +9,7 @@ Why: a training batch is trimmed to its longest question, and among 1,024 questi
 `CNNEncoder` convolves the questions packed end to end instead (eager calls; an exported
 graph keeps the padded form), the same function with ~3x fewer columns.
 
-What is measured: `qpr.train.train_encoder` (what the train stage runs) for one epoch of SDML
+What is measured: `qpr.training.loop.train_encoder` (what the train stage runs) for one epoch of SDML
 (ε 0.3, N 512) on a seeded subset of Quora's training pairs, with the paper's CNN
 (embedding 300, window 5, 300 channels, output 300, max_len 40; vocabulary top 50k words +
 5k hash bins of the training questions), once with `CNNEncoder.packed` True and once False,
@@ -62,7 +62,7 @@ def one_epoch(
 ) -> dict[str, Any]:
     from qpr.model.cnn import CNNEncoder
     from qpr.model.losses import build_loss
-    from qpr.train import seed_everything, train_encoder
+    from qpr.training.loop import seed_everything, train_encoder
 
     seed_everything(seed)
     encoder = CNNEncoder(vocab.size, **ENCODER_KW)
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from qpr.data.splits import training_pairs_frame
     from qpr.text.vocab import Vocabulary
-    from qpr.train import ValidationSet, select_training_pairs
+    from qpr.training.loop import ValidationSet, select_training_pairs
 
     questions_path = args.cluster_dir / "questions.parquet"
     if not questions_path.is_file():

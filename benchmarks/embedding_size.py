@@ -8,7 +8,7 @@ Seed 001 fine-tunes a pretrained transformer with a linear layer on top and find
 small D costs little accuracy. Here, on 2 CPU cores:
 
 1. The packaged all-MiniLM-L6-v2 (`qpr.model.transformer.TransformerEncoder`, mean pooling,
-   L2-normalised, exported to ONNX by `qpr.export`) encodes every question of the Quora
+   L2-normalised, exported to ONNX by `qpr.model.onnx`) encodes every question of the Quora
    copy once (cached in the work directory; the slow part, ~10 min).
 2. For every D a linear projection 384 → D is trained with SDML (ε 0.3, N 512, Adam 1e-3,
    batches without two pairs of one cluster) on the Quora training pairs, the transformer
@@ -18,7 +18,7 @@ small D costs little accuracy. Here, on 2 CPU cores:
    cluster; relevant = the other questions of its cluster; the query itself excluded)
    are searched exactly (FAISS IndexFlatL2), so the figures measure the embedding, not an
    approximate index. Top-k accuracy (k = 1..5, a paraphrase among the first k) from the
-   ranks; P@1 / P@10 / MRR from trec_eval (`qpr.evaluate.trec_measures`).
+   ranks; P@1 / P@10 / MRR from trec_eval (`qpr.evaluation.trec.trec_measures`).
 4. Cost per D: the exact index's memory (N × D float32), single-question exact search
    p50 (1 thread), and the time for 10^9 pairwise squared distances (FAISS, 2 threads,
    blocks of 1,000 × N). The encoder's own cost does not depend on D (the projection is
@@ -74,7 +74,7 @@ def cluster_outputs(data: Path, work: Path):
     import pandas as pd
 
     from qpr.config import load_settings, settings_from_dict
-    from qpr.stages.cluster import run_cluster
+    from qpr.pipeline.cluster import run_cluster
 
     for folder in (SHARED_CLUSTERS, work / "cluster"):
         if (folder / "questions.parquet").is_file() and (folder / "pairs.parquet").is_file():
@@ -93,8 +93,9 @@ def cluster_outputs(data: Path, work: Path):
 
 def base_vectors(texts: list[str], work: Path, package: str) -> tuple[np.ndarray, dict]:
     """float32 [N, 384] of the packaged encoder (normalised), cached in `work`."""
-    from qpr.export import encode, export_onnx, load_session
+    from qpr.model.onnx import export_onnx
     from qpr.model.transformer import TransformerEncoder
+    from qpr.retrieval.encoders import encode, load_session
     from qpr.text.wordpiece import WordPieceTokenizer
 
     max_len = 64
@@ -160,7 +161,7 @@ def train_projection(
     import torch
 
     from qpr.model.losses import build_loss
-    from qpr.model.sampler import ClusterDisjointBatchSampler
+    from qpr.training.sampler import ClusterDisjointBatchSampler
 
     torch.manual_seed(SEED)
     projection = torch.nn.Linear(base.shape[1], dim)
@@ -199,8 +200,8 @@ def evaluate(vectors: np.ndarray, questions, query_set) -> dict[str, float]:
     """Exact search of the test queries; top-k accuracy k=1..5 and trec_eval measures."""
     import faiss
 
-    from qpr.evaluate import run_from_search, trec_measures
-    from qpr.index import search
+    from qpr.evaluation.trec import run_from_search, trec_measures
+    from qpr.retrieval.dense import search
 
     qids = questions["question_id"].to_numpy(np.int64)
     row_of = {int(q): i for i, q in enumerate(qids)}
@@ -361,7 +362,7 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    from qpr.stages.evaluate import query_set
+    from qpr.pipeline.evaluate import query_set
 
     questions, pairs = cluster_outputs(args.data, args.work)
     texts = questions["text"].tolist()

@@ -19,7 +19,7 @@ from typing import Any
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
 
-from qpr.evaluate import MEASURE_LABELS as SHOWN
+from qpr.evaluation.trec import MEASURE_LABELS as SHOWN
 
 STAGES = ("cluster", "train", "export", "index", "evaluate")
 

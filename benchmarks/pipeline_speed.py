@@ -10,14 +10,14 @@ What is measured (every figure is the median over `--repeats` runs, with min and
 1. Training: pairs/s of one training step of the paper's CNN encoder (e_dim 300, window 5,
    300 channels, n 300; vocabulary = top-50k words + 5k hash bins of the training
    questions) at batch N = 512, with SDML (ε 0.3) and with the triplet loss. The step is
-   the trainer's own `qpr.train._train_epoch` (fused Adam, both sides in one forward pass,
+   the trainer's own `qpr.training.loop._train_epoch` (fused Adam, both sides in one forward pass,
    loss, backward, step) on batches from `ClusterDisjointBatchSampler`, so this measures
    exactly what `train_encoder` runs, minus validation and checkpoints.
-2. Index encoding: questions/s of ONNX Runtime (`qpr.export.encode`, tokenisation
+2. Index encoding: questions/s of ONNX Runtime (`qpr.model.onnx.encode`, tokenisation
    included) at batch 1, 64, 256, 1024 with 1 and 2 intra-op threads, and of the torch
-   path (`qpr.train.encode_texts`) at batch 1024.
+   path (`qpr.training.loop.encode_texts`) at batch 1024.
 3. FAISS: build time of "IVF2000,Flat" (nlist lowered on small corpora by
-   `qpr.index.fit_factory`) with nprobe 16 for growing corpus sizes, and search time per
+   `qpr.retrieval.dense.fit_factory`) with nprobe 16 for growing corpus sizes, and search time per
    query, batched (evaluation) and one query per call (the service).
 
 Noise: the machine is shared, so configurations that are compared are interleaved inside
@@ -69,13 +69,14 @@ from tqdm import tqdm
 from qpr.data.clustering import components
 from qpr.data.loaders import clean_logs, read_logs, read_quora
 from qpr.data.synth import GENERIC_ANSWER_IDS, SynthSpec, write_logs
-from qpr.export import encode, export_onnx, load_session
-from qpr.index import MIN_POINTS_PER_CENTROID, build_index, fit_factory, search
 from qpr.model.cnn import CNNEncoder
 from qpr.model.losses import SDMLLoss, TripletLoss
-from qpr.model.sampler import ClusterDisjointBatchSampler
+from qpr.model.onnx import export_onnx
+from qpr.retrieval.dense import MIN_POINTS_PER_CENTROID, build_index, fit_factory, search
+from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
-from qpr.train import _EncodedPairs, _train_epoch, encode_texts, seed_everything
+from qpr.training.loop import _EncodedPairs, _train_epoch, encode_texts, seed_everything
+from qpr.training.sampler import ClusterDisjointBatchSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUORA = ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -500,7 +501,7 @@ def bench_training(
 
 def padding_factor(lengths: np.ndarray, batch: int) -> float:
     """Token positions computed / real tokens when `lengths` are encoded in batches of
-    `batch` after sorting by length, as qpr.export.encode does (1.0 = no padding)."""
+    `batch` after sorting by length, as qpr.model.onnx.encode does (1.0 = no padding)."""
     capped = np.sort(np.clip(lengths, 1, MAX_LEN))
     computed = sum(
         int(capped[i : i + batch].max()) * capped[i : i + batch].size
@@ -597,7 +598,7 @@ def bench_encoding(
                     cores=sw.cores,
                     threads=threads,
                     params={
-                        "path": "qpr.export.encode (tokenisation included)",
+                        "path": "qpr.model.onnx.encode (tokenisation included)",
                         "intra_op_threads": threads,
                         "batch_size": batch,
                         "questions": n,
@@ -614,7 +615,7 @@ def bench_encoding(
                 cores=sw.cores,
                 threads=threads,
                 params={
-                    "path": "qpr.train.encode_texts (tokenisation included)",
+                    "path": "qpr.training.loop.encode_texts (tokenisation included)",
                     "torch_threads": threads,
                     "batch_size": TORCH_BATCH,
                     "questions": n,
@@ -807,7 +808,7 @@ def render_markdown(report: dict[str, Any], results: Results, sizes: list[int]) 
         "One training step of the paper's CNN encoder (e_dim 300, window 5, 300 channels, "
         f"n 300; vocabulary {data['vocab_size']:,} ids = {data['vocab_words']:,} words of the "
         f"training questions + {HASH_BINS:,} hash bins; max_len {MAX_LEN}) at batch N = "
-        f"{BATCH_SIZE}: the trainer's own `qpr.train._train_epoch` (both sides in one forward "
+        f"{BATCH_SIZE}: the trainer's own `qpr.training.loop._train_epoch` (both sides in one forward "
         "pass, loss, backward, fused Adam step) on `ClusterDisjointBatchSampler` batches, "
         f"{plan['train_batches']} batches timed after {plan['warmup_batches']} warm-up, the "
         "same batches for both losses.",
@@ -893,7 +894,7 @@ def render_markdown(report: dict[str, Any], results: Results, sizes: list[int]) 
         "",
         "## 3. FAISS build and search",
         "",
-        f'`qpr.index.build_index(vectors, "{FACTORY}", nprobe={NPROBE})` on CPU (d = 300, L2) '
+        f'`qpr.retrieval.dense.build_index(vectors, "{FACTORY}", nprobe={NPROBE})` on CPU (d = 300, L2) '
         "over the vectors of the first N questions of a fixed shuffle of the index corpus. "
         f"nlist is lowered to N // {MIN_POINTS_PER_CENTROID} below "
         f"{MIN_POINTS_PER_CENTROID * 2000:,} vectors (`fit_factory`: FAISS wants "

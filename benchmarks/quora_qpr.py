@@ -193,7 +193,7 @@ ROWS: dict[str, tuple] = {
         MINILM_MINED,
         minilm_fused(),
     ),
-    # That model served with int8 queries (qpr.quantize): the transformer setting to use.
+    # That model served with int8 queries (qpr.model.quantize): the transformer setting to use.
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": (
         "transformer-fusion",
         MINILM_MINED,
@@ -212,7 +212,7 @@ ROWS: dict[str, tuple] = {
         MINILM_MINED_60K,
         minilm_fused(),
     ),
-    # The same model and index; queries encoded with int8 matrix products (qpr.quantize).
+    # The same model and index; queries encoded with int8 matrix products (qpr.model.quantize).
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": (
         "transformer-fusion",
         MINILM_FINE_TUNE,
@@ -307,8 +307,8 @@ def reindex_row(settings, row_dir: Path, done: dict, log: Callable[[str], None])
     """index → evaluate again with a trained row's own models (the index settings changed,
     the training did not): the row's training figures are kept."""
     from qpr.paths import ProjectPaths
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.index import run_index
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.pipeline.index import run_index
 
     paths = ProjectPaths(row_dir)
     index = run_index(settings, paths, log=log)
@@ -325,7 +325,7 @@ def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> Non
     train stage resumes after its last epoch, so nothing is trained twice. The training
     fingerprint in the checkpoint still has to match, or the stage trains from scratch.
     The other row's encoding of the index questions comes along: the index stage reuses it
-    when the exported encoder is the same file (qpr.stages.index), else encodes again."""
+    when the exported encoder is the same file (qpr.pipeline.index), else encodes again."""
     source = TRAINED_AS.get(name)
     if source is None:
         return
@@ -347,7 +347,7 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
 
     import faiss
 
-    from qpr.serve.bundle import Bundle
+    from qpr.retrieval.bundle import Bundle
 
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
@@ -389,10 +389,10 @@ def index_config(settings) -> dict[str, Any]:
 def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], None]) -> dict:
     """train → export → index → evaluate in `row_dir`, on the shared cluster outputs."""
     from qpr.paths import ProjectPaths
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.export import run_export
-    from qpr.stages.index import run_index
-    from qpr.stages.train import run_train
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
 
     paths = ProjectPaths(row_dir)
     paths.cluster_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -422,7 +422,7 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
 
 
 def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
-    from qpr.lexical import describe_bm25
+    from qpr.retrieval.bm25 import describe_bm25
 
     header = (
         "| row | P@1 | P@10 | MRR | nDCG@10 | val MRR | epochs (best) | train min | "
@@ -627,7 +627,7 @@ def main() -> None:
     environment.apply(REPO)
     import mlflow
 
-    from qpr.stages.cluster import run_cluster
+    from qpr.pipeline.cluster import run_cluster
 
     if not args.data.is_file():
         raise SystemExit(f"Quora file not found: {args.data}")

@@ -15,11 +15,11 @@ What it does (every number is measured on this machine, now):
    questions + 5k hash bins, max_len 40). Latency does not depend on the weights (same
    shapes, same operations); recall vs exact search does a little (the geometry of the
    vectors decides how well IVF lists separate them). The outputs say which was used.
-2. Index: `qpr.index.build_index` with params.yaml's `index.factory` (HNSW32,Flat, built
+2. Index: `qpr.retrieval.dense.build_index` with params.yaml's `index.factory` (HNSW32,Flat, built
    with `index.ef_construction`), swept over efSearch; recall@20 against exact (Flat)
    search on "new" questions (sampled questions with one word dropped, so they are not
    stored vectors); the chosen efSearch is the smallest with recall@20 >= 0.98
-   (cross-checked with `qpr.index.exact_recall_at_k`). For comparison the paper's
+   (cross-checked with `qpr.retrieval.dense.exact_recall_at_k`). For comparison the paper's
    "IVF2000,Flat" (nlist lowered by `fit_factory` when the corpus is too small) is built
    on the same vectors and swept over nprobe: recall and FAISS time only.
 3. In-process latency: `Bundle.search(question, k=10)` one question at a time (tokenise +
@@ -237,7 +237,7 @@ def subset(corpus: Corpus, n: int, rng: np.random.Generator) -> Corpus:
 
 def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, str]:
     """models/ when its bundle indexes Quora questions (= the pipeline ran on Quora)."""
-    from qpr.serve.bundle import QUESTIONS_FILE, Bundle, BundleError
+    from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle, BundleError
 
     try:
         Bundle.load(models)
@@ -260,8 +260,8 @@ def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, s
 def trained_fusion(models: Path) -> dict[str, Any] | None:
     """The BM25 fusion (α, candidates) the trained bundle's evaluate stage chose, if any,
     with its BM25's settings (stemmer, k1, b) under "bm25"."""
-    from qpr.lexical import BM25Index
-    from qpr.serve.bundle import BM25_FILE, THRESHOLD_FILE
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.bundle import BM25_FILE, THRESHOLD_FILE
 
     try:
         payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
@@ -275,7 +275,7 @@ def trained_fusion(models: Path) -> dict[str, Any] | None:
 
 def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
     """vocab.json + encoder.onnx in `out`; says which encoder it is."""
-    from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
+    from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
 
     trained, why = trained_quora_bundle(models, corpus.texts)
     if trained is not None:
@@ -285,8 +285,8 @@ def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
 
     import torch
 
-    from qpr.export import export_onnx
     from qpr.model.cnn import CNNEncoder
+    from qpr.model.onnx import export_onnx
     from qpr.text.vocab import Vocabulary
 
     started = time.perf_counter()
@@ -327,7 +327,7 @@ def perturbed(texts: list[str], n: int, rng: np.random.Generator) -> list[str]:
 
 
 def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
-    """Mean |approx ∩ exact| / k, the definition of qpr.index.exact_recall_at_k."""
+    """Mean |approx ∩ exact| / k, the definition of qpr.retrieval.dense.exact_recall_at_k."""
     k = exact.shape[1]
     hits = [
         len(set(a[a >= 0].tolist()) & set(e.tolist())) for a, e in zip(approx, exact, strict=True)
@@ -348,7 +348,7 @@ def pipeline_index_params() -> dict[str, Any]:
 
 
 def set_knob(index: faiss.Index, knob: str, value: int) -> None:
-    from qpr.index import set_ef_search, set_nprobe
+    from qpr.retrieval.dense import set_ef_search, set_nprobe
 
     done = set_nprobe(index, value) if knob == "nprobe" else set_ef_search(index, value)
     if not done:
@@ -367,7 +367,7 @@ def bench_index(
     refine_k_factor: float = 8.0,
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """Build `factory` on the vectors; recall@20 vs exact and FAISS time per knob value."""
-    from qpr.index import build_index, exact_recall_at_k, search
+    from qpr.retrieval.dense import build_index, exact_recall_at_k, search
 
     notes: list[str] = []
     faiss.omp_set_num_threads(2)  # building: both cores (HNSW inserts on one, see build_index)
@@ -460,11 +460,12 @@ def served_sweep(
     """Recall@20 of the served (fused) ranking against the same fusion over an exact dense
     search, per knob value: what a user of a fused bundle gets from the approximate index.
 
-    The fusion is the bundle's (`qpr.serve.bundle.Bundle._fused`): BM25's candidates and
+    The fusion is the bundle's (`qpr.retrieval.bundle.Bundle._fused`): BM25's candidates and
     the index's top max(k, dense_candidates), every candidate scored by its exact distance.
     """
-    from qpr.index import distances_to, recall_against, search
-    from qpr.lexical import candidate_union, fuse_union, lexical_search
+    from qpr.retrieval.bm25 import lexical_search
+    from qpr.retrieval.dense import distances_to, recall_against, search
+    from qpr.retrieval.fusion import candidate_union, fuse_union
 
     faiss.omp_set_num_threads(2)
     lexical_scores, lexical_rows = lexical_search(bm25, questions, int(fusion["candidates"]))
@@ -504,8 +505,8 @@ def write_bundle(
     out: Path, corpus: Corpus, index: faiss.Index, fusion: dict[str, Any] | None = None
 ) -> None:
     """The served bundle; with `fusion`, BM25 weights of the corpus and α beside it."""
-    from qpr.index import IdMap, save_index
-    from qpr.serve.bundle import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from qpr.retrieval.bundle import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from qpr.retrieval.dense import IdMap, save_index
 
     save_index(index, out / INDEX_FILE)
     IdMap(corpus.qids).save(out / IDS_FILE)
@@ -522,7 +523,7 @@ def write_bundle(
     payload = {"threshold": None, "target_precision": None, "metric": "l2", "fusion": served}
     (out / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
     if fusion is not None:
-        from qpr.lexical import BM25Index
+        from qpr.retrieval.bm25 import BM25Index
 
         settings = fusion.get("bm25", {})  # the trained bundle's words, k1 and b
         BM25Index.build(corpus.texts, **settings).save(out / BM25_FILE)
@@ -530,7 +531,7 @@ def write_bundle(
 
 def dense_twin(bundle_dir: Path, out: Path) -> Path:
     """The same bundle without BM25 (links to its files, fusion null): the dense path."""
-    from qpr.serve.bundle import IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from qpr.retrieval.bundle import IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
 
     (out / "index").mkdir(parents=True, exist_ok=True)
     for rel in (Path("vocab.json"), Path("encoder.onnx"), INDEX_FILE, IDS_FILE, QUESTIONS_FILE):
@@ -551,7 +552,7 @@ class InProcess:
     def __init__(
         self, bundle_dir: Path, knob: str, value: int, queries: list[str], plan: Plan
     ) -> None:
-        from qpr.serve.bundle import Bundle
+        from qpr.retrieval.bundle import Bundle
         from qpr.serve.settings import ServeSettings
 
         faiss.omp_set_num_threads(1)  # as the service sets it (QPR_SERVE_FAISS_THREADS)
@@ -597,17 +598,19 @@ class InProcess:
         fused bundle the dense search asks for its candidates (max(k, dense_candidates)),
         then BM25, then the fusion (the union of both sides scored exactly, and the
         distances of the kept hits), the way `Bundle.search` does it for one question."""
-        from qpr.export import INPUT_NAME, OUTPUT_NAME, load_session
-        from qpr.index import RowDistances, distances_to, load_index, search
-        from qpr.lexical import BM25Index, candidate_union, fuse, fuse_union_one
-        from qpr.serve.bundle import (
+        from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+        from qpr.retrieval.bm25 import BM25Index
+        from qpr.retrieval.bundle import (
             BM25_FILE,
             ENCODER_FILE,
             INDEX_FILE,
             QUERY_ENCODER_FILE,
             VOCAB_FILE,
         )
-        from qpr.serve.folded import fold_cnn
+        from qpr.retrieval.dense import RowDistances, distances_to, load_index, search
+        from qpr.retrieval.encoders import load_session
+        from qpr.retrieval.folded import fold_cnn
+        from qpr.retrieval.fusion import candidate_union, fuse, fuse_union_one
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
@@ -641,7 +644,7 @@ class InProcess:
                 assert session is not None
                 vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
-            # qpr.index.search, as the bundle calls it (a refine index's re-ranking budget)
+            # qpr.retrieval.dense.search, as the bundle calls it (a refine index's re-ranking budget)
             dist, rows = search(index, vec, dense_k)
             t3 = time.perf_counter()
             parts["tokenise"].append(t1 - t0)
@@ -1096,9 +1099,9 @@ def nlist_note(idx: dict[str, Any], n: int) -> str:
 def encoder_words(in_process: dict[str, Any]) -> str:
     """How the measured bundle encoded (runs written before the choice existed: ONNX)."""
     if in_process.get("encoder_kernel", "onnx") == "folded":
-        return "the CNN folded into lookup tables, `qpr.serve.folded`"
+        return "the CNN folded into lookup tables, `qpr.retrieval.folded`"
     if in_process.get("encoder_kernel") == "onnx-int8":
-        return "ONNX Runtime, the int8 query encoder (`qpr.quantize`)"
+        return "ONNX Runtime, the int8 query encoder (`qpr.model.quantize`)"
     return "ONNX Runtime"
 
 
@@ -1190,7 +1193,7 @@ def sweep_table(idx: dict[str, Any]) -> list[str]:
 def chosen_sentence(idx: dict[str, Any]) -> str:
     return (
         f"Chosen: **{idx['knob']} {idx['chosen']}**, the smallest with recall@20 >= "
-        f"{RECALL_TARGET} (`qpr.index.exact_recall_at_k` gives "
+        f"{RECALL_TARGET} (`qpr.retrieval.dense.exact_recall_at_k` gives "
         f"{idx['chosen_recall_exact_recall_at_k']:.4f} for it)."
         + ("" if idx["chosen_meets_target"] else f" No tested {idx['knob']} reached the target.")
         + served_sentence(idx)
@@ -1219,7 +1222,7 @@ def fusion_lines(chosen: dict[str, Any], bm25: dict[str, Any] | None = None) -> 
     fused = chosen["in_process"]
     words = ""
     if bm25:
-        from qpr.lexical import describe_bm25
+        from qpr.retrieval.bm25 import describe_bm25
 
         words = f"; {describe_bm25(bm25)} like the trained bundle's"
     f = chosen["fusion"]
@@ -1456,8 +1459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             corpus = subset(corpus, plan.corpus_limit, rng)
         say(corpus.description)
 
-        from qpr.export import encode, load_session
-        from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
+        from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
+        from qpr.retrieval.encoders import encode, load_session
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(bundle_dir / VOCAB_FILE)
@@ -1508,7 +1511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dim = int(vectors.shape[1])
         fusion = encoder.get("fusion")
         if fusion is not None and "dense_candidates" in fusion:
-            from qpr.lexical import BM25Index
+            from qpr.retrieval.bm25 import BM25Index
 
             say("served (fused) recall against the same fusion over an exact dense search")
             bm25 = BM25Index.build(corpus.texts, **fusion.get("bm25", {}))

@@ -4,7 +4,7 @@
     python benchmarks/train_device.py               # the CPU, and the GPU when there is one
     python benchmarks/train_device.py --pairs 40000 --out DIR
 
-What is measured: `qpr.train.train_encoder` itself (what the train stage runs with
+What is measured: `qpr.training.loop.train_encoder` itself (what the train stage runs with
 `train.device`) for two epochs of SDML (ε 0.3, batch N = 512) with the paper's CNN
 (embedding 300, window 5, 300 channels, output 300, max_len 40; vocabulary = top-50k words
 + 5k hash bins), once per device. The figure is the trainer's own pairs/s of each epoch
@@ -67,7 +67,7 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
     from qpr.model.cnn import CNNEncoder
     from qpr.model.losses import build_loss
     from qpr.text.vocab import Vocabulary
-    from qpr.train import ValidationSet, seed_everything, train_encoder
+    from qpr.training.loop import ValidationSet, seed_everything, train_encoder
 
     q1, q2, clusters = random_pairs(pairs, SEED)
     vocab = Vocabulary.build(q1 + q2, max_words=MAX_WORDS, hash_bins=HASH_BINS)
@@ -119,7 +119,7 @@ def render(report: dict[str, Any]) -> str:
         + (f", GPU: {report['gpu']}" if report["gpu"] else ", no GPU")
         + ".",
         "",
-        "`qpr.train.train_encoder` (what the train stage runs), SDML ε 0.3, batch 512, the "
+        "`qpr.training.loop.train_encoder` (what the train stage runs), SDML ε 0.3, batch 512, the "
         f"paper's CNN (embedding 300, window 5, 300 channels, output 300), "
         f"{report['pairs']:,} random question pairs per epoch (cost depends on shapes, not "
         "words). pairs/s is the trainer's own figure (batches only); epoch 1 on a GPU "

@@ -12,7 +12,7 @@ a 1,500 s budget instead.
 What it does: the cluster outputs of the Quora benchmark (`--cluster-dir`, default the
 work folder of `benchmarks/quora_qpr.py`: clusters = transitive closure of the duplicate
 pairs, split 80/10/10 by cluster) give the training pairs (all of them) and the val/test
-queries. For each `epochs:batch:lr` of `--configs`, `qpr.train.train_encoder` fine-tunes the
+queries. For each `epochs:batch:lr` of `--configs`, `qpr.training.loop.train_encoder` fine-tunes the
 packaged model (mean pooling, no projection, word pieces up to 64) with SDML (ε 0.3) from
 the same seed, keeping its best epoch by the trainer's validation MRR. Each model, and the
 model off the shelf, then ranks every distinct question of the file for every val and test
@@ -87,7 +87,7 @@ def measures(emb: np.ndarray, rows: np.ndarray, clusters: np.ndarray, device: st
 
 
 def embed(encoder, tokenizer, questions: pd.DataFrame, device: str) -> np.ndarray:
-    from qpr.train import encode_texts
+    from qpr.training.loop import encode_texts
 
     encoder = encoder.to(device).eval()
     return encode_texts(
@@ -161,7 +161,7 @@ def hard_negative_texts(
 ) -> list[str]:
     """One question per pair mined with the model off the shelf: training or unclustered
     questions only, never a validation or test one (the train stage's own mining)."""
-    from qpr.stages.train import negative_texts
+    from qpr.pipeline.train import negative_texts
 
     in_pool = questions["split"].isin(["train", "none"]).to_numpy()
     skip, window = settings["hard_negatives"]
@@ -186,7 +186,7 @@ def fine_tune(
 ) -> dict[str, Any]:
     from qpr.model.losses import build_loss
     from qpr.model.transformer import TransformerEncoder
-    from qpr.train import ValidationSet, seed_everything, train_encoder
+    from qpr.training.loop import ValidationSet, seed_everything, train_encoder
 
     settings = parse_config(config)
     val = questions.iloc[query_rows(questions, "val")]
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from qpr.data.splits import training_pairs_frame
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.train import resolve_device, seed_everything
+    from qpr.training.loop import resolve_device, seed_everything
 
     questions_path = args.cluster_dir / "questions.parquet"
     if not questions_path.is_file():

@@ -1,21 +1,21 @@
 """What the transformer encoder (model.encoder = transformer) costs on this machine.
 
 The packaged all-MiniLM-L6-v2 (pretrained, L2-normalised, no projection, max_len 64) is
-exported with `qpr.export.export_onnx` into a temporary folder, then timed with ONNX Runtime
+exported with `qpr.model.onnx.export_onnx` into a temporary folder, then timed with ONNX Runtime
 on real Quora questions, raw text in, vectors out (word-piece tokenisation included):
 
-1. bulk encoding, as the index stage does it (`qpr.export.encode`: length-sorted batches of
+1. bulk encoding, as the index stage does it (`qpr.model.onnx.encode`: length-sorted batches of
    64, and of 1,024 as index.encode_batch_size has it), with 2 and 1 intra-op threads:
    questions/s over a seeded sample of 2,000 distinct questions, median of --repeats runs;
 2. single-question latency, as the search service does it (one question per ONNX call,
    intra_op_num_threads = 1): p50 / p90 / p99 ms over 200 other questions after a warm-up,
    --repeats times, for the float32 encoder and the int8 query encoder the index stage
-   writes with index.query_encoder int8 (`qpr.quantize`), the two alternating; and how
+   writes with index.query_encoder int8 (`qpr.model.quantize`), the two alternating; and how
    close the int8 vectors of the 2,000 bulk questions are to the float32 ones (cosine);
 3. torch vs ONNX Runtime on 256 of the questions (max |difference|), the export gate's check;
 4. fine-tuning throughput in torch (2 threads): SDML (ε 0.3) steps on batches of 64
    duplicate pairs, both sides in one forward pass, backward, fused Adam (lr 3e-5), as
-   `qpr.train` runs them; pairs/s over --train-steps steps after one warm-up step.
+   `qpr.training.loop` runs them; pairs/s over --train-steps steps after one warm-up step.
 
 Only figures are written (docs/results/transformer_speed.{json,md} by default); no question
 text leaves the data file. The machine is described by benchmarks/machine_info.py, and the
@@ -111,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from qpr.export import encode, export_onnx, load_session
     from qpr.model import build_encoder
-    from qpr.quantize import quantize_query_encoder, row_cosines
+    from qpr.model.onnx import export_onnx
+    from qpr.model.quantize import quantize_query_encoder, row_cosines
+    from qpr.retrieval.encoders import encode, load_session
     from qpr.text.wordpiece import WordPieceTokenizer
 
     started = time.perf_counter()
@@ -304,7 +305,7 @@ def markdown(report: dict) -> str:
             for kind, row in lat.items()
         ),
         "",
-        f"int8: the query encoder `index.query_encoder: int8` writes (`qpr.quantize`: MatMul "
+        f"int8: the query encoder `index.query_encoder: int8` writes (`qpr.model.quantize`: MatMul "
         f"weights int8 per output channel, activations quantised per call; "
         f"{r['int8_onnx_mb']:.1f} MB, the word-piece embeddings stay float32). "
         f"float32 / int8 p50: {lat['float32']['p50'] / lat['int8']['p50']:.2f}x, the two "

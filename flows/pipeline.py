@@ -2,28 +2,38 @@
 register.
 
 Each stage is a subflow with its own MLflow run. `dvc repro` is the way to rerun only
-what changed; this flow reruns everything (what a scheduled retraining does)."""
+what changed; this flow reruns everything.
+
+    python -m flows.pipeline [--params params.yaml]
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from typing import Any
+
 from prefect import flow
 
-from flows.cluster import cluster_flow
-from flows.common import main
-from flows.evaluate import evaluate_flow
-from flows.export import export_flow
-from flows.index import index_flow
-from flows.register import register_flow
-from flows.train import train_flow
-
-STAGES = (cluster_flow, train_flow, export_flow, index_flow, evaluate_flow, register_flow)
+from flows.stage import EXPECTED_ERRORS, STAGES, stage_flow
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(params: str | None = None) -> dict:
+def pipeline_flow(params: str | None = None) -> dict[str, Any]:
     """Run every stage in order; a failing gate stops the line."""
-    return {stage.name: stage(params=params) for stage in STAGES}
+    return {name: stage_flow(name)(params=params) for name in STAGES}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__)
+    parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        pipeline_flow(params=args.params)
+    except EXPECTED_ERRORS as err:
+        print(f"\nERROR: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
-    main(pipeline_flow)
+    main()

@@ -8,7 +8,7 @@
 
 Why `dvc repro` and not the in-process pipeline flow: DVC decides what to rerun and pins
 the result (dvc.lock), so every retrained model is reproducible from a commit. Crash
-safety (journal, rollback, what SIGKILL does) is explained in qpr.retrain and in
+safety (journal, rollback, what SIGKILL does) is explained in qpr.ops.retraining and in
 docs/operations.md; this module wires it to Prefect, MLflow and the registry.
 
     python -m flows.retrain                 # one cycle now (what `qpr retrain` runs)
@@ -36,11 +36,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from flows.common import EXPECTED_ERRORS, settings_and_paths, write_metrics
-from qpr import registry
+from flows.stage import EXPECTED_ERRORS, settings_and_paths, write_metrics
 from qpr.config import Settings
 from qpr.data.versioning import pinned_md5
-from qpr.retrain import (
+from qpr.ops import registry
+from qpr.ops.retraining import (
     LOCK_FILE,
     IncomingFile,
     Journal,
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
             serve(args.params)
             return
         retrain_flow(params=args.params, recover_only=args.recover_only)
-    except (*EXPECTED_ERRORS, RetrainError, registry.RegistryError) as err:
+    except EXPECTED_ERRORS as err:
         print(f"\nERROR: {err}", file=sys.stderr)
         raise SystemExit(1) from None
 

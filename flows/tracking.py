@@ -4,6 +4,7 @@ the code (git commit), the data (DVC hash) and the stage that produced it."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -116,3 +117,86 @@ def log_artifacts(paths: Mapping[str, Path]) -> None:
             mlflow.log_artifacts(str(path), artifact_path=artifact_path)
         elif path.is_file():
             mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def find_evaluate_run(experiment: str, metrics: Mapping[str, Any]) -> mlflow.entities.Run | None:
+    """The finished evaluate run that logged these very metrics (newest first), if any.
+
+    Matching on the measures rather than taking the newest run keeps a stale or a
+    concurrent evaluate run from lending its commit and data hash to this model.
+    """
+    wanted = {
+        key: value
+        for key, value in (
+            ("success_1", metrics.get("success_1")),
+            ("recip_rank", metrics.get("recip_rank")),
+            ("val.success_1", (metrics.get("val") or {}).get("success_1")),
+        )
+        if isinstance(value, int | float)
+    }
+    try:
+        runs = mlflow.search_runs(
+            experiment_names=[experiment],
+            filter_string="tags.`qpr.stage` = 'evaluate' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=20,
+            output_format="list",
+        )
+    except mlflow.exceptions.MlflowException:
+        return None
+    for run in runs:
+        logged = run.data.metrics
+        if wanted and all(
+            key in logged and math.isclose(logged[key], value, rel_tol=0, abs_tol=1e-9)
+            for key, value in wanted.items()
+        ):
+            return run
+    return None
+
+
+def evaluate_provenance(experiment: str, metrics: Mapping[str, Any]) -> dict[str, str]:
+    """Registry tags from the evaluate run that produced `metrics`: its id, commit and data
+    hash (empty when no such run is found)."""
+    from qpr.ops import registry
+
+    evaluated = find_evaluate_run(experiment, metrics)
+    if evaluated is None:
+        return {}
+    run_tags = evaluated.data.tags
+    tags = {"qpr.evaluate_run_id": evaluated.info.run_id}
+    for source, target in (
+        ("mlflow.source.git.commit", registry.TAG_GIT_COMMIT),
+        ("qpr.data_hash", registry.TAG_DATA_HASH),
+    ):
+        if source in run_tags:
+            tags[target] = run_tags[source]
+    return tags
+
+
+def log_epoch(record: Mapping[str, Any]) -> None:
+    """One training epoch's figures as MLflow metrics at step = epoch; "epoch/..." keeps
+    the learning curves apart from the stage's final (best) metrics."""
+    step = int(record["epoch"])
+    mlflow.log_metrics(
+        {
+            f"epoch/{k}": float(v)
+            for k, v in record.items()
+            if k != "epoch" and isinstance(v, int | float)
+        },
+        step=step,
+    )
+
+
+def log_pytorch_model(encoder: Any) -> None:
+    """The trained encoder in MLflow's pytorch flavour (pickle format: no fixed shapes)."""
+    import importlib.metadata
+
+    import mlflow.pytorch
+
+    requirements = [f"torch=={importlib.metadata.version('torch').split('+')[0]}"]
+    if getattr(encoder, "name", None) == "transformer":
+        # The pickled BertModel needs transformers to unpickle; the weights travel with it.
+        requirements.append(f"transformers=={importlib.metadata.version('transformers')}")
+    mlflow.pytorch.log_model(
+        encoder, name="encoder", serialization_format="pickle", pip_requirements=requirements
+    )

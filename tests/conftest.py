@@ -53,11 +53,11 @@ def run_stages(settings, root: Path) -> dict:
     `root` (quietly); returns the evaluate stage's metrics."""
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.export import run_export
-    from qpr.stages.index import run_index
-    from qpr.stages.train import run_train
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
 
     quiet = lambda _: None  # noqa: E731
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))

@@ -55,18 +55,25 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _run_flow(module: str, flow_name: str, params: Path) -> dict:
+def _run_flow(module: str, *args: str) -> int:
+    """Run `python -m module args` (a Prefect flow of flows/) in the project's environment;
+    the library never imports flows/. Returns the exit code; the flow prints its errors."""
+    import subprocess
+    import sys
+
     environment.apply()
-    import importlib
+    return subprocess.run([sys.executable, "-m", module, *args], check=False).returncode
 
-    from flows.common import EXPECTED_ERRORS
 
-    flow = getattr(importlib.import_module(module), flow_name)
-    try:
-        return flow(params=str(params))
-    except EXPECTED_ERRORS as err:
-        _fail(str(err))
-    return {}
+def _run_stage(stage: str, params: Path) -> dict:
+    """Run one pipeline stage as its flow; its metrics, or exit 1 when it failed."""
+    from qpr.paths import ProjectPaths
+
+    if _run_flow("flows.stage", stage, "--params", str(params.resolve())) != 0:
+        raise typer.Exit(1)
+    paths = ProjectPaths(params.resolve().parent)
+    metrics = paths.root / "metrics.json" if stage == "evaluate" else paths.stage_metrics(stage)
+    return json.loads(metrics.read_text(encoding="utf-8"))
 
 
 @data_app.command("synth")
@@ -128,8 +135,8 @@ def data_check(
     """Validate QA logs with the raw-log gate and show what cleaning would drop, and why."""
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError, clean_logs, read_logs
+    from qpr.pipeline.cluster import gate_raw_logs
     from qpr.quality.gate import GateFailed
-    from qpr.stages.cluster import gate_raw_logs
 
     quality = load_settings(params).quality
     try:
@@ -186,7 +193,7 @@ def _registry(params: Path, name: str | None) -> tuple[Any, str]:
             name = load_settings(params).registry.name
         except SettingsError as err:
             _fail(str(err))
-    from qpr import registry
+    from qpr.ops import registry
 
     return registry, name
 
@@ -204,7 +211,7 @@ def _actor(actor: str | None) -> str:
 
 def _registry_call(call: Callable[[], Any]) -> Any:
     """Run a registry call; a RegistryError becomes one line on stderr and exit 1."""
-    from qpr.registry import RegistryError
+    from qpr.ops.registry import RegistryError
 
     try:
         return call()
@@ -305,7 +312,7 @@ def model_rollback(
 def cluster(params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 1: cluster questions (answers or duplicate pairs), filter incoherent clusters,
     split 80:10:10 by cluster, generate positive pairs. Gated; logged to MLflow."""
-    metrics = _run_flow("flows.cluster", "cluster_flow", params)
+    metrics = _run_stage("cluster", params)
     _print_metrics({"cluster": metrics})
 
 
@@ -314,21 +321,21 @@ def train(params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 2: build the vocabulary (top-V words + hashing trick) and train the CNN encoder
     with SDML (or triplet) loss; early stopping on validation ROC AUC, a checkpoint every
     epoch, resumes after a kill."""
-    _print_metrics({"train": _run_flow("flows.train", "train_flow", params)})
+    _print_metrics({"train": _run_stage("train", params)})
 
 
 @app.command("export")
 def export(params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 3: export the encoder to ONNX; gate on torch-vs-ONNX parity and padding
     invariance."""
-    _print_metrics({"export": _run_flow("flows.export", "export_flow", params)})
+    _print_metrics({"export": _run_stage("export", params)})
 
 
 @app.command("index")
 def index(params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 4: encode every known question with ONNX Runtime and build the FAISS index;
     gate on counts, finite vectors and self-retrieval."""
-    _print_metrics({"index": _run_flow("flows.index", "index_flow", params)})
+    _print_metrics({"index": _run_stage("index", params)})
 
 
 class DataFormat(StrEnum):
@@ -459,7 +466,7 @@ def evaluate(
         if given:
             verb = "is" if len(given) == 1 else "are"
             _fail(f"{', '.join(given)} {verb} for --data FILE only; the stage takes --params only")
-        metrics = _run_flow("flows.evaluate", "evaluate_flow", params)
+        metrics = _run_stage("evaluate", params)
         _print_results(metrics)
         return
     _evaluate_data(
@@ -492,14 +499,14 @@ def _evaluate_data(
     """`qpr evaluate --data`: the library call, its errors as one line, the table."""
     from qpr.config import SettingsError, load_settings
     from qpr.data.loaders import DataFormatError
-    from qpr.quality.gate import GateFailed
-    from qpr.serve.bundle import BundleError
-    from qpr.stages.evaluate_file import (
+    from qpr.evaluation.on_file import (
         MEASURE_LABELS,
         EvaluateFileError,
         evaluate_file,
         write_report,
     )
+    from qpr.quality.gate import GateFailed
+    from qpr.retrieval.bundle import BundleError
 
     if out is None:
         name = (data.stem if data.suffix else data.name) or "data"
@@ -571,18 +578,8 @@ def retrain(
     (dvc add), and `dvc repro` retrains; the register stage promotes the new model only if
     it is better. Safe to rerun: nothing new, nothing changes. Scheduled: `python -m
     flows.retrain --serve` or the prefect.yaml deployment (README)."""
-    environment.apply()
-    from flows.common import EXPECTED_ERRORS
-    from flows.retrain import retrain_flow
-    from qpr.registry import RegistryError
-    from qpr.retrain import RetrainError
-
-    try:
-        summary = retrain_flow(params=str(params.resolve()), recover_only=recover_only)
-    except (*EXPECTED_ERRORS, RetrainError, RegistryError) as err:
-        _fail(str(err))
-        return
-    if summary.get("outcome") == "failed":
+    args = ["--params", str(params.resolve())] + (["--recover-only"] if recover_only else [])
+    if _run_flow("flows.retrain", *args) != 0:
         raise typer.Exit(1)
 
 
@@ -604,7 +601,7 @@ def search(
     model's no-answer threshold."""
     from dataclasses import asdict
 
-    from qpr.serve.bundle import Bundle, BundleError
+    from qpr.retrieval.bundle import Bundle, BundleError
 
     try:
         bundle = Bundle.load(models_dir)
@@ -697,7 +694,7 @@ def serve(
 
 def _print_results(metrics: dict) -> None:
     """The evaluation table: the model against each baseline, test split."""
-    from qpr.evaluate import MEASURE_LABELS as shown
+    from qpr.evaluation.trec import MEASURE_LABELS as shown
 
     table = Table(
         title=f"test split, {metrics.get('num_queries', 0):,.0f} queries "
@@ -739,7 +736,7 @@ def _print_results(metrics: dict) -> None:
             )
         lexical = fusion.get("lexical")
         if lexical:
-            from qpr.lexical import describe_bm25
+            from qpr.retrieval.bm25 import describe_bm25
 
             console.print(
                 f"lexical = the bundle's BM25 alone ({describe_bm25(lexical)}); bm25 = plain "

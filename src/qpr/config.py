@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from qpr.errors import QPRError
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -94,7 +96,7 @@ class TeacherSettings(_Section):
 
 
 class HardNegativeSettings(_Section):
-    """train.hard_negatives: one mined negative per pair (qpr.negatives), sdml only."""
+    """train.hard_negatives: one mined negative per pair (qpr.training.negatives), sdml only."""
 
     mine: bool = False  # mine with the encoder as it starts (a pretrained one ranks well)
     skip: int = Field(0, ge=0)  # leave out the nearest `skip` (unlabelled paraphrases)
@@ -121,7 +123,7 @@ class TrainSettings(_Section):
     patience: int = Field(3, ge=1)
     monitor: Literal["val_auc", "val_mrr"] = "val_mrr"  # early stopping and the epoch kept
     threads: int = Field(2, ge=1)
-    # "auto": the GPU when torch sees one (qpr.train.resolve_device), else the CPU
+    # "auto": the GPU when torch sees one (qpr.training.loop.resolve_device), else the CPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
@@ -134,12 +136,12 @@ class ExportSettings(_Section):
 
 
 class LexicalSettings(_Section):
-    """BM25 beside the dense index, fused per query (qpr.lexical)."""
+    """BM25 beside the dense index, fused per query (qpr.retrieval.bm25)."""
 
     enabled: bool = True
     candidates: int = Field(100, ge=1)  # BM25's top candidates taken before fusion
     # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
-    # scored by its exact distance (qpr.lexical.candidate_union), so few are needed.
+    # scored by its exact distance (qpr.retrieval.bm25.candidate_union), so few are needed.
     dense_candidates: int = Field(20, ge=1)
     # Fused searches go as deep as the fewest IVF lists (HNSW candidates) whose served top k
     # (evaluate.k) keeps this share of an exact dense search's results, on validation.
@@ -153,7 +155,7 @@ class LexicalSettings(_Section):
     @field_validator("stemmer")
     @classmethod
     def _known_stemmer(cls, value: str | None) -> str | None:
-        from qpr.lexical import check_stemmer
+        from qpr.text.words import check_stemmer
 
         return check_stemmer(value)
 
@@ -167,7 +169,7 @@ class LexicalSettings(_Section):
 
 class IndexSettings(_Section):
     # PQ fast scan + exact re-ranking; "HNSW32,Flat", the paper's "IVF2000,Flat" (nlist
-    # shrinks on small corpora, PQ fits the dimension: qpr.index.fit_factory)
+    # shrinks on small corpora, PQ fits the dimension: qpr.retrieval.dense.fit_factory)
     factory: str = "IVF1024,PQ150x4fs,RFlat"
     nprobe: int = Field(384, ge=1)  # IVF: inverted lists visited per query
     ef_search: int = Field(256, ge=1)  # HNSW: candidates kept per query
@@ -178,7 +180,7 @@ class IndexSettings(_Section):
     threads: int = Field(2, ge=1)
     self_check_sample: int = Field(500, ge=1)
     self_check_min: float = Field(0.95, ge=0.0, le=1.0)
-    # "int8": queries encoded by the transformer with int8 weights (qpr.quantize), the
+    # "int8": queries encoded by the transformer with int8 weights (qpr.model.quantize), the
     # index keeping float32 vectors; gated on the cosine of the two encodings
     query_encoder: Literal["float32", "int8"] = "float32"
     query_cosine_floor: float = Field(0.98, ge=-1.0, le=1.0)  # the sample's 1st percentile
@@ -282,7 +284,7 @@ class Settings(_Section):
         return _flatten(self.model_dump(mode="json"))
 
 
-class SettingsError(ValueError):
+class SettingsError(QPRError, ValueError):
     """params.yaml (or an override) does not describe a valid configuration."""
 
 

@@ -1,4 +1,4 @@
-"""The library half of retraining (qpr.retrain): discovery, validation and quarantine,
+"""The library half of retraining (qpr.ops.retraining): discovery, validation and quarantine,
 merging without duplicates, and the journal that undoes a crashed run. No Prefect, no
 MLflow, no DVC: the registry and `dvc checkout` are stand-ins here (tests/flows has the
 real thing)."""
@@ -18,7 +18,7 @@ import pytest
 
 from qpr.config import QualitySettings
 from qpr.data.synth import write_day
-from qpr.retrain import (
+from qpr.ops.retraining import (
     IncomingFile,
     Journal,
     Ledger,
@@ -176,7 +176,7 @@ def test_ledger_and_lock(tmp_path: Path):
     with RetrainLock(tmp_path / "lock"):
         # A second holder in another process is refused (flock is per open file).
         code = (
-            "import sys; from qpr.retrain import RetrainLock, RetrainBusy\n"
+            "import sys; from qpr.ops.retraining import RetrainLock, RetrainBusy\n"
             "try:\n    RetrainLock(sys.argv[1]).__enter__()\n"
             "except RetrainBusy:\n    sys.exit(3)\n"
         )
@@ -307,7 +307,7 @@ def test_prefect_yaml_deploys_the_retrain_flow_on_the_params_schedule():
 
 
 def test_stale_dvc_lock_of_a_killed_repro_is_cleared(tmp_path: Path):
-    from qpr.retrain import clear_stale_dvc_lock
+    from qpr.ops.retraining import clear_stale_dvc_lock
 
     lock = tmp_path / ".dvc" / "tmp" / "rwlock"
     lock.parent.mkdir(parents=True)

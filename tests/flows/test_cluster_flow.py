@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_cluster_flow_writes_outputs_and_logs_an_mlflow_run(prefect_harness, tiny_params_file):
-    from flows.cluster import cluster_flow
+    from flows.stage import stage_flow
+
+    cluster_flow = stage_flow("cluster")
 
     root = tiny_params_file.parent
     metrics = cluster_flow(params=str(tiny_params_file))
@@ -39,7 +41,9 @@ def test_cluster_flow_writes_outputs_and_logs_an_mlflow_run(prefect_harness, tin
 
 
 def test_failing_gate_stops_the_flow_and_writes_nothing(prefect_harness, tiny_params_file):
-    from flows.cluster import cluster_flow
+    from flows.stage import stage_flow
+
+    cluster_flow = stage_flow("cluster")
     from qpr.quality.gate import GateFailed
 
     root = tiny_params_file.parent

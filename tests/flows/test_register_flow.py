@@ -25,13 +25,12 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from qpr import registry
 from qpr.cli import app
 from qpr.config import settings_from_dict
-from qpr.export import encode, export_onnx, load_session
-from qpr.index import IdMap, build_index, save_index
 from qpr.model import CNNEncoder
-from qpr.serve.bundle import (
+from qpr.model.onnx import export_onnx
+from qpr.ops import registry
+from qpr.retrieval.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -40,6 +39,8 @@ from qpr.serve.bundle import (
     VOCAB_FILE,
     Bundle,
 )
+from qpr.retrieval.dense import IdMap, build_index, save_index
+from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
 
 pytestmark = pytest.mark.slow
@@ -114,7 +115,9 @@ def _candidate(project: Path, variant: int, val_mrr: float) -> None:
 
 
 def _register(project: Path) -> dict:
-    from flows.register import register_flow
+    from flows.stage import stage_flow
+
+    register_flow = stage_flow("register")
 
     return register_flow(params=str(project / "params.yaml"))
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qpr import registry
 from qpr.config import settings_from_dict
 from qpr.data.synth import SynthSpec, write_day, write_logs
+from qpr.ops import registry
 from tests.conftest import REPO_ROOT, tiny_overrides
 
 pytestmark = pytest.mark.slow

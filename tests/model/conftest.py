@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from qpr.text.vocab import Vocabulary
-from qpr.train import ValidationSet
+from qpr.training.loop import ValidationSet
 
 VERBS = ("install", "reset", "update", "clean", "sell", "paint", "repair", "insure", "move", "rent")
 OBJECTS = ("printer", "garden", "bicycle", "laptop", "kitchen", "boat")

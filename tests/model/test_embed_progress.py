@@ -1,11 +1,11 @@
-"""qpr.train.embed_with_progress: chunked encoding gives the one-call vectors, and reports."""
+"""qpr.training.loop.embed_with_progress: chunked encoding gives the one-call vectors, and reports."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from qpr.train import embed_token_ids, embed_with_progress
+from qpr.training.loop import embed_token_ids, embed_with_progress
 
 
 class _MeanOfEmbeddings(torch.nn.Module):

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from qpr.cli import app
 from qpr.config import Settings, settings_from_dict
 from qpr.data.synth import write_day
-from qpr.serve.bundle import QUESTIONS_FILE, Bundle
-from qpr.stages.evaluate_file import EXACT_MAX_QUESTIONS, FileEvaluation, evaluate_file
+from qpr.evaluation.on_file import EXACT_MAX_QUESTIONS, FileEvaluation, evaluate_file
+from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle
 from qpr.text.normalize import normalize
 from tests.conftest import run_stages, tiny_overrides
 

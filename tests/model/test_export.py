@@ -11,16 +11,10 @@ import onnx
 import pytest
 import torch
 
-from qpr.export import (
-    embedding_dim,
-    encode,
-    export_onnx,
-    load_session,
-    padding_invariance_check,
-    parity_check,
-)
 from qpr.model import CNNEncoder
-from qpr.train import encode_texts
+from qpr.model.onnx import export_onnx, padding_invariance_check, parity_check
+from qpr.retrieval.encoders import embedding_dim, encode, load_session
+from qpr.training.loop import encode_texts
 
 VOCAB = 60
 
@@ -102,7 +96,7 @@ def test_session_threads_are_explicit(exported: tuple[CNNEncoder, Path]) -> None
 
 
 def test_service_path_does_not_import_torch() -> None:
-    code = "import sys, qpr.export, qpr.text.vocab; print('torch' in sys.modules)"
+    code = "import sys, qpr.retrieval.encoders, qpr.text.vocab; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -11,7 +11,7 @@ import pytest
 
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
-from qpr.train import TrainingStateError, seed_everything, train_encoder
+from qpr.training.loop import TrainingStateError, seed_everything, train_encoder
 
 
 def _train(data, out_dir: Path, negatives, *, loss=None, resume: bool = False):
@@ -73,8 +73,8 @@ def test_train_stage_mines_negatives_for_the_pairs_it_keeps(
     from qpr.config import settings_from_dict
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.train import run_train
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.train import run_train
     from tests.conftest import tiny_overrides
 
     settings = settings_from_dict(
@@ -90,7 +90,7 @@ def test_train_stage_mines_negatives_for_the_pairs_it_keeps(
         settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
     )
     # A progress line after every batch (once a minute in use).
-    monkeypatch.setattr("qpr.stages.train.PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr("qpr.pipeline.train.PROGRESS_EVERY_S", 0.0)
     lines: list[str] = []
     trained = run_train(settings, paths, progress=False, log=lines.append)
     assert any(line.startswith("mining hard negatives") and "ranks 2-6" in line for line in lines)
@@ -117,7 +117,7 @@ def test_pool_vectors_are_keyed_by_the_weights_the_tokenizer_and_the_texts(
 ) -> None:
     import torch
 
-    from qpr.stages.train import pool_vectors_file
+    from qpr.pipeline.train import pool_vectors_file
 
     torch.manual_seed(0)
     encoder = torch.nn.Embedding(10, 4)

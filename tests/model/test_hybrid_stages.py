@@ -24,10 +24,11 @@ def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
 
 
 def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
-    from qpr.export import encode, load_session
-    from qpr.index import IdMap, distances_to, load_index, search
-    from qpr.lexical import BM25Index, candidate_union, fuse, lexical_search
-    from qpr.serve.bundle import Bundle
+    from qpr.retrieval.bm25 import BM25Index, lexical_search
+    from qpr.retrieval.bundle import Bundle
+    from qpr.retrieval.dense import IdMap, distances_to, load_index, search
+    from qpr.retrieval.encoders import encode, load_session
+    from qpr.retrieval.fusion import candidate_union, fuse
     from qpr.text import load_tokenizer
 
     paths, metrics = _pipeline(tmp_path, enabled=True, candidates=30)
@@ -81,7 +82,7 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
 
 
 def test_without_lexical_the_dense_ranking_is_served(tmp_path: Path) -> None:
-    from qpr.serve.bundle import Bundle
+    from qpr.retrieval.bundle import Bundle
 
     paths, metrics = _pipeline(tmp_path, enabled=False)
     assert "fusion" not in metrics

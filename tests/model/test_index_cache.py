@@ -10,10 +10,11 @@ import numpy as np
 
 def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings) -> None:
     from qpr.paths import ProjectPaths
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.export import run_export
-    from qpr.stages.index import corpus_key, run_index
-    from qpr.stages.train import read_cluster_outputs, run_train
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.handoff import read_cluster_outputs
+    from qpr.pipeline.index import corpus_key, run_index
+    from qpr.pipeline.train import run_train
 
     quiet = lambda _: None  # noqa: E731
     paths = ProjectPaths(tmp_path)

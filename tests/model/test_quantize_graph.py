@@ -1,4 +1,4 @@
-"""qpr.quantize.quantize_query_encoder on small hand-built ONNX graphs: what it keeps, what
+"""qpr.model.quantize.quantize_query_encoder on small hand-built ONNX graphs: what it keeps, what
 it adds, what it refuses. (The transformer itself: tests/serve/test_transformer_bundle.py
 and tests/model/test_transformer_stages.py.)"""
 
@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qpr.export import load_session
-from qpr.quantize import QUANTIZED_FROM, file_sha256, quantize_query_encoder, row_cosines
+from qpr.model.quantize import QUANTIZED_FROM, file_sha256, quantize_query_encoder, row_cosines
+from qpr.retrieval.encoders import load_session
 
 
 def _graph(path: Path, *, with_matmul: bool) -> np.ndarray:

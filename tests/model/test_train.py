@@ -11,7 +11,7 @@ import torch
 
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
-from qpr.train import (
+from qpr.training.loop import (
     TrainingStateError,
     TrainResult,
     ValidationSet,
@@ -234,7 +234,7 @@ def test_atomic_save_keeps_the_old_file_when_interrupted(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("qpr.train.os.replace", crash)
+    monkeypatch.setattr("qpr.training.loop.os.replace", crash)
     with pytest.raises(KeyboardInterrupt):
         atomic_torch_save({"epoch": 2}, path)
     assert load_checkpoint(path) == {"epoch": 1}

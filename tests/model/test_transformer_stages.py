@@ -24,12 +24,12 @@ INDEX = {"factory": "Flat", "threads": 2, "encode_batch_size": 64}
 
 @pytest.mark.slow
 def test_stages_run_end_to_end_with_the_transformer(tmp_path: Path) -> None:
-    from qpr.serve.bundle import Bundle
-    from qpr.stages.cluster import run_cluster
-    from qpr.stages.evaluate import run_evaluate
-    from qpr.stages.export import run_export
-    from qpr.stages.index import run_index
-    from qpr.stages.train import run_train
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
+    from qpr.retrieval.bundle import Bundle
 
     settings = settings_from_dict(
         tiny_overrides(

@@ -21,8 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.serve.app import create_app
-from qpr.serve.bundle import (
+from qpr.retrieval.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -30,6 +29,7 @@ from qpr.serve.bundle import (
     THRESHOLD_FILE,
     VOCAB_FILE,
 )
+from qpr.serve.app import create_app
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import LocalSource
 
@@ -53,9 +53,10 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
     """models/ as the pipeline writes it (torch only here, to make the encoder)."""
     import torch
 
-    from qpr.export import encode, export_onnx, load_session
-    from qpr.index import IdMap, build_index, save_index
     from qpr.model import CNNEncoder
+    from qpr.model.onnx import export_onnx
+    from qpr.retrieval.dense import IdMap, build_index, save_index
+    from qpr.retrieval.encoders import encode, load_session
     from qpr.text.vocab import Vocabulary
 
     models.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from qpr.export import encode, export_onnx, load_session
-from qpr.index import IdMap, build_index, save_index
 from qpr.model import CNNEncoder
-from qpr.serve.bundle import (
+from qpr.model.onnx import export_onnx
+from qpr.retrieval.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -33,6 +32,8 @@ from qpr.serve.bundle import (
     Bundle,
     BundleError,
 )
+from qpr.retrieval.dense import IdMap, build_index, save_index
+from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
 
 VERBS = ("install", "reset", "update", "clean", "repair")
@@ -162,7 +163,7 @@ def test_a_fast_scan_index_is_searched_per_query(bundle: Bundle, copy_dir: Path)
     vectors = encode(load_session(copy_dir / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
     _write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
     fast = Bundle.load(copy_dir)
-    # FAISS does not store the kernel choice: the bundle sets it (qpr.index.use_per_query_scan)
+    # FAISS does not store the kernel choice: the bundle sets it (qpr.retrieval.dense.use_per_query_scan)
     assert faiss.downcast_index(faiss.extract_index_ivf(fast._index)).implem == 11
     # exact re-ranking of every row (one list, 50 questions): the Flat bundle's ranking
     for question in ("repair bicycle", UNSEEN, QUESTIONS[7]):
@@ -325,9 +326,9 @@ def test_wrong_types(bundle: Bundle) -> None:
 def test_query_path_never_imports_torch(bundle_dir: Path) -> None:
     script = (
         "import sys\n"
-        "import qpr.export, qpr.index\n"
-        "assert 'torch' not in sys.modules, 'qpr.export or qpr.index imports torch'\n"
-        "from qpr.serve.bundle import Bundle\n"
+        "import qpr.retrieval.encoders, qpr.retrieval.dense\n"
+        "assert 'torch' not in sys.modules, 'qpr.retrieval.encoders or qpr.retrieval.dense imports torch'\n"
+        "from qpr.retrieval.bundle import Bundle\n"
         f"b = Bundle.load({str(bundle_dir)!r})\n"
         f"r = b.search({QUESTIONS[0]!r}, k=3)\n"
         "assert r.hits[0].text == " + repr(QUESTIONS[0]) + "\n"
@@ -386,8 +387,8 @@ def _make_hybrid(
 ) -> None:
     """A fusion entry as the evaluate stage writes it (rescored: dense_candidates, nprobe)
     or, without them, as bundles written before candidates were scored exactly."""
-    from qpr.lexical import BM25Index
-    from qpr.serve.bundle import BM25_FILE
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.bundle import BM25_FILE
 
     BM25Index.build(QUESTIONS).save(models / BM25_FILE)  # index row order = QUESTIONS
     payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
@@ -396,7 +397,7 @@ def _make_hybrid(
 
 
 def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir: Path) -> None:
-    from qpr.lexical import BM25Index
+    from qpr.retrieval.bm25 import BM25Index
 
     question = "best way to clean my laptop"
     # α = 1 over BM25's 5 candidates and the index's max(k, 2): all ranked by exact distance
@@ -459,7 +460,7 @@ def test_fused_bundle_ranks_by_fused_score_with_true_distances(
 def test_fusion_weight_one_is_the_dense_ranking_and_zero_is_bm25(
     bundle: Bundle, copy_dir: Path
 ) -> None:
-    from qpr.lexical import BM25Index
+    from qpr.retrieval.bm25 import BM25Index
 
     question = "best way to clean my laptop"
     _make_hybrid(copy_dir, 1.0)
@@ -472,8 +473,8 @@ def test_fusion_weight_one_is_the_dense_ranking_and_zero_is_bm25(
 
 
 def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
-    from qpr.lexical import BM25Index
-    from qpr.serve.bundle import BM25_FILE
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.bundle import BM25_FILE
 
     _make_hybrid(copy_dir, 0.5)
     (copy_dir / BM25_FILE).unlink()

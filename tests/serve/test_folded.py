@@ -1,4 +1,4 @@
-"""The CNN folded into lookup tables (`qpr.serve.folded`) encodes as its ONNX model does."""
+"""The CNN folded into lookup tables (`qpr.retrieval.folded`) encodes as its ONNX model does."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from qpr.export import INPUT_NAME, OUTPUT_NAME, export_onnx, load_session
+from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
 from qpr.model import CNNEncoder
-from qpr.serve import bundle as bundle_module
-from qpr.serve.bundle import ENCODER_FILE, Bundle
-from qpr.serve.folded import FoldedCNN, fold_cnn
+from qpr.model.onnx import export_onnx
+from qpr.retrieval import bundle as bundle_module
+from qpr.retrieval.bundle import ENCODER_FILE, Bundle
+from qpr.retrieval.encoders import load_session
+from qpr.retrieval.folded import FoldedCNN, fold_cnn
 from tests.serve.test_app import QIDS, QUESTIONS, UNSEEN, build_bundle
 
 SEQUENCES = [[1], [2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [3, 0, 4], [7, 7, 7, 7]]
@@ -140,7 +142,7 @@ def test_a_folding_that_does_not_match_is_not_used(
         )
 
     monkeypatch.setattr(bundle_module, "fold_cnn", off_by_a_bit)
-    with caplog.at_level(logging.WARNING, logger="qpr.serve.bundle"):
+    with caplog.at_level(logging.WARNING, logger="qpr.retrieval.bundle"):
         bundle = Bundle.load(bundle_dir, fold_encoder=True)
     assert bundle.encoder_kernel == "onnx"
     assert "off the ONNX model" in caplog.text and str(bundle_dir / ENCODER_FILE) in caplog.text

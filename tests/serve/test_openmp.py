@@ -11,8 +11,8 @@ import faiss
 import pytest
 from fastapi.testclient import TestClient
 
+from qpr.retrieval.bundle import Bundle
 from qpr.serve.app import create_app
-from qpr.serve.bundle import Bundle
 from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.sources import LocalSource
 from tests.serve.test_app import QIDS, QUESTIONS, SETTINGS, build_bundle

@@ -23,8 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.serve.app import create_app
-from qpr.serve.bundle import (
+from qpr.retrieval.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -33,6 +32,7 @@ from qpr.serve.bundle import (
     VOCAB_FILE,
     Bundle,
 )
+from qpr.serve.app import create_app
 from qpr.serve.reload import (
     ERROR,
     MAX_ATTEMPTS,
@@ -83,9 +83,10 @@ def build_bundle(
     index of another width (refused by Bundle.load)."""
     import torch
 
-    from qpr.export import encode, export_onnx, load_session
-    from qpr.index import IdMap, build_index, save_index
     from qpr.model import CNNEncoder
+    from qpr.model.onnx import export_onnx
+    from qpr.retrieval.dense import IdMap, build_index, save_index
+    from qpr.retrieval.encoders import encode, load_session
     from qpr.text.vocab import Vocabulary
 
     models.mkdir(parents=True, exist_ok=True)

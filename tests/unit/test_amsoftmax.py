@@ -15,7 +15,7 @@ from qpr.model.losses import (
     build_loss,
     needs_labels,
 )
-from qpr.stages.train import build_training_loss
+from qpr.pipeline.train import build_training_loss
 
 
 def _loss(cls=AMSoftmaxLoss, *, num_classes: int = 2, dim: int = 2, **kwargs) -> AMSoftmaxLoss:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qpr.evaluate import (
+from qpr.evaluation.trec import (
     MEASURES,
     bm25_search,
     format_table,

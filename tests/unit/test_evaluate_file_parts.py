@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from qpr.data.splits import filter_clusters
-from qpr.stages.evaluate_file import (
+from qpr.evaluation.on_file import (
     EvaluateFileError,
     _parse_baselines,
     detect_format,

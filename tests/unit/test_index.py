@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from qpr.index import (
+from qpr.retrieval.dense import (
     IdMap,
     RowDistances,
     build_index,

@@ -9,18 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qpr.evaluate import bm25_search
-from qpr.lexical import (
-    BM25Index,
-    candidate_union,
-    describe_bm25,
-    fuse,
-    fuse_union,
-    fuse_union_one,
-    lexical_search,
-    tokenize,
-    values_at,
-)
+from qpr.evaluation.trec import bm25_search
+from qpr.retrieval.bm25 import BM25Index, describe_bm25, lexical_search
+from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
+from qpr.text.words import tokenize
 
 DOCS = ["reset router password", "router", "bake bread"]
 
@@ -171,8 +163,8 @@ def test_stemmed_scores_and_ranking_as_bm25s_with_a_pystemmer() -> None:
 
 
 def test_maxscore_prunes_long_lists_and_leaves_its_scratch_zeroed() -> None:
-    from qpr.lexical import _scratch
-    from qpr.maxscore import top_k
+    from qpr.retrieval.bm25 import _scratch
+    from qpr.retrieval.maxscore import top_k
 
     # "rare" in 3 documents, "common" in all 2,000: once the top 2 are known, no document
     # holding "common" alone can reach them, so that list is never read.
@@ -231,7 +223,7 @@ def test_searches_from_several_threads_agree() -> None:
         together = list(pool.map(lambda q: index.search(q, 5)[1].tolist(), queries))
     assert together == alone
     # each thread stems with its own PyStemmer object (one must not be shared)
-    from qpr.lexical import _stem_words
+    from qpr.text.words import _stem_words
 
     owners: list[object] = []
 

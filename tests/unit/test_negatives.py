@@ -1,11 +1,11 @@
-"""Hard-negative mining (qpr.negatives) on hand-placed points."""
+"""Hard-negative mining (qpr.training.negatives) on hand-placed points."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from qpr.negatives import mine_hard_negatives
+from qpr.training.negatives import mine_hard_negatives
 
 # Points on a line, x = row index: the nearest rows of row r are r ± 1, r ± 2, ...
 VECTORS = np.arange(8, dtype=np.float32).reshape(-1, 1)

@@ -1,8 +1,8 @@
-"""The train stage's in-epoch log line (qpr.stages.train.progress_line)."""
+"""The train stage's in-epoch log line (qpr.pipeline.train.progress_line)."""
 
 from __future__ import annotations
 
-from qpr.stages.train import progress_line
+from qpr.pipeline.train import progress_line
 
 
 def test_progress_line_with_and_without_a_budget() -> None:

@@ -1,13 +1,13 @@
-"""Pure helpers of the int8 query encoder (qpr.quantize) and the self-retrieval check with
-query vectors of their own (qpr.index)."""
+"""Pure helpers of the int8 query encoder (qpr.model.quantize) and the self-retrieval check with
+query vectors of their own (qpr.retrieval.dense)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from qpr.index import build_index, self_check_rows, self_retrieval_rate
-from qpr.quantize import row_cosines
+from qpr.model.quantize import row_cosines
+from qpr.retrieval.dense import build_index, self_check_rows, self_retrieval_rate
 
 
 def test_row_cosines_hand_computed() -> None:

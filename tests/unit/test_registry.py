@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qpr.registry import (
+from qpr.ops.registry import (
     BUNDLE_FILES,
     RegistryError,
     VersionInfo,

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from qpr.model.sampler import ClusterDisjointBatchSampler
+from qpr.training.sampler import ClusterDisjointBatchSampler
 
 
 def _clusters(seed: int = 0, n_clusters: int = 300, big: int = 40) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from qpr.index import build_index, ef_search_of, exact_twin, set_nprobe
-from qpr.stages.evaluate import choose_served_depth, hybrid_candidates
+from qpr.pipeline.evaluate import choose_served_depth, hybrid_candidates
+from qpr.retrieval.dense import build_index, ef_search_of, exact_twin, set_nprobe
 
 
 def _candidates(index, seed: int = 0):

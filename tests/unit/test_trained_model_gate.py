@@ -1,10 +1,10 @@
-"""The trained_model gate's checks (qpr.stages.train.trained_model_checks)."""
+"""The trained_model gate's checks (qpr.pipeline.train.trained_model_checks)."""
 
 import math
 
 import pytest
 
-from qpr.stages.train import PRETRAINED_SLACK, trained_model_checks
+from qpr.pipeline.train import PRETRAINED_SLACK, trained_model_checks
 
 UNTRAINED = {"val_auc": 1.0, "val_mrr": 0.9851}
 

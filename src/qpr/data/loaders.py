@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from qpr.errors import QPRError
+
 LOG_REQUIRED_COLUMNS: tuple[str, ...] = ("timestamp", "question", "answer_id")
 LOG_SUFFIXES: tuple[str, ...] = (".csv", ".jsonl", ".json", ".parquet")
 QUORA_COLUMNS: tuple[str, ...] = ("id", "qid1", "qid2", "question1", "question2", "is_duplicate")
@@ -26,7 +28,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACES = re.compile(r"\s+")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(QPRError, ValueError):
     """A whole input file cannot be used (as opposed to a bad row, which is dropped)."""
 
 

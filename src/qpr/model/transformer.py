@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qpr.pretrained import DEFAULT_PACKAGE, package_model_dir
+from qpr.text.pretrained import DEFAULT_PACKAGE, package_model_dir
 
 PAD_ID = 0  # BERT's [PAD]
 
@@ -55,7 +55,7 @@ class TransformerEncoder(nn.Module):
 
     Args:
         package: importable package whose model directory holds the pretrained BERT
-            (see `qpr.pretrained.package_model_dir`).
+            (see `qpr.text.pretrained.package_model_dir`).
         projection_dim: width D of a linear layer after the pooling (seed 001); None keeps
             the model's hidden size (384 for all-MiniLM-L6-v2).
         normalize: L2-normalise the output, as sentence-transformers' all-MiniLM-L6-v2 does.

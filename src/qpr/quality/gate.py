@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from qpr.errors import QPRError
+
 if TYPE_CHECKING:  # imported for type hints only: the real import is lazy (about 3-5 s)
     from great_expectations.data_context import AbstractDataContext
     from great_expectations.expectations import Expectation
@@ -51,7 +53,7 @@ _lock = threading.RLock()  # GX contexts are not thread-safe; Prefect may run ta
 _context: AbstractDataContext | None = None
 
 
-class GateFailed(RuntimeError):
+class GateFailed(QPRError, RuntimeError):
     """A gate's expectations failed: the batch must not flow downstream.
 
     Attributes:

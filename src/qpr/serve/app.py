@@ -51,7 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import qpr
-from qpr.serve.bundle import Bundle, SearchResult
+from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve.metrics import CONTENT_TYPE, Registry
 from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.reload import ModelHolder, Reloader, Served

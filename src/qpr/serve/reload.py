@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from qpr.serve.bundle import QUESTIONS_FILE, Bundle, BundleError
+from qpr.errors import QPRError
+from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle, BundleError
 from qpr.serve.sources import BundleSource, Candidate, SourceError
 
 __all__ = [
@@ -76,7 +77,7 @@ REFUSED = "refused"
 ERROR = "error"
 
 
-class ReloadRefused(RuntimeError):
+class ReloadRefused(QPRError, RuntimeError):
     """A loaded bundle failed the canary or dimension checks (the message says how)."""
 
 
@@ -96,7 +97,9 @@ class ModelInfo:
     threshold: float | None
     ef_search: int | None = None
     fusion: dict[str, float] | None = None  # BM25 fused in: dense weight α and candidates
-    encoder_kernel: str = "onnx"  # "folded" (qpr.serve.folded), "onnx-int8" (qpr.quantize)
+    encoder_kernel: str = (
+        "onnx"  # "folded" (qpr.retrieval.folded), "onnx-int8" (qpr.model.quantize)
+    )
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ variable                           default    meaning
 ``QPR_SERVE_THREADS``              1          ONNX Runtime intra-op threads per bundle
 ``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads per searching thread
 ``QPR_SERVE_FOLD_ENCODER``         true       encode with the CNN folded into lookup tables
-                                              (`qpr.serve.folded`; more memory, 8x faster)
+                                              (`qpr.retrieval.folded`; more memory, 8x faster)
 ``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
                                               chosen for fused searches (threshold.json),
                                               else the one stored in the index file
@@ -43,13 +43,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qpr.config import SettingsError
+
 __all__ = ["ENV_PREFIX", "ServeSettings", "SettingsError"]
 
 ENV_PREFIX = "QPR_SERVE_"
-
-
-class SettingsError(ValueError):
-    """An environment variable holds a value the service cannot use (the message names it)."""
 
 
 @dataclass(frozen=True)

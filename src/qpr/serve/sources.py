@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from qpr.serve.bundle import (
+from qpr.errors import QPRError
+from qpr.retrieval.bundle import (
     BM25_FILE,
     ENCODER_FILE,
     IDS_FILE,
@@ -58,7 +59,7 @@ log = logging.getLogger("qpr.serve")
 
 # Inside a registered model version's artifacts (the registry's contract).
 BUNDLE_SUBDIR = Path("artifacts") / "bundle"
-# Version tags the project's registry (qpr.registry) writes; optional here: a version
+# Version tags the project's registry (qpr.ops.registry) writes; optional here: a version
 # without them is served all the same, only without the integrity check / commit.
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"
 TAG_GIT_COMMIT = "qpr.git_commit"
@@ -75,7 +76,7 @@ _WATCHED = (
 )
 
 
-class SourceError(RuntimeError):
+class SourceError(QPRError, RuntimeError):
     """The source cannot say which model to serve right now (registry unreachable, alias
     not set yet). Transient: the reloader keeps the current model and asks again later."""
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from qpr.errors import QPRError
 from qpr.text.normalize import NORMALIZER_VERSION, tokenize
 
 PAD_ID = 0
@@ -35,7 +36,7 @@ FORMAT_VERSION = 1
 HASH_NAME = "crc32"
 
 
-class VocabularyError(ValueError):
+class VocabularyError(QPRError, ValueError):
     """A vocabulary file is missing, corrupt, or from an incompatible version."""
 
 

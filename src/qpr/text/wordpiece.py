@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from qpr.pretrained import package_model_dir
+from qpr.text.pretrained import package_model_dir
 from qpr.text.vocab import PAD_ID, VocabularyError, pad_sequences, write_text_atomic
 
 FORMAT = "qpr-wordpiece"
@@ -99,7 +99,7 @@ class WordPieceTokenizer:
     @classmethod
     def from_package(cls, package: str, *, max_len: int) -> WordPieceTokenizer:
         """The tokenizer shipped with a model package (see
-        `qpr.pretrained.package_model_dir`), no network."""
+        `qpr.text.pretrained.package_model_dir`), no network."""
         path = package_model_dir(package) / TOKENIZER_FILE
         try:
             tokenizer_json = json.loads(path.read_text(encoding="utf-8"))

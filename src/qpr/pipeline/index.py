@@ -2,12 +2,12 @@
 
 Writes models/index/{index.faiss, index.ids.npy, questions.parquet}: the index, the
 row → question_id map and the questions for display; with index.lexical.enabled also
-bm25.npz, the BM25 weights of the same rows (qpr.lexical), fused with the dense ranking.
+bm25.npz, the BM25 weights of the same rows (qpr.retrieval.bm25), fused with the dense ranking.
 Gate: one vector per question, all finite and non-zero, and sampled questions retrieve
 themselves first.
 
 With index.query_encoder int8 (a transformer) it also writes query_encoder.onnx: the
-encoder with int8 matrix products (qpr.quantize), which the evaluate stage and the service
+encoder with int8 matrix products (qpr.model.quantize), which the evaluate stage and the service
 encode queries with, against the float32 vectors here. Gated too: the sampled questions'
 int8 and float32 vectors at cosine >= index.query_cosine_floor for 99 % of them (one
 outlier among 2,000 packaged-MiniLM questions was at 0.9797, the 1st percentile 0.990),
@@ -34,8 +34,8 @@ import pandas as pd
 
 from qpr.config import Settings
 from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import MissingInputError, read_cluster_outputs
 from qpr.quality.checks import Check, require
-from qpr.stages.train import MissingInputError, read_cluster_outputs
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def encode_corpus(
     log: Callable[[str], None] = print,
 ) -> np.ndarray:
     """float32 [N, D] vectors, encoded in chunks so a person sees progress on large corpora."""
-    from qpr.export import encode
+    from qpr.retrieval.encoders import encode
 
     max_len = onnx_max_len(session)
     parts: list[np.ndarray] = []
@@ -123,8 +123,7 @@ def run_index(
     settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
 ) -> dict[str, float | int | str]:
     """The whole stage; the index directory is swapped in only after the gate passed."""
-    from qpr.export import load_session
-    from qpr.index import (
+    from qpr.retrieval.dense import (
         IdMap,
         build_index,
         ef_search_of,
@@ -133,6 +132,7 @@ def run_index(
         self_check_rows,
         self_retrieval_rate,
     )
+    from qpr.retrieval.encoders import load_session
 
     if not paths.encoder_onnx.is_file():
         raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
@@ -243,7 +243,7 @@ def run_index(
     )
     lexical_seconds = 0.0
     if cfg.lexical.enabled:
-        from qpr.lexical import BM25Index, describe_bm25
+        from qpr.retrieval.bm25 import BM25Index, describe_bm25
 
         started = time.perf_counter()
         bm25 = BM25Index.build(
@@ -300,12 +300,12 @@ def int8_query_encoder(
     batch_size: int,
     log: Callable[[str], None] = print,
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Quantise the encoder into `target` (qpr.quantize) and encode `texts` with it:
+    """Quantise the encoder into `target` (qpr.model.quantize) and encode `texts` with it:
     (their int8 vectors float32 [N, D], {"query_cosine_min", "_p1" (1st percentile),
     "_median" against `reference` (their float32 vectors), "query_encoder_bytes",
     "quantize_seconds"})."""
-    from qpr.export import load_session
-    from qpr.quantize import quantize_query_encoder, row_cosines
+    from qpr.model.quantize import quantize_query_encoder, row_cosines
+    from qpr.retrieval.encoders import load_session
 
     started = time.perf_counter()
     quantize_query_encoder(encoder_onnx, target)
@@ -338,7 +338,7 @@ def query_encoder_path(encoder_onnx: Path, index_dir: Path) -> Path:
 
 def load_index_bundle(index_dir: Path, *, nprobe: int, ef_search: int | None = None):
     """(faiss index, IdMap, questions frame) as the index stage wrote them."""
-    from qpr.index import IdMap, load_index
+    from qpr.retrieval.dense import IdMap, load_index
 
     index_path = index_dir / INDEX_FILE
     if not index_path.is_file():

@@ -16,8 +16,8 @@ import numpy as np
 
 from qpr.config import Settings
 from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import load_trained_encoder, read_cluster_outputs
 from qpr.quality.checks import Check, require
-from qpr.stages.train import load_trained_encoder, read_cluster_outputs
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def run_export(
     settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
 ) -> dict[str, float | int]:
     """The whole stage; raises GateFailed (and leaves no ONNX file) when parity fails."""
-    from qpr.export import export_onnx, padding_invariance_check, parity_check
+    from qpr.model.onnx import export_onnx, padding_invariance_check, parity_check
 
     encoder, max_len = load_trained_encoder(paths.encoder_checkpoint)
     vocab = load_tokenizer(paths.vocab)

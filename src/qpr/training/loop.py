@@ -28,12 +28,12 @@ num_classes = C = num_training_classes(cluster_ids, max_pairs=..., seed=...).
 Losses with a teacher prior (`needs_teacher`, TeacherPriorSDMLLoss) get each batch's
 teacher vectors: `teacher_vectors` = (float [P, T] for side 1, float [P, T] for side 2),
 row i belonging to pair i and swapped with it when the pair is flipped. They are computed
-before training (qpr.teacher) and enter the checkpoint fingerprint by digest.
+before training (qpr.training.teacher) and enter the checkpoint fingerprint by digest.
 
 Hard negatives (`hard_negatives`, one question per pair, for a loss with
 `takes_negatives`: SDML) are encoded with each batch and passed as forward(anchors,
 positives, negatives): extra columns of every anchor's softmax. They are mined before
-training (qpr.negatives) and enter the fingerprint by digest too.
+training (qpr.training.negatives) and enter the fingerprint by digest too.
 
 Two limits on the work done:
 
@@ -79,17 +79,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from qpr.errors import QPRError
 from qpr.model.factory import build_encoder
 from qpr.model.losses import needs_labels, needs_teacher
-from qpr.model.sampler import ClusterDisjointBatchSampler
 from qpr.text.vocab import Vocabulary
+from qpr.training.sampler import ClusterDisjointBatchSampler
 
 CHECKPOINT_VERSION = 1
 EpochCallback = Callable[[dict[str, Any]], None]
 ProgressCallback = Callable[[dict[str, Any]], None]
 
 
-class TrainingStateError(RuntimeError):
+class TrainingStateError(QPRError, RuntimeError):
     """last.pt belongs to a run with different settings; refuse to mix the two."""
 
 
@@ -714,7 +715,7 @@ def train_encoder(
     cluster labels and must have num_classes = num_training_classes(cluster_ids,
     max_pairs=max_pairs, seed=seed).
     hard_negatives: one question per pair, of another cluster but close to the pair (e.g.
-    qpr.negatives.mine_hard_negatives); each batch's are extra negatives for every anchor
+    qpr.training.negatives.mine_hard_negatives); each batch's are extra negatives for every anchor
     (a loss with `takes_negatives`, SDML).
     Seed before building the encoder (seed_everything) for reproducible initial weights.
     """

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 import pytrec_eval
 
-from qpr.index import drop_excluded
-from qpr.lexical import tokenize
+from qpr.retrieval.dense import drop_excluded
+from qpr.text.words import tokenize
 
 __all__ = [
     "MEASURES",

@@ -54,7 +54,7 @@ def teacher_vectors(
     this package and max_len, else write it there (atomically)."""
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.train import atomic_numpy_save, embed_with_progress, torch_threads
+    from qpr.training.loop import atomic_numpy_save, embed_with_progress, torch_threads
 
     if len(texts) == 0:
         raise ValueError("teacher_vectors needs at least one text")

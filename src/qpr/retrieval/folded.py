@@ -181,7 +181,7 @@ class FoldedCNN:
 
 
 def fold_cnn(onnx_path: str | Path) -> FoldedCNN | None:
-    """The folded encoder of a CNN exported by `qpr.export.export_onnx`; None for a graph
+    """The folded encoder of a CNN exported by `qpr.model.onnx.export_onnx`; None for a graph
     that is not one (a transformer, or operators this folding does not know)."""
     model = onnx.load(str(onnx_path))
     metadata = {p.key: p.value for p in model.metadata_props}

@@ -7,16 +7,16 @@ A bundle is the ``models/`` directory the pipeline writes:
                            `qpr.text.vocab.Vocabulary` (CNN) or a
                            `qpr.text.wordpiece.WordPieceTokenizer` (transformer)
 ``encoder.onnx``           the encoder; metadata_props ``vocab_sha256`` and ``max_len``
-``index/index.faiss``      FAISS index, L2 metric (`qpr.index.save_index`)
-``index/index.ids.npy``    row → question id (`qpr.index.IdMap`)
+``index/index.faiss``      FAISS index, L2 metric (`qpr.retrieval.dense.save_index`)
+``index/index.ids.npy``    row → question id (`qpr.retrieval.dense.IdMap`)
 ``index/questions.parquet``  question_id, text, cluster_id of every indexed question
 ``threshold.json``         choices made on the validation split: the "no answer" distance
                            threshold (null = none chosen) and ``fusion`` (null = dense
                            ranking alone, else the dense weight α and the candidates)
-``index/bm25.npz``         BM25 weights of the index rows (`qpr.lexical.BM25Index`);
+``index/bm25.npz``         BM25 weights of the index rows (`qpr.retrieval.bm25.BM25Index`);
                            present, and required, when threshold.json has a fusion
 ``index/query_encoder.onnx``  optional (index.query_encoder int8): the encoder with int8
-                           matrix products (`qpr.quantize`); queries go through it, against
+                           matrix products (`qpr.model.quantize`); queries go through it, against
                            the float32 vectors ``encoder.onnx`` gave the index
 =========================  ===============================================================
 
@@ -26,10 +26,10 @@ another encoder width, an id map or question table of another index. Such a mix 
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
 Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call (or,
-loaded with ``fold_encoder``, the CNN's lookup tables, `qpr.serve.folded`) → one FAISS
+loaded with ``fold_encoder``, the CNN's lookup tables, `qpr.retrieval.folded`) → one FAISS
 search; with fusion also BM25 over the question's words (on a worker thread, started before
 the encoder runs, so it overlaps encoding and the FAISS search on a second core), the two
-candidate lists fused (`qpr.lexical.fuse`) and the distances of the kept rows computed from
+candidate lists fused (`qpr.retrieval.bm25.fuse`) and the distances of the kept rows computed from
 the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
 bundle) tokenizers; torch and transformers are never imported (a service image need not
 ship them, and importing torch costs seconds and ~0.5 GB).
@@ -61,8 +61,10 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from qpr.export import INPUT_NAME, OUTPUT_NAME, embedding_dim, load_session
-from qpr.index import (
+from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+from qpr.errors import QPRError
+from qpr.retrieval.bm25 import BM25Index, lexical_search
+from qpr.retrieval.dense import (
     IdMap,
     RowDistances,
     distances_to,
@@ -70,16 +72,9 @@ from qpr.index import (
     load_index,
     search,
 )
-from qpr.lexical import (
-    BM25Index,
-    candidate_union,
-    fuse,
-    fuse_union,
-    fuse_union_one,
-    lexical_search,
-    values_at,
-)
-from qpr.serve.folded import FoldedCNN, fold_cnn
+from qpr.retrieval.encoders import embedding_dim, load_session
+from qpr.retrieval.folded import FoldedCNN, fold_cnn
+from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -118,7 +113,7 @@ _ENCODE_CHUNK = 256
 log = logging.getLogger(__name__)
 
 
-class BundleError(RuntimeError):
+class BundleError(QPRError, RuntimeError):
     """A models directory is incomplete or its files do not belong together."""
 
 
@@ -130,7 +125,7 @@ class Hit:
         >= 0, smaller = closer; the unit of the "no answer" threshold.
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
-        per-query min-max scaling, in [0, 1] (qpr.lexical.fuse); the distance then need
+        per-query min-max scaling, in [0, 1] (qpr.retrieval.bm25.fuse); the distance then need
         not grow with the rank. Neither is a calibrated probability.
     """
 
@@ -215,7 +210,7 @@ class Bundle:
         ef_search: candidates kept per query for an HNSW index; None keeps the value
             stored in the index file. Ignored for other indexes.
         fold_encoder: encode with the CNN's embedding folded into its convolution
-            (`qpr.serve.folded`: 8x less time a question, w·V·C float32 more memory,
+            (`qpr.retrieval.folded`: 8x less time a question, w·V·C float32 more memory,
             0.7-1.0 s more to load for Quora's vocabulary), once the folded tables reproduced
             the ONNX model on probe questions. Other encoders, or a mismatch (logged),
             keep ONNX Runtime; `encoder_kernel` says which one encodes.
@@ -410,8 +405,8 @@ class Bundle:
 
     @property
     def encoder_kernel(self) -> str:
-        """ "folded" (the CNN's lookup tables, `qpr.serve.folded`), "onnx-int8" (ONNX
-        Runtime, the int8 query encoder, `qpr.quantize`) or "onnx" (ONNX Runtime)."""
+        """ "folded" (the CNN's lookup tables, `qpr.retrieval.folded`), "onnx-int8" (ONNX
+        Runtime, the int8 query encoder, `qpr.model.quantize`) or "onnx" (ONNX Runtime)."""
         if self._folded is not None:
             return "folded"
         return "onnx-int8" if self._int8_queries else "onnx"
@@ -615,7 +610,7 @@ def _query_encoder(
 ) -> tuple[ort.InferenceSession, dict[str, str], int]:
     """`_open_encoder` for the int8 query encoder, once its metadata shows it was quantised
     from `encoder_path` (whose sha256 is given): then it carries that file's metadata."""
-    from qpr.quantize import QUANTIZED_FROM
+    from qpr.model.quantize import QUANTIZED_FROM
 
     session, metadata, dim = _open_encoder(path, threads, "query encoder")
     if metadata.get(QUANTIZED_FROM) != encoder_sha256:

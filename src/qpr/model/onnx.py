@@ -1,4 +1,4 @@
-"""Encoder → ONNX, the checks that gate it, and the ONNX Runtime encoding path.
+"""Encoder → ONNX and the checks that gate it.
 
 The exported graph takes "token_ids" int64 [batch, length] (0 = padding) and returns
 "embeddings" float32 [batch, D]; batch and length are dynamic.
@@ -11,8 +11,8 @@ dynamo=True the opset is raised to 18. It is there for encoders TorchScript cann
 The transformer encoder (a 6-layer BERT) exports with the legacy exporter as well, with
 both axes dynamic; its parity with torch is ~1e-7 too.
 
-load_session / encode are the index and service path: they need numpy and onnxruntime
-only (torch is imported lazily by the export and parity functions).
+The ONNX Runtime path the index and the service use is `qpr.retrieval.encoders`; the
+checks here compare it with torch.
 """
 
 from __future__ import annotations
@@ -20,23 +20,18 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
-from qpr.text.vocab import pad_sequences
+from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+from qpr.retrieval.encoders import load_session, run_session
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from qpr.text.vocab import Vocabulary
-    from qpr.text.wordpiece import WordPieceTokenizer
-
-INPUT_NAME = "token_ids"
-OUTPUT_NAME = "embeddings"
 
 
 def export_onnx(
@@ -122,69 +117,6 @@ def export_onnx(
     return path
 
 
-def load_session(
-    path: str | os.PathLike[str], threads: int = 1, *, providers: Sequence[str] | None = None
-) -> ort.InferenceSession:
-    """An ONNX Runtime session with explicit threads.
-
-    One intra-op thread is the right default for single-question queries (2-core box:
-    p99 0.5 ms vs 8.4 ms with ORT's default pool); raise it for bulk index encoding.
-    """
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(
-        str(path), sess_options=options, providers=list(providers or ["CPUExecutionProvider"])
-    )
-
-
-def _run(session: ort.InferenceSession, token_ids: np.ndarray) -> np.ndarray:
-    ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    return session.run([OUTPUT_NAME], {INPUT_NAME: ids})[0]
-
-
-def embedding_dim(session: ort.InferenceSession) -> int:
-    """D of the "embeddings" output (static: the projection's width)."""
-    dim = session.get_outputs()[0].shape[1]
-    if not isinstance(dim, int):
-        # A symbolic dim: ask the model with one padding-only row.
-        return int(_run(session, np.zeros((1, 1), dtype=np.int64)).shape[1])
-    return dim
-
-
-def encode(
-    session: ort.InferenceSession,
-    vocab: Vocabulary | WordPieceTokenizer,
-    texts: Sequence[str],
-    *,
-    batch_size: int = 256,
-    max_len: int = 64,
-) -> np.ndarray:
-    """float32 [N, D] vectors of `texts`, in input order.
-
-    max_len must be the one the encoder was trained and evaluated with (best.pt stores it):
-    longer questions are truncated to it, so another value gives other vectors for them.
-
-    Batches are formed after sorting by token count so each is padded only to its own
-    longest question (the encoder is padding-invariant, so this changes speed, not values).
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sequences = [vocab.encode(t) for t in texts]
-    out = np.empty((len(sequences), embedding_dim(session)), dtype=np.float32)
-    if not sequences:
-        return out
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    order = np.argsort(lengths, kind="stable")
-    for start in range(0, order.shape[0], batch_size):
-        idx = order[start : start + batch_size]
-        token_ids, _ = pad_sequences([sequences[i] for i in idx], max_len=max_len)
-        out[idx] = _run(session, token_ids)
-    return out
-
-
 def parity_check(
     encoder: nn.Module,
     onnx_path: str | os.PathLike[str],
@@ -210,7 +142,7 @@ def parity_check(
             for token_ids in token_batches:
                 ids = np.ascontiguousarray(token_ids, dtype=np.int64)
                 expected = encoder(torch.from_numpy(ids).to(device)).float().cpu().numpy()
-                got = _run(session, ids)
+                got = run_session(session, ids)
                 diff = np.abs(expected.astype(np.float64) - got.astype(np.float64))
                 scale = np.maximum(np.abs(expected).astype(np.float64), 1e-6)
                 max_abs = max(max_abs, float(diff.max(initial=0.0)))
@@ -243,5 +175,5 @@ def padding_invariance_check(
     )
     ids = np.ascontiguousarray(token_ids, dtype=np.int64)
     padded = np.pad(ids, ((0, 0), (0, extra)))
-    diff = np.abs(_run(session, ids).astype(np.float64) - _run(session, padded))
+    diff = np.abs(run_session(session, ids).astype(np.float64) - run_session(session, padded))
     return float(diff.max(initial=0.0))

@@ -45,6 +45,7 @@ import pandas as pd
 
 from qpr.config import QualitySettings
 from qpr.data.loaders import LOG_SUFFIXES, DataFormatError, parse_timestamps, read_log_file
+from qpr.errors import QPRError
 
 JOURNAL_VERSION = 1
 PHASES = ("begun", "repro", "committed")
@@ -57,7 +58,7 @@ SNAPSHOT_DIR = "snapshot"
 _IN_PROGRESS_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload")
 
 
-class RetrainError(RuntimeError):
+class RetrainError(QPRError, RuntimeError):
     """A retraining run cannot go on; the message says why and what to do."""
 
 
@@ -321,8 +322,8 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
     A file that is not a log at all (unknown type, missing columns, unparseable) fails
     too, with the loader's message as its report. Reports go to `report_dir`.
     """
+    from qpr.pipeline.cluster import gate_raw_logs
     from qpr.quality.gate import GateFailed
-    from qpr.stages.cluster import gate_raw_logs
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)

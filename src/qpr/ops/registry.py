@@ -2,7 +2,7 @@
 
 Why one registered model holds the *whole* bundle: the encoder, its vocabulary, the FAISS
 index, the id map, the question table and the "no answer" threshold only make sense
-together (`qpr.serve.bundle.Bundle` refuses mixed files). A version is therefore one MLflow
+together (`qpr.retrieval.bundle.Bundle` refuses mixed files). A version is therefore one MLflow
 pyfunc whose artifacts hold all six files plus the evaluate stage's ``metrics.json``;
 ``mlflow.pyfunc.load_model("models:/qpr@champion")`` gives a searchable model, and
 `download_bundle` gives the plain files to anything that loads them with `Bundle.load`
@@ -55,7 +55,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
-from qpr.serve.bundle import (
+from qpr.errors import QPRError
+from qpr.retrieval.bundle import (
     BM25_FILE,
     ENCODER_FILE,
     IDS_FILE,
@@ -140,11 +141,11 @@ _RUNTIME_PACKAGES = (
     "faiss-cpu",
     "tokenizers",
     "PyStemmer",  # a fused bundle's BM25 stems the questions
-    "numba",  # and scores them with compiled kernels (qpr.maxscore)
+    "numba",  # and scores them with compiled kernels (qpr.retrieval.maxscore)
 )
 
 
-class RegistryError(RuntimeError):
+class RegistryError(QPRError, RuntimeError):
     """A registry operation cannot be done; the message says why and what to do."""
 
 
@@ -242,6 +243,39 @@ def decide_promotion(
     return False, (
         f"challenger {challenger:.4f} is not better than champion {champion:.4f}: champion kept"
     )
+
+
+def judge(
+    challenger: VersionInfo,
+    value: float,
+    champion: VersionInfo | None,
+    *,
+    metric: str,
+    margin: float,
+    floor: float,
+) -> tuple[bool, str]:
+    """Should this registered version, measured `value`, become champion? (promote, the
+    reason in words).
+
+    decide_promotion's rule, after the cases it cannot see: the version is already the
+    champion, it was rolled back by a person, or the champion has no measure to compare.
+    """
+    if champion is not None and champion.version == challenger.version:
+        return False, f"version {challenger.version} is already the champion"
+    if "qpr.rolled_back_at" in challenger.tags:
+        who = challenger.tags.get("qpr.rolled_back_by")
+        why = challenger.tags.get("qpr.rolled_back_reason")
+        return False, (
+            f"version {challenger.version} was rolled back by {who} ({why}): "
+            "promote it by hand if wanted"
+        )
+    champion_value = champion.measure(metric) if champion is not None else None
+    if champion is not None and champion_value is None:
+        return False, (
+            f"champion version {champion.version} has no {metric} recorded, so the two "
+            "cannot be compared: promote by hand (qpr model promote)"
+        )
+    return decide_promotion(value, champion_value, margin=margin, floor=floor)
 
 
 def metric_value(metrics: Mapping[str, Any], key: str) -> float:

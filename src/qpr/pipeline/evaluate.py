@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from qpr.config import Settings
-from qpr.evaluate import (
+from qpr.evaluation.trec import (
     MEASURE_LABELS,
     Qrels,
     Run,
@@ -35,11 +35,11 @@ from qpr.evaluate import (
     write_qrels,
     write_run,
 )
-from qpr.lexical import lexical_search
 from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import MissingInputError
+from qpr.pipeline.index import load_index_bundle, onnx_max_len, query_encoder_path
 from qpr.quality.checks import Check, require
-from qpr.stages.index import load_index_bundle, onnx_max_len, query_encoder_path
-from qpr.stages.train import MissingInputError
+from qpr.retrieval.bm25 import lexical_search
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
@@ -134,10 +134,10 @@ def hybrid_candidates(
 ) -> HybridCandidates:
     """The served candidates: the index's top `dense_candidates` and BM25's, each scored
     by its exact distance (what `Bundle.search` does per question). `index` may be an
-    exact twin (`qpr.index.exact_twin`): the reference the served nprobe is chosen against.
+    exact twin (`qpr.retrieval.dense.exact_twin`): the reference the served nprobe is chosen against.
     """
-    from qpr.index import distances_to
-    from qpr.lexical import candidate_union
+    from qpr.retrieval.dense import distances_to
+    from qpr.retrieval.fusion import candidate_union
 
     started = time.perf_counter()
     _, dense_rows = dense_search(index, vectors, query_rows, dense_candidates)
@@ -157,8 +157,8 @@ def hybrid_candidates(
 
 def load_bm25(index_dir: Path):
     """models/index/bm25.npz, written by the index stage when index.lexical.enabled."""
-    from qpr.lexical import BM25Index
-    from qpr.stages.index import BM25_FILE
+    from qpr.pipeline.index import BM25_FILE
+    from qpr.retrieval.bm25 import BM25Index
 
     path = index_dir / BM25_FILE
     if not path.is_file():
@@ -174,8 +174,8 @@ def fused_result(
 ) -> SystemResult:
     """The served ranking: fusion at α = dense_weight; top1 is the rank-1 question's L2
     distance (the unit of the no-answer threshold), whichever retriever found it."""
-    from qpr.index import distances_to
-    from qpr.lexical import fuse_union
+    from qpr.retrieval.dense import distances_to
+    from qpr.retrieval.fusion import fuse_union
 
     started = time.perf_counter()
     scores, rows = fuse_union(
@@ -220,7 +220,7 @@ def choose_dense_weight(
 
 
 # How deep a fused search may go, tried from the shallowest up: inverted lists probed
-# (IVF, qpr.index.set_nprobe) or graph candidates kept (HNSW, qpr.index.set_ef_search).
+# (IVF, qpr.retrieval.dense.set_nprobe) or graph candidates kept (HNSW, qpr.retrieval.dense.set_ef_search).
 # Steps of about 1.5x: a search's cost grows with its depth, so doubling would often
 # serve up to twice the lists the target needs.
 SERVED_DEPTHS = {
@@ -256,8 +256,14 @@ def choose_served_depth(
     """
     import faiss
 
-    from qpr.index import ef_search_of, nlist_of, recall_against, set_ef_search, set_nprobe
-    from qpr.lexical import fuse_union
+    from qpr.retrieval.dense import (
+        ef_search_of,
+        nlist_of,
+        recall_against,
+        set_ef_search,
+        set_nprobe,
+    )
+    from qpr.retrieval.fusion import fuse_union
 
     def fused_rows(candidates: HybridCandidates) -> np.ndarray:
         return fuse_union(
@@ -343,7 +349,7 @@ def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: P
 
 
 def dense_search(index, vectors: np.ndarray, query_rows: np.ndarray, k: int):
-    from qpr.index import search
+    from qpr.retrieval.dense import search
 
     return search(index, vectors, k, exclude=query_rows)
 
@@ -373,9 +379,9 @@ def untrained_encoder_search(
     much of the result training earned. For the CNN that is its random initial weights; for
     the transformer the pretrained model as packaged (not fine-tuned), a projection at its
     seeded initial weights (see untrained_description)."""
-    from qpr.index import build_index
-    from qpr.stages.train import build_encoder_and_loss
-    from qpr.train import encode_texts
+    from qpr.pipeline.train import build_encoder_and_loss
+    from qpr.retrieval.dense import build_index
+    from qpr.training.loop import encode_texts
 
     encoder, _ = build_encoder_and_loss(settings, vocab.size)
     if settings.model.encoder == "transformer":
@@ -383,7 +389,8 @@ def untrained_encoder_search(
         # whole index is encoded again here); the CNN's torch path is fast enough.
         import tempfile
 
-        from qpr.export import encode, export_onnx, load_session
+        from qpr.model.onnx import export_onnx
+        from qpr.retrieval.encoders import encode, load_session
 
         with tempfile.TemporaryDirectory(prefix="qpr-untrained-") as tmp:
             path = export_onnx(encoder, Path(tmp) / "untrained.onnx", opset=settings.export.opset)
@@ -510,7 +517,7 @@ def run_evaluate(
     settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
 ) -> dict:
     """The whole stage. Raises GateFailed when the model is below the quality floor."""
-    from qpr.export import encode, load_session
+    from qpr.retrieval.encoders import encode, load_session
 
     cfg = settings.evaluate
     if not paths.encoder_onnx.is_file():
@@ -570,7 +577,7 @@ def run_evaluate(
     if bm25 is None:
         plot_fusion_curve({}, None, fusion_plot)
     else:
-        from qpr.index import exact_twin
+        from qpr.retrieval.dense import exact_twin
 
         # α is the model's, not the index's: chosen over an exact dense search; then the
         # fewest lists that reproduce that ranking closely enough are served.

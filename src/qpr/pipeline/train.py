@@ -20,6 +20,7 @@ import pandas as pd
 from qpr.config import Settings, SettingsError
 from qpr.data.splits import training_pairs_frame
 from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import read_cluster_outputs
 from qpr.quality.checks import Check, require
 from qpr.quality.gate import gate
 from qpr.quality.suites import training_pair_expectations
@@ -27,10 +28,6 @@ from qpr.text.vocab import Vocabulary
 
 if TYPE_CHECKING:
     from qpr.text.wordpiece import WordPieceTokenizer
-
-
-class MissingInputError(FileNotFoundError):
-    """A stage's input does not exist yet: an earlier stage has not run."""
 
 
 # How far a pretrained encoder's validation metric other than the one that picked the epoch
@@ -89,16 +86,6 @@ def trained_model_checks(
     return checks
 
 
-def read_cluster_outputs(paths: ProjectPaths) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(questions, pairs) written by the cluster stage."""
-    questions_file = paths.cluster_dir / "questions.parquet"
-    pairs_file = paths.cluster_dir / "pairs.parquet"
-    for file in (questions_file, pairs_file):
-        if not file.is_file():
-            raise MissingInputError(f"{file} not found: run the cluster stage first")
-    return pd.read_parquet(questions_file), pd.read_parquet(pairs_file)
-
-
 def encoder_max_len(settings: Settings) -> int:
     """Tokens per question the encoder trains and runs with: text.max_len (CNN) or
     model.transformer.max_len (word pieces, [CLS] and [SEP] included)."""
@@ -120,11 +107,11 @@ def build_encoder_and_loss(settings: Settings, vocab_size: int, *, num_classes: 
     """The encoder and loss that params.yaml describes (seeded: same initial weights).
 
     num_classes: the distinct clusters of the pairs trained on
-    (qpr.train.num_training_classes), needed by a classifying loss (amsoftmax); without it
+    (qpr.training.loop.num_training_classes), needed by a classifying loss (amsoftmax); without it
     such a loss is not built and None stands in its place (for callers that only want the
     encoder)."""
     from qpr.model import build_encoder
-    from qpr.train import seed_everything
+    from qpr.training.loop import seed_everything
 
     seed_everything(settings.seed)
     model = settings.model
@@ -213,7 +200,7 @@ def training_teacher_vectors(
     dependencies) is not installed."""
     import importlib.util
 
-    from qpr.teacher import pair_teacher_vectors, teacher_vectors
+    from qpr.training.teacher import pair_teacher_vectors, teacher_vectors
 
     teacher = settings.train.teacher
     for module in (teacher.package, "transformers"):
@@ -248,10 +235,10 @@ def negative_texts(
     seed: int,
     device: str = "cpu",
 ) -> list[str]:
-    """One mined negative per anchor question (qpr.negatives): pool holds the questions a
+    """One mined negative per anchor question (qpr.training.negatives): pool holds the questions a
     negative may be (question_id, text, cluster_id; the anchors among them), vectors their
     embeddings row for row, anchor_ids the anchors' question ids."""
-    from qpr.negatives import mine_hard_negatives
+    from qpr.training.negatives import mine_hard_negatives
 
     row_of = pd.Series(np.arange(len(pool)), index=pool["question_id"].to_numpy())
     rows = mine_hard_negatives(
@@ -273,7 +260,7 @@ def pool_vectors_file(
     """Where the pool's vectors by this encoder are cached: keyed by the encoder's weights,
     the tokenizer (its checksum), max_len and the texts in order. Nothing is tokenised to
     find the file."""
-    from qpr.teacher import texts_digest
+    from qpr.training.teacher import texts_digest
 
     h = hashlib.sha256()
     for name, tensor in encoder.state_dict().items():
@@ -303,7 +290,7 @@ def mined_negative_texts(
     encoded the same token ids before, e.g. a killed run started again or a run with
     another budget or learning rate; else they are written there, replacing the previous
     file (MiniLM's vectors of Quora's pool take 170 MB)."""
-    from qpr.train import (
+    from qpr.training.loop import (
         atomic_numpy_save,
         embed_with_progress,
         select_training_pairs,
@@ -366,20 +353,6 @@ def mined_negative_texts(
     return negatives.tolist()
 
 
-def load_trained_encoder(checkpoint: Path):
-    """models/encoder.pt → (encoder in eval mode, max_len)."""
-    import torch
-
-    from qpr.model import build_encoder
-
-    if not checkpoint.is_file():
-        raise MissingInputError(f"{checkpoint} not found: run the train stage first")
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    encoder = build_encoder(state["encoder"]["name"], **state["encoder"]["config"])
-    encoder.load_state_dict(state["model"])
-    return encoder.eval(), int(state["max_len"])
-
-
 @dataclass(frozen=True)
 class TrainStageResult:
     metrics: dict[str, float | int]
@@ -424,7 +397,7 @@ def run_train(
     """The whole stage. Raises GateFailed when the pairs or the trained model fail a gate."""
     import torch
 
-    from qpr.train import (
+    from qpr.training.loop import (
         TrainingStateError,
         ValidationSet,
         num_training_classes,

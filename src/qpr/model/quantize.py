@@ -13,7 +13,7 @@ and stays float32.
 Per-tensor weights (MatMul or every op type) gave vectors at median cosine 0.969–0.970
 with the float32 ones, against 0.9943 per channel; every op type per channel, uint8 or a
 reduced range were as close but slower (2.12–2.90 ms against 1.63; docs/models.md).
-The CNN is not quantised: its folded float32 encoder (`qpr.serve.folded`) is exact and
+The CNN is not quantised: its folded float32 encoder (`qpr.retrieval.folded`) is exact and
 faster, and int8 made its ONNX encoder slower (docs/serving.md).
 """
 

@@ -18,7 +18,7 @@ evaluate stage's protocol:
   not those of an approximate search; above that, or on request, it is params'
   ``index.factory`` with ``index.nprobe`` / ``index.ef_search``, which is what the index
   stage builds and the service searches (IVF lists shrink to fit a small file);
-- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluate`).
+- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluation.trec`).
 
 Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
 """
@@ -38,8 +38,9 @@ import pandas as pd
 from qpr.config import Settings
 from qpr.data.loaders import LOG_SUFFIXES, QUORA_COLUMNS, DropReport
 from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink_small_clusters
-from qpr.evaluate import format_table
-from qpr.stages.evaluate import MEASURE_LABELS, MEASURES_SHOWN, QuerySet, SystemResult, query_set
+from qpr.errors import QPRError
+from qpr.evaluation.trec import format_table
+from qpr.pipeline.evaluate import MEASURE_LABELS, MEASURES_SHOWN, QuerySet, SystemResult, query_set
 
 __all__ = [
     "BASELINES",
@@ -74,7 +75,7 @@ EXACT_MAX_QUESTIONS = 200_000
 _FIRST_MODEL_ID = -1
 
 
-class EvaluateFileError(ValueError):
+class EvaluateFileError(QPRError, ValueError):
     """The data or the options cannot give an evaluation; the message says why."""
 
 
@@ -186,7 +187,7 @@ def clusters_from_file(
     """
     # The stage's private loaders are its one code path from a file to clusters (reading,
     # both log gates, cleaning); reusing them keeps this evaluation on the same clusters.
-    from qpr.stages.cluster import _load_logs, _load_quora, coherence_threshold
+    from qpr.pipeline.cluster import _load_logs, _load_quora, coherence_threshold
 
     if fmt not in FORMATS:
         raise EvaluateFileError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -293,8 +294,8 @@ def _encoder(models_dir: Path, threads: int) -> tuple[Any, Any]:
     The one place this module loads the tokenizer: `qpr.text.load_tokenizer` reads
     whichever kind vocab.json holds (the CNN's hashed vocabulary or a word-piece one).
     """
-    from qpr.export import load_session
-    from qpr.serve.bundle import ENCODER_FILE, VOCAB_FILE
+    from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
+    from qpr.retrieval.encoders import load_session
     from qpr.text import load_tokenizer
 
     models_dir = Path(models_dir)
@@ -313,7 +314,7 @@ def _search_with_progress(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The evaluate stage's dense search (each query row excluded), in chunks of queries
     with a progress line each: an exact search of 100k queries takes minutes."""
-    from qpr.stages.evaluate import dense_search
+    from qpr.pipeline.evaluate import dense_search
 
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     started = time.perf_counter()
@@ -363,10 +364,10 @@ def evaluate_file(
     Raises EvaluateFileError, DataFormatError, GateFailed, or BundleError (a bundle
     missing files or whose files do not belong together), each with a message to act on.
     """
-    from qpr.index import IdMap, build_index, ef_search_of, fit_factory
-    from qpr.serve.bundle import QUESTIONS_FILE, Bundle
-    from qpr.stages.evaluate import run_baselines, score_system
-    from qpr.stages.index import encode_corpus
+    from qpr.pipeline.evaluate import run_baselines, score_system
+    from qpr.pipeline.index import encode_corpus
+    from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle
+    from qpr.retrieval.dense import IdMap, build_index, ef_search_of, fit_factory
 
     started = time.perf_counter()
     k = settings.evaluate.k if k is None else k

@@ -762,7 +762,7 @@ def self_retrieval_rate(
     vectors : float32 [N, D], the matrix the index was built from (row r = vectors[r]).
     sample : rows drawn without replacement (all of them when sample >= N).
     queries : float32 [min(sample, N), D], the sampled rows' questions encoded as queries
-        are (`self_check_rows` gives the rows; e.g. by the int8 query encoder, qpr.quantize);
+        are (`self_check_rows` gives the rows; e.g. by the int8 query encoder, qpr.model.quantize);
         None: their stored vectors.
 
     A rank-1 row whose vector is identical to the query's (an exact duplicate question)

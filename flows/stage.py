@@ -1,0 +1,243 @@
+"""One way to run a pipeline stage: a Prefect flow around the stage function of
+`qpr.pipeline`, inside the stage's MLflow run. Each DVC stage's command is
+
+    python -m flows.stage NAME [--params params.yaml]
+
+The stage functions take settings and paths and return metrics; here they only get a
+Prefect logger, their MLflow run, their metrics file and their artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from prefect import Flow, flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from flows import tracking
+from qpr.config import Settings, load_settings
+from qpr.environment import project_root
+from qpr.errors import QPRError
+from qpr.paths import ProjectPaths
+from qpr.quality.gate import GateFailed
+
+Log = Callable[[str], None]
+
+# Errors a user can act on: shown as one clear message, not a stack trace.
+EXPECTED_ERRORS = (QPRError, FileNotFoundError)
+
+
+def settings_and_paths(params: str | Path | None = None) -> tuple[Settings, ProjectPaths]:
+    """Settings from `params` (default: the project's params.yaml); stage outputs go beside
+    the params file, so a run on a params file elsewhere never touches this project."""
+    params_path = Path(params).resolve() if params else project_root() / "params.yaml"
+    return load_settings(params_path), ProjectPaths(params_path.parent)
+
+
+def _cluster(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.cluster import run_cluster
+
+    result = run_cluster(
+        settings,
+        out_dir=paths.cluster_dir,
+        report_dir=paths.gate_reports("cluster"),
+        plot_path=paths.plots_dir / "cluster" / "coherence.png",
+        log=log,
+    )
+    return result.metrics
+
+
+def _train(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.handoff import load_trained_encoder
+    from qpr.pipeline.train import run_train
+
+    def on_epoch(record: dict) -> None:
+        tracking.log_epoch(record)
+        log(
+            f"epoch {int(record['epoch'])}: loss {record['train_loss']:.4f}, "
+            f"val AUC {record['val_auc']:.4f}, val MRR {record['val_mrr']:.4f}, "
+            f"{record['pairs_per_s']:.0f} pairs/s"
+        )
+
+    # A bar redrawn into a log file is noise; per-epoch log lines carry the same figures.
+    result = run_train(settings, paths, on_epoch=on_epoch, progress=sys.stderr.isatty(), log=log)
+    if mlflow.active_run() is not None:
+        tracking.log_pytorch_model(load_trained_encoder(paths.encoder_checkpoint)[0])
+    return result.metrics
+
+
+def _export(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.export import run_export
+
+    return run_export(settings, paths, log=log)
+
+
+def _index(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.index import run_index
+
+    return run_index(settings, paths, log=log)
+
+
+def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.evaluate import run_evaluate
+
+    return run_evaluate(settings, paths, log=log)
+
+
+def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.register import run_register
+
+    metrics_path = paths.root / "metrics.json"
+    metrics = json.loads(metrics_path.read_text("utf-8")) if metrics_path.is_file() else {}
+    tags = tracking.evaluate_provenance(settings.mlflow.experiment, metrics)
+    result = run_register(settings, paths, tags=tags, log=log)
+    mlflow.set_tags(
+        {
+            "qpr.registered_model": result["name"],
+            "qpr.registered_version": str(result["version"]),
+            "qpr.promoted": str(bool(result["promoted"])).lower(),
+        }
+    )
+    return result
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline stage as Prefect and MLflow see it."""
+
+    name: str
+    work: Callable[[Settings, ProjectPaths, Log], Mapping[str, Any]]
+    description: str
+    metrics_file: Callable[[ProjectPaths], Path] | None = None  # default metrics/NAME.json
+    artifacts: Callable[[ProjectPaths], Mapping[str, Path]] = field(default=lambda _: {})
+
+
+STAGES: dict[str, Stage] = {
+    stage.name: stage
+    for stage in (
+        Stage(
+            "cluster",
+            _cluster,
+            "Cluster the questions of the configured data source into paraphrase clusters, "
+            "split them 80:10:10 by cluster and generate positive pairs, behind quality gates.",
+            artifacts=lambda p: {"plots": p.plots_dir / "cluster", "cluster": p.cluster_dir},
+        ),
+        Stage(
+            "train",
+            _train,
+            "Train the question encoder on the training pairs; early stopping on validation; "
+            "resumes from the last checkpoint after a kill.",
+            artifacts=lambda p: {"plots": p.plots_dir / "train", "model": p.vocab},
+        ),
+        Stage(
+            "export",
+            _export,
+            "Export the trained encoder to ONNX (dynamic batch and length) and check that "
+            "ONNX Runtime gives the same vectors as torch, padding or not.",
+            artifacts=lambda p: {"model": p.encoder_onnx},
+        ),
+        Stage(
+            "index",
+            _index,
+            "Encode every index question and build the FAISS index (and BM25) from params.",
+        ),
+        Stage(
+            "evaluate",
+            _evaluate,
+            "Query the index with every test question (itself excluded), score with trec_eval "
+            "measures, compare with the baselines, choose the no-answer threshold on val.",
+            metrics_file=lambda p: p.root / "metrics.json",
+            artifacts=lambda p: {
+                "trec": p.evaluation_dir,
+                "plots": p.plots_dir / "evaluate",
+                "model": p.threshold,
+            },
+        ),
+        Stage(
+            "register",
+            _register,
+            "Register the evaluated bundle (alias challenger); promote it to champion only if "
+            "it beats the champion's validation measure by registry.margin.",
+        ),
+    )
+}
+
+
+def _numbers(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Nested metrics → flat numeric ones for MLflow ("baselines.bm25.success_1")."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_numbers(value, name + "."))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+def write_metrics(path: Path, metrics: Mapping[str, Any]) -> Path:
+    """The stage's metrics as JSON, written by the stage itself (dvc metrics reads it)."""
+    from qpr.io import write_json_atomic
+
+    return write_json_atomic(path, dict(metrics))
+
+
+@task(name="run-stage", cache_policy=NO_CACHE)
+def _stage_task(name: str, settings: Settings, paths: ProjectPaths) -> dict[str, Any]:
+    return dict(STAGES[name].work(settings, paths, get_run_logger().info))
+
+
+def run_stage(name: str, params: str | Path | None = None) -> dict[str, Any]:
+    """Run stage `name` inside its MLflow run; write and log its metrics and artifacts.
+
+    A failed gate still logs the gate reports, and the run is marked FAILED."""
+    stage = STAGES[name]
+    settings, paths = settings_and_paths(params)
+    gate_reports = paths.gate_reports(name)
+    with tracking.stage_run(name, settings, root=paths.root):
+        try:
+            metrics = _stage_task(name, settings, paths)
+        except GateFailed:
+            tracking.log_artifacts({"gates": gate_reports})
+            raise
+        metrics_file = stage.metrics_file(paths) if stage.metrics_file else None
+        target = write_metrics(metrics_file or paths.stage_metrics(name), metrics)
+        tracking.log_metrics(_numbers(metrics))
+        tracking.log_artifacts({"gates": gate_reports, "metrics": target, **stage.artifacts(paths)})
+    return metrics
+
+
+def stage_flow(name: str) -> Flow:
+    """The Prefect flow of stage `name` (a flow named after the stage)."""
+    stage = STAGES[name]
+
+    def run(params: str | None = None) -> dict[str, Any]:
+        return run_stage(name, params)
+
+    run.__doc__ = stage.description
+    return flow(name=name, log_prints=True, description=stage.description)(run)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m flows.stage NAME`: what a DVC stage runs; exit 1 with the reason."""
+    parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__)
+    parser.add_argument("stage", choices=list(STAGES))
+    parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        stage_flow(args.stage)(params=args.params)
+    except EXPECTED_ERRORS as err:
+        print(f"\nERROR: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

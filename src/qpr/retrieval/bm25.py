@@ -1,0 +1,281 @@
+"""BM25 beside the dense index (the fusion of the two rankings is `qpr.retrieval.fusion`).
+
+BM25 (Lucene variant, as bm25s computes it; k1 and b from index.lexical)
+
+    idf(t)    = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    w(d, t)   = idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 - b + b · |d| / avgdl))
+    score(q, d) = Σ_{t ∈ q} w(d, t)        (each query token counts, repeats included)
+
+is precomputed per (document, term) into a term-major sparse matrix, so one query costs at
+most the length of its terms' posting lists, not the corpus size, and MaxScore pruning skips
+most of the long lists of common words ("how", "what") while keeping the top k exact.
+Words: `tokenize` (the lexical baselines' own tokens, English stop words removed), optionally
+reduced to their Snowball stems (PyStemmer: "losing" and "loses" → "lose"), recorded in the
+index file so that questions are stemmed the same way at search time.
+
+Arrays: float32 scores, int64 rows (-1 = empty slot); small functions, no framework code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qpr.retrieval.maxscore import top_k
+from qpr.text.words import check_stemmer, tokenize
+
+FORMAT = "qpr-bm25/1"
+
+# Posting lists shorter than this are added in full: skipping them saves less than the
+# pruning check costs.
+WORTH_PRUNING = 2048
+
+
+def describe_bm25(settings: Mapping[str, Any]) -> str:
+    """'english stems, k1 0.9, b 0.75' or 'words as written, k1 1.5, b 0.75' for a
+    BM25Index.settings-like mapping; a missing key means BM25Index's default (files and
+    benchmark rows written before stemming recorded none)."""
+    stemmer = settings.get("stemmer")
+    words = f"{stemmer} stems" if stemmer else "words as written"
+    return f"{words}, k1 {settings.get('k1', 1.5):g}, b {settings.get('b', 0.75):g}"
+
+
+@dataclass(frozen=True)
+class BM25Index:
+    """Term-major BM25 weights of N documents: term t's postings are
+    rows[indptr[t]:indptr[t+1]] (int32, ascending) with weights[...] (float32)."""
+
+    terms: dict[str, int]
+    indptr: np.ndarray  # int64 [V + 1]
+    rows: np.ndarray  # int32 [nnz]
+    weights: np.ndarray  # float32 [nnz]
+    num_docs: int
+    k1: float = 1.5
+    b: float = 0.75
+    stemmer: str | None = None  # Snowball algorithm applied to document and query words
+
+    @classmethod
+    def build(
+        cls,
+        texts: Sequence[str],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        stemmer: str | None = None,
+    ) -> BM25Index:
+        if k1 < 0 or not 0.0 <= b <= 1.0:
+            raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1 {k1}, b {b}")
+        docs = tokenize(texts, stemmer=check_stemmer(stemmer))
+        terms: dict[str, int] = {}
+        doc_of, term_of = [], []
+        for row, words in enumerate(docs):
+            for word in words:
+                doc_of.append(row)
+                term_of.append(terms.setdefault(word, len(terms)))
+        n = len(docs)
+        lengths = np.fromiter((len(w) for w in docs), np.float64, n)
+        avgdl = float(lengths.mean()) if n and lengths.sum() > 0 else 1.0
+        if not term_of:
+            return cls(
+                terms,
+                np.zeros(1, np.int64),
+                np.zeros(0, np.int32),
+                np.zeros(0, np.float32),
+                n,
+                k1,
+                b,
+                stemmer,
+            )
+        # (term, doc) pairs with their counts: sort once, run-length encode.
+        key = np.asarray(term_of, np.int64) * max(n, 1) + np.asarray(doc_of, np.int64)
+        key, tf = np.unique(key, return_counts=True)
+        term, row = key // max(n, 1), key % max(n, 1)
+        df = np.bincount(term, minlength=len(terms)).astype(np.float64)
+        idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        norm = k1 * (1.0 - b + b * lengths[row] / avgdl)
+        weights = idf[term] * tf / (tf + norm)
+        indptr = np.zeros(len(terms) + 1, np.int64)
+        np.cumsum(np.bincount(term, minlength=len(terms)), out=indptr[1:])
+        return cls(
+            terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b, stemmer
+        )
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What decides the weights and the words: stemmer, k1, b (see `describe_bm25`)."""
+        return {"stemmer": self.stemmer, "k1": self.k1, "b": self.b}
+
+    def query_terms(self, text: str) -> np.ndarray:
+        """int64 term ids of the question's known words (unknown words score nothing)."""
+        words = tokenize([text], stemmer=self.stemmer)[0]
+        ids = [self.terms[w] for w in words if w in self.terms]
+        return np.asarray(ids, np.int64)
+
+    @functools.cached_property
+    def by_document(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The weights document-major: (indptr int64 [N + 1], terms int32 [nnz], weights
+        float32 [nnz]), document d's terms ascending in terms[indptr[d]:indptr[d+1]]."""
+        term_of = np.repeat(np.arange(len(self.terms), dtype=np.int32), np.diff(self.indptr))
+        order = np.argsort(self.rows, kind="stable")
+        indptr = np.zeros(self.num_docs + 1, np.int64)
+        np.cumsum(np.bincount(self.rows, minlength=self.num_docs), out=indptr[1:])
+        return indptr, term_of[order], self.weights[order]
+
+    @functools.cached_property
+    def upper_bounds(self) -> np.ndarray:
+        """float32 [V]: each term's largest weight, the most it can add to any score."""
+        out = np.zeros(len(self.terms), np.float32)
+        filled = np.flatnonzero(np.diff(self.indptr) > 0)
+        if filled.size:
+            out[filled] = np.maximum.reduceat(self.weights, self.indptr[filled])
+        return out
+
+    def search(
+        self, text: str, k: int, *, exclude_row: int = -1, worth_pruning: int = WORTH_PRUNING
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
+        no word with the question are not results ((-inf, -1) slots).
+
+        Exact top k with MaxScore pruning (`qpr.retrieval.maxscore.top_k`, compiled, GIL released):
+        once the top k is out of reach of the terms left, the long posting lists of common
+        words are not read; the few documents that can still reach it take those terms'
+        weights from `by_document` (built on first use: another copy of the weights, 7 MB
+        for Quora's 134k questions). worth_pruning: the shortest list worth a pruning check
+        before it (tests lower it on small corpora)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        out_s = np.full(k, -np.inf, np.float32)
+        out_r = np.full(k, -1, np.int64)
+        counts = Counter(self.query_terms(text).tolist())
+        if not counts:
+            return out_s, out_r
+        terms = np.fromiter(counts.keys(), np.int64, len(counts))
+        repeats = np.fromiter(counts.values(), np.int64, len(counts))
+        bounds = self.upper_bounds[terms].astype(np.float64) * repeats
+        order = np.argsort(-bounds, kind="stable")
+        # left[j]: the most the terms j, j+1, ... can still add to one document's score.
+        left = np.append(np.cumsum(bounds[order][::-1])[::-1], 0.0)
+        doc_indptr, doc_terms, doc_weights = self.by_document
+        scores, rows, _pruned_at = top_k(
+            self.indptr,
+            self.rows,
+            self.weights,
+            doc_indptr,
+            doc_terms,
+            doc_weights,
+            terms[order],
+            repeats[order].astype(np.float32),
+            left,
+            k,
+            exclude_row,
+            worth_pruning,
+            *_scratch(self.num_docs, len(self.terms)),
+        )
+        out_s[: scores.size] = scores
+        out_r[: rows.size] = rows
+        return out_s, out_r
+
+    # -- files ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """One .npz (arrays + a JSON header with the terms), written atomically."""
+        path = Path(path)
+        header = {
+            "format": FORMAT,
+            "num_docs": self.num_docs,
+            "k1": self.k1,
+            "b": self.b,
+            "stemmer": self.stemmer,
+            "terms": sorted(self.terms, key=self.terms.__getitem__),
+        }
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                header=np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8),
+                indptr=self.indptr,
+                rows=self.rows,
+                weights=self.weights,
+            )
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BM25Index:
+        """ValueError (naming the file) for a file that is not a BM25 index of this format."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                header = json.loads(bytes(data["header"]).decode("utf-8"))
+                indptr, rows, weights = data["indptr"], data["rows"], data["weights"]
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable BM25 index ({exc})") from exc
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
+        terms = {t: i for i, t in enumerate(header["terms"])}
+        if (
+            indptr.shape != (len(terms) + 1,)
+            or rows.shape != weights.shape
+            or (indptr[-1] != rows.shape[0])
+        ):
+            raise ValueError(f"{path}: inconsistent BM25 arrays")
+        try:
+            stemmer = check_stemmer(header.get("stemmer"))  # absent in unstemmed older files
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        return cls(
+            terms,
+            indptr,
+            rows,
+            weights,
+            int(header["num_docs"]),
+            header["k1"],
+            header["b"],
+            stemmer,
+        )
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(num_docs: int, num_terms: int) -> tuple[np.ndarray, ...]:
+    """This thread's work arrays for `qpr.retrieval.maxscore.top_k` (acc, state, touched, position;
+    top_k leaves them as it found them, so they are allocated once per thread and size)."""
+    arrays = getattr(_SCRATCH, "arrays", None)
+    if arrays is None or arrays[0].size != num_docs or arrays[3].size != num_terms:
+        arrays = (
+            np.zeros(num_docs, np.float32),
+            np.zeros(num_docs, np.uint8),
+            np.zeros(num_docs, np.int32),
+            np.full(num_terms, -1, np.int32),
+        )
+        _SCRATCH.arrays = arrays
+    return arrays
+
+
+def lexical_search(
+    bm25: BM25Index,
+    texts: Sequence[str],
+    k: int,
+    *,
+    exclude_rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BM25Index.search for each text: (scores float32 [Q, k], rows int64 [Q, k]).
+    exclude_rows: int64 [Q], the row left out of query i's results (-1: none)."""
+    q = len(texts)
+    exclude = np.full(q, -1, np.int64) if exclude_rows is None else np.asarray(exclude_rows)
+    if exclude.shape != (q,):
+        raise ValueError(f"exclude_rows must be int64 [{q}], got {exclude.shape}")
+    scores = np.full((q, k), -np.inf, np.float32)
+    rows = np.full((q, k), -1, np.int64)
+    for i, text in enumerate(texts):
+        scores[i], rows[i] = bm25.search(text, k, exclude_row=int(exclude[i]))
+    return scores, rows

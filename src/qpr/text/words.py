@@ -1,0 +1,75 @@
+"""Words for the lexical side (BM25 and the Jaccard baseline): bm25s's tokenisation
+(lower-cased words of 2+ word characters, English stop words removed), optionally reduced
+to Snowball stems with PyStemmer. The encoders' own tokenisation is `normalize.tokenize`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Callable, Iterable
+
+# bm25s's default token pattern: words of 2+ word characters, lower-cased.
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+@functools.cache
+def _english_stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+def _stopword_set(stopwords: str | Iterable[str] | None) -> frozenset[str]:
+    if stopwords is None:
+        return frozenset()
+    if isinstance(stopwords, str):
+        if stopwords not in ("en", "english"):
+            raise ValueError(f"only 'en' or an explicit word list, got {stopwords!r}")
+        return _english_stopwords()
+    return frozenset(stopwords)
+
+
+_STEMMERS = threading.local()
+
+
+def check_stemmer(name: str | None) -> str | None:
+    """``name`` when it is None or one of PyStemmer's Snowball algorithms, else ValueError."""
+    if name is None:
+        return None
+    import Stemmer
+
+    if name not in Stemmer.algorithms():
+        raise ValueError(
+            f"unknown stemmer {name!r}; Snowball has {', '.join(Stemmer.algorithms())}"
+        )
+    return name
+
+
+def _stem_words(name: str) -> Callable[[list[str]], list[str]]:
+    """The stemWords of a Snowball stemmer of this thread: a PyStemmer object (and its
+    cache) must not be shared between threads, and the service searches on several."""
+    stemmers = _STEMMERS.__dict__
+    if name not in stemmers:
+        import Stemmer
+
+        stemmers[name] = Stemmer.Stemmer(check_stemmer(name)).stemWords
+    return stemmers[name]
+
+
+def tokenize(
+    texts: Iterable[str],
+    stopwords: str | Iterable[str] | None = "en",
+    stemmer: str | None = None,
+) -> list[list[str]]:
+    """Lower-cased words of 2+ characters, stop words removed (bm25s's tokenisation, and
+    its English list by default), so both baselines see the same words; with ``stemmer``
+    (a Snowball algorithm, e.g. "english") each kept word becomes its stem, as bm25s does
+    with a PyStemmer stemmer (stop words are removed before stemming)."""
+    stop = _stopword_set(stopwords)
+    words = [[w for w in _TOKEN.findall(str(t).lower()) if w not in stop] for t in texts]
+    if stemmer is None:
+        return words
+    stem = _stem_words(stemmer)
+    return [stem(w) for w in words]
