@@ -47,8 +47,8 @@ metrics: install ## Print the metrics of the last run
 test: install ## Every test except those needing a GPU
 	$(BIN)/python -m pytest -m "not gpu" -q
 
-test-fast: install ## Unit and data tests only
-	$(BIN)/python -m pytest -m "not gpu and not slow" -q tests/unit tests/data
+test-fast: install ## Every test not marked slow or gpu
+	$(BIN)/python -m pytest -m "not gpu and not slow" -q
 
 lint: install ## ruff
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -9,8 +9,9 @@ Why: a training batch is trimmed to its longest question, and among 1,024 questi
 `CNNEncoder` convolves the questions packed end to end instead (eager calls; an exported
 graph keeps the padded form), the same function with ~3x fewer columns.
 
-What is measured: `qpr.training.loop.train_encoder` (what the train stage runs) for one epoch of SDML
-(ε 0.3, N 512) on a seeded subset of Quora's training pairs, with the paper's CNN
+What is measured: `qpr.training.loop.train_encoder` (what the train stage runs) for one
+epoch of SDML (ε 0.3, N 512) on a seeded subset of Quora's training pairs, with the
+paper's CNN
 (embedding 300, window 5, 300 channels, output 300, max_len 40; vocabulary top 50k words +
 5k hash bins of the training questions), once with `CNNEncoder.packed` True and once False,
 alternated (packed, padded, padded, packed, ...) so drift on a shared machine falls on both,
@@ -62,7 +63,10 @@ def one_epoch(
 ) -> dict[str, Any]:
     from qpr.model.cnn import CNNEncoder
     from qpr.model.losses import build_loss
-    from qpr.training.loop import seed_everything, train_encoder
+    from qpr.training.checkpoint import seed_everything
+    from qpr.training.loop import train_encoder
+    from qpr.training.pairs import TrainData
+    from qpr.training.train_config import TrainConfig
 
     seed_everything(seed)
     encoder = CNNEncoder(vocab.size, **ENCODER_KW)
@@ -70,17 +74,7 @@ def one_epoch(
     history: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpr-cnn-packing-") as out_dir:
         started = time.perf_counter()
-        train_encoder(
-            encoder=encoder,
-            loss=build_loss("sdml", smoothing=0.3),
-            vocab=vocab,
-            train_pairs=(
-                pairs["q1_text"].tolist(),
-                pairs["q2_text"].tolist(),
-                pairs["cluster_id"].to_numpy(),
-            ),
-            val=val,
-            out_dir=out_dir,
+        config = TrainConfig(
             batch_size=512,
             max_epochs=1,
             patience=1,
@@ -90,6 +84,14 @@ def one_epoch(
             resume=False,
             progress=False,
             threads=threads,
+        )
+        train_encoder(
+            config,
+            TrainData.from_frame(pairs, val),
+            encoder=encoder,
+            loss=build_loss("sdml", smoothing=0.3),
+            vocab=vocab,
+            out_dir=out_dir,
             on_epoch=history.append,
         )
         wall = time.perf_counter() - started
@@ -184,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from qpr.data.splits import training_pairs_frame
     from qpr.text.vocab import Vocabulary
-    from qpr.training.loop import ValidationSet, select_training_pairs
+    from qpr.training.pairs import select_training_pairs
+    from qpr.training.validation import ValidationSet
 
     questions_path = args.cluster_dir / "questions.parquet"
     if not questions_path.is_file():

@@ -362,7 +362,7 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    from qpr.pipeline.evaluate import query_set
+    from qpr.evaluation.queries import query_set
 
     questions, pairs = cluster_outputs(args.data, args.work)
     texts = questions["text"].tolist()

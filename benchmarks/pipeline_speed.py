@@ -15,7 +15,7 @@ What is measured (every figure is the median over `--repeats` runs, with min and
    exactly what `train_encoder` runs, minus validation and checkpoints.
 2. Index encoding: questions/s of ONNX Runtime (`qpr.model.onnx.encode`, tokenisation
    included) at batch 1, 64, 256, 1024 with 1 and 2 intra-op threads, and of the torch
-   path (`qpr.training.loop.encode_texts`) at batch 1024.
+   path (`qpr.training.embed.encode_texts`) at batch 1024.
 3. FAISS: build time of "IVF2000,Flat" (nlist lowered on small corpora by
    `qpr.retrieval.dense.fit_factory`) with nprobe 16 for growing corpus sizes, and search time per
    query, batched (evaluation) and one query per call (the service).
@@ -72,11 +72,20 @@ from qpr.data.synth import GENERIC_ANSWER_IDS, SynthSpec, write_logs
 from qpr.model.cnn import CNNEncoder
 from qpr.model.losses import SDMLLoss, TripletLoss
 from qpr.model.onnx import export_onnx
-from qpr.retrieval.dense import MIN_POINTS_PER_CENTROID, build_index, fit_factory, search
+from qpr.retrieval.dense import (
+    MIN_POINTS_PER_CENTROID,
+    IndexConfig,
+    build_index,
+    fit_factory,
+    search,
+)
 from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
-from qpr.training.loop import _EncodedPairs, _train_epoch, encode_texts, seed_everything
+from qpr.training.checkpoint import seed_everything
+from qpr.training.embed import encode_texts
+from qpr.training.loop import _EncodedPairs, _train_epoch
 from qpr.training.sampler import ClusterDisjointBatchSampler
+from qpr.training.train_config import PROGRESS_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUORA = ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -397,6 +406,9 @@ def train_steps(
             device="cpu",
             bar=bar,
             epoch=1,
+            deadline=None,
+            on_progress=None,
+            progress_every_s=PROGRESS_EVERY_S,
         )
     return loss_sum, pairs_seen
 
@@ -615,7 +627,7 @@ def bench_encoding(
                 cores=sw.cores,
                 threads=threads,
                 params={
-                    "path": "qpr.training.loop.encode_texts (tokenisation included)",
+                    "path": "qpr.training.embed.encode_texts (tokenisation included)",
                     "torch_threads": threads,
                     "batch_size": TORCH_BATCH,
                     "questions": n,
@@ -648,7 +660,10 @@ def bench_faiss(vectors: np.ndarray, plan: Plan, results: Results) -> list[int]:
             logged: list[str] = []
             with Stopwatch() as sw:
                 index = build_index(
-                    corpus, FACTORY, nprobe=NPROBE, seed=SEED, use_gpu=False, log=logged.append
+                    corpus,
+                    IndexConfig(FACTORY, nprobe=NPROBE, use_gpu=False),
+                    seed=SEED,
+                    log=logged.append,
                 )
             seconds = sw.seconds
             params = {"factory": FACTORY, "fitted_factory": fitted, "nprobe": NPROBE, "n": n}
@@ -808,7 +823,8 @@ def render_markdown(report: dict[str, Any], results: Results, sizes: list[int]) 
         "One training step of the paper's CNN encoder (e_dim 300, window 5, 300 channels, "
         f"n 300; vocabulary {data['vocab_size']:,} ids = {data['vocab_words']:,} words of the "
         f"training questions + {HASH_BINS:,} hash bins; max_len {MAX_LEN}) at batch N = "
-        f"{BATCH_SIZE}: the trainer's own `qpr.training.loop._train_epoch` (both sides in one forward "
+        f"{BATCH_SIZE}: the trainer's own `qpr.training.loop._train_epoch` "
+        "(both sides in one forward "
         "pass, loss, backward, fused Adam step) on `ClusterDisjointBatchSampler` batches, "
         f"{plan['train_batches']} batches timed after {plan['warmup_batches']} warm-up, the "
         "same batches for both losses.",
@@ -894,7 +910,8 @@ def render_markdown(report: dict[str, Any], results: Results, sizes: list[int]) 
         "",
         "## 3. FAISS build and search",
         "",
-        f'`qpr.retrieval.dense.build_index(vectors, "{FACTORY}", nprobe={NPROBE})` on CPU (d = 300, L2) '
+        "`qpr.retrieval.dense.build_index(vectors, "
+        f'IndexConfig("{FACTORY}", nprobe={NPROBE}))` on CPU (d = 300, L2) '
         "over the vectors of the first N questions of a fixed shuffle of the index corpus. "
         f"nlist is lowered to N // {MIN_POINTS_PER_CENTROID} below "
         f"{MIN_POINTS_PER_CENTROID * 2000:,} vectors (`fit_factory`: FAISS wants "

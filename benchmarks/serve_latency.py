@@ -237,7 +237,8 @@ def subset(corpus: Corpus, n: int, rng: np.random.Generator) -> Corpus:
 
 def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, str]:
     """models/ when its bundle indexes Quora questions (= the pipeline ran on Quora)."""
-    from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle, BundleError
+    from qpr.artifacts import QUESTIONS_FILE
+    from qpr.retrieval.bundle import Bundle, BundleError
 
     try:
         Bundle.load(models)
@@ -260,14 +261,13 @@ def trained_quora_bundle(models: Path, texts: list[str]) -> tuple[Path | None, s
 def trained_fusion(models: Path) -> dict[str, Any] | None:
     """The BM25 fusion (α, candidates) the trained bundle's evaluate stage chose, if any,
     with its BM25's settings (stemmer, k1, b) under "bm25"."""
+    from qpr.artifacts import BM25_FILE, SearchConfig, SearchConfigError
     from qpr.retrieval.bm25 import BM25Index
-    from qpr.retrieval.bundle import BM25_FILE, THRESHOLD_FILE
 
     try:
-        payload = json.loads((models / THRESHOLD_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        fusion = SearchConfig.read(models).fusion
+    except SearchConfigError:
         return None
-    fusion = payload.get("fusion") if isinstance(payload, dict) else None
     if not fusion:
         return None
     return {**fusion, "bm25": BM25Index.load(models / BM25_FILE).settings}
@@ -275,7 +275,7 @@ def trained_fusion(models: Path) -> dict[str, Any] | None:
 
 def make_encoder(out: Path, corpus: Corpus, models: Path) -> dict[str, Any]:
     """vocab.json + encoder.onnx in `out`; says which encoder it is."""
-    from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
+    from qpr.artifacts import ENCODER_FILE, VOCAB_FILE
 
     trained, why = trained_quora_bundle(models, corpus.texts)
     if trained is not None:
@@ -367,19 +367,21 @@ def bench_index(
     refine_k_factor: float = 8.0,
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """Build `factory` on the vectors; recall@20 vs exact and FAISS time per knob value."""
-    from qpr.retrieval.dense import build_index, exact_recall_at_k, search
+    from qpr.retrieval.dense import IndexConfig, build_index, exact_recall_at_k, search
 
     notes: list[str] = []
     faiss.omp_set_num_threads(2)  # building: both cores (HNSW inserts on one, see build_index)
     started = time.perf_counter()
     index = build_index(
         vectors,
-        factory,
-        nprobe=16,
+        IndexConfig(
+            factory,
+            nprobe=16,
+            use_gpu=False,
+            ef_construction=ef_construction,
+            refine_k_factor=refine_k_factor,
+        ),
         seed=SEED,
-        use_gpu=False,
-        ef_construction=ef_construction,
-        refine_k_factor=refine_k_factor,
         log=notes.append,
     )
     build_s = time.perf_counter() - started
@@ -505,7 +507,7 @@ def write_bundle(
     out: Path, corpus: Corpus, index: faiss.Index, fusion: dict[str, Any] | None = None
 ) -> None:
     """The served bundle; with `fusion`, BM25 weights of the corpus and α beside it."""
-    from qpr.retrieval.bundle import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, SearchConfig
     from qpr.retrieval.dense import IdMap, save_index
 
     save_index(index, out / INDEX_FILE)
@@ -519,9 +521,18 @@ def write_bundle(
     )
     pq.write_table(table, out / QUESTIONS_FILE)
     # No threshold chosen (nothing was evaluated): every query with a hit is "answered".
-    served = None if fusion is None else {k: v for k, v in fusion.items() if k != "bm25"}
-    payload = {"threshold": None, "target_precision": None, "metric": "l2", "fusion": served}
-    (out / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    fused = (
+        {}
+        if fusion is None
+        else {
+            "dense_weight": fusion["dense_weight"],
+            "lexical_candidates": fusion["candidates"],
+            "dense_candidates": fusion.get("dense_candidates"),
+            "fused_nprobe": fusion.get("nprobe"),
+            "fused_ef_search": fusion.get("ef_search"),
+        }
+    )
+    SearchConfig(threshold=None, **fused).write(out)
     if fusion is not None:
         from qpr.retrieval.bm25 import BM25Index
 
@@ -531,13 +542,31 @@ def write_bundle(
 
 def dense_twin(bundle_dir: Path, out: Path) -> Path:
     """The same bundle without BM25 (links to its files, fusion null): the dense path."""
-    from qpr.retrieval.bundle import IDS_FILE, INDEX_FILE, QUESTIONS_FILE, THRESHOLD_FILE
+    from dataclasses import replace
+
+    from qpr.artifacts import (
+        ENCODER_FILE,
+        IDS_FILE,
+        INDEX_FILE,
+        QUESTIONS_FILE,
+        VOCAB_FILE,
+        SearchConfig,
+    )
 
     (out / "index").mkdir(parents=True, exist_ok=True)
-    for rel in (Path("vocab.json"), Path("encoder.onnx"), INDEX_FILE, IDS_FILE, QUESTIONS_FILE):
+    for rel in (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE):
         (out / rel).symlink_to(bundle_dir / rel)
-    payload = json.loads((bundle_dir / THRESHOLD_FILE).read_text(encoding="utf-8"))
-    (out / THRESHOLD_FILE).write_text(json.dumps({**payload, "fusion": None}), encoding="utf-8")
+    dense = {
+        name: None
+        for name in (
+            "dense_weight",
+            "lexical_candidates",
+            "dense_candidates",
+            "fused_nprobe",
+            "fused_ef_search",
+        )
+    }
+    replace(SearchConfig.read(bundle_dir), **dense).write(out)
     return out
 
 
@@ -598,15 +627,16 @@ class InProcess:
         fused bundle the dense search asks for its candidates (max(k, dense_candidates)),
         then BM25, then the fusion (the union of both sides scored exactly, and the
         distances of the kept hits), the way `Bundle.search` does it for one question."""
-        from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
-        from qpr.retrieval.bm25 import BM25Index
-        from qpr.retrieval.bundle import (
+        from qpr.artifacts import (
             BM25_FILE,
             ENCODER_FILE,
             INDEX_FILE,
+            INPUT_NAME,
+            OUTPUT_NAME,
             QUERY_ENCODER_FILE,
             VOCAB_FILE,
         )
+        from qpr.retrieval.bm25 import BM25Index
         from qpr.retrieval.dense import RowDistances, distances_to, load_index, search
         from qpr.retrieval.encoders import load_session
         from qpr.retrieval.folded import fold_cnn
@@ -644,7 +674,8 @@ class InProcess:
                 assert session is not None
                 vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
-            # qpr.retrieval.dense.search, as the bundle calls it (a refine index's re-ranking budget)
+            # qpr.retrieval.dense.search, as the bundle calls it (a refine index's
+            # re-ranking budget)
             dist, rows = search(index, vec, dense_k)
             t3 = time.perf_counter()
             parts["tokenise"].append(t1 - t0)
@@ -1459,7 +1490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             corpus = subset(corpus, plan.corpus_limit, rng)
         say(corpus.description)
 
-        from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
+        from qpr.artifacts import ENCODER_FILE, VOCAB_FILE
         from qpr.retrieval.encoders import encode, load_session
         from qpr.text import load_tokenizer
 

@@ -67,7 +67,11 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
     from qpr.model.cnn import CNNEncoder
     from qpr.model.losses import build_loss
     from qpr.text.vocab import Vocabulary
-    from qpr.training.loop import ValidationSet, seed_everything, train_encoder
+    from qpr.training.checkpoint import seed_everything
+    from qpr.training.loop import train_encoder
+    from qpr.training.pairs import TrainData
+    from qpr.training.train_config import TrainConfig
+    from qpr.training.validation import ValidationSet
 
     q1, q2, clusters = random_pairs(pairs, SEED)
     vocab = Vocabulary.build(q1 + q2, max_words=MAX_WORDS, hash_bins=HASH_BINS)
@@ -78,13 +82,7 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
     epochs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpr-train-device-") as out_dir:
         started = time.perf_counter()
-        train_encoder(
-            encoder=encoder,
-            loss=build_loss("sdml", smoothing=0.3),
-            vocab=vocab,
-            train_pairs=(q1, q2, clusters),
-            val=val,
-            out_dir=out_dir,
+        config = TrainConfig(
             batch_size=512,
             max_epochs=2,
             patience=2,
@@ -95,6 +93,14 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
             progress=False,
             threads=threads,
             device=device,
+        )
+        train_encoder(
+            config,
+            TrainData(q1, q2, clusters, val),
+            encoder=encoder,
+            loss=build_loss("sdml", smoothing=0.3),
+            vocab=vocab,
+            out_dir=out_dir,
             on_epoch=epochs.append,
         )
         wall = time.perf_counter() - started

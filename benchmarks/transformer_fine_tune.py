@@ -87,7 +87,7 @@ def measures(emb: np.ndarray, rows: np.ndarray, clusters: np.ndarray, device: st
 
 
 def embed(encoder, tokenizer, questions: pd.DataFrame, device: str) -> np.ndarray:
-    from qpr.training.loop import encode_texts
+    from qpr.training.embed import encode_texts
 
     encoder = encoder.to(device).eval()
     return encode_texts(
@@ -161,18 +161,19 @@ def hard_negative_texts(
 ) -> list[str]:
     """One question per pair mined with the model off the shelf: training or unclustered
     questions only, never a validation or test one (the train stage's own mining)."""
-    from qpr.pipeline.train import negative_texts
+    from qpr.training.negatives import MiningConfig, negative_texts
 
     in_pool = questions["split"].isin(["train", "none"]).to_numpy()
     skip, window = settings["hard_negatives"]
-    return negative_texts(
-        questions[in_pool].reset_index(drop=True),
-        shelf[in_pool],
-        pairs["q1_id"].to_numpy(),
+    mining = MiningConfig(
         skip=skip,
         window=window,
         seed=settings["seed"],
         device=device,
+        batch_size=1024 if device == "cuda" else 256,
+    )
+    return negative_texts(
+        questions[in_pool].reset_index(drop=True), shelf[in_pool], pairs["q1_id"].to_numpy(), mining
     )
 
 
@@ -186,7 +187,11 @@ def fine_tune(
 ) -> dict[str, Any]:
     from qpr.model.losses import build_loss
     from qpr.model.transformer import TransformerEncoder
-    from qpr.training.loop import ValidationSet, seed_everything, train_encoder
+    from qpr.training.checkpoint import seed_everything
+    from qpr.training.loop import train_encoder
+    from qpr.training.pairs import TrainData
+    from qpr.training.train_config import TrainConfig
+    from qpr.training.validation import ValidationSet
 
     settings = parse_config(config)
     val = questions.iloc[query_rows(questions, "val")]
@@ -199,17 +204,7 @@ def fine_tune(
     history: list[dict[str, Any]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qpr-fine-tune-") as out_dir:
-        result = train_encoder(
-            encoder=encoder,
-            loss=build_loss("sdml", smoothing=settings["smoothing"], scale=settings["scale"]),
-            vocab=tokenizer,
-            train_pairs=(
-                pairs["q1_text"].tolist(),
-                pairs["q2_text"].tolist(),
-                pairs["cluster_id"].to_numpy(),
-            ),
-            val=ValidationSet(val["text"].tolist(), val["cluster_id"].to_numpy(), seed=0),
-            out_dir=out_dir,
+        config = TrainConfig(
             lr=settings["lr"],
             batch_size=settings["batch_size"],
             max_epochs=settings["epochs"],
@@ -220,8 +215,16 @@ def fine_tune(
             resume=False,
             progress=False,
             device=device,
+        )
+        validation = ValidationSet(val["text"].tolist(), val["cluster_id"].to_numpy(), seed=0)
+        result = train_encoder(
+            config,
+            TrainData.from_frame(pairs, validation, hard_negatives=negatives),
+            encoder=encoder,
+            loss=build_loss("sdml", smoothing=settings["smoothing"], scale=settings["scale"]),
+            vocab=tokenizer,
+            out_dir=out_dir,
             on_epoch=history.append,
-            hard_negatives=negatives,
         )
     seconds = time.perf_counter() - started
     started_eval = time.perf_counter()
@@ -337,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from qpr.data.splits import training_pairs_frame
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.training.loop import resolve_device, seed_everything
+    from qpr.training.checkpoint import seed_everything
+    from qpr.training.train_config import resolve_device
 
     questions_path = args.cluster_dir / "questions.parquet"
     if not questions_path.is_file():

@@ -26,6 +26,7 @@ from flows import tracking
 from qpr.config import Settings, load_settings
 from qpr.environment import project_root
 from qpr.errors import QPRError
+from qpr.io import split_timings, write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.quality.gate import GateFailed
 
@@ -95,7 +96,7 @@ def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
     from qpr.pipeline.register import run_register
 
-    metrics_path = paths.root / "metrics.json"
+    metrics_path = paths.stage_metrics("evaluate")
     metrics = json.loads(metrics_path.read_text("utf-8")) if metrics_path.is_file() else {}
     tags = tracking.evaluate_provenance(settings.mlflow.experiment, metrics)
     result = run_register(settings, paths, tags=tags, log=log)
@@ -110,14 +111,36 @@ def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 
 
 @dataclass(frozen=True)
+class Headline:
+    """One headline column: the stage's metric at dotted `key`, divided by `per` (a unit)."""
+
+    key: str
+    per: float = 1.0
+
+
+# What `dvc exp show` and `dvc metrics diff` print (dvc.yaml declares only these files as
+# metrics): a handful of columns. The paper's P@N is trec_eval's success@N. Wall-clock
+# figures (train minutes, query ms) are not among them: see split_timings.
+TRAIN_HEADLINE = {"train_epochs": Headline("epochs"), "best_epoch": Headline("best_epoch")}
+EVALUATE_HEADLINE = {
+    "test_p1": Headline("success_1"),
+    "test_p10": Headline("success_10"),
+    "test_mrr": Headline("recip_rank"),
+    "val_mrr": Headline("val.recip_rank"),
+}
+
+
+@dataclass(frozen=True)
 class Stage:
     """A pipeline stage as Prefect and MLflow see it."""
 
     name: str
     work: Callable[[Settings, ProjectPaths, Log], Mapping[str, Any]]
     description: str
-    metrics_file: Callable[[ProjectPaths], Path] | None = None  # default metrics/NAME.json
+    # Also written whole (timings included) to this file, outside DVC (evaluate: metrics.json).
+    full_metrics: Callable[[ProjectPaths], Path] | None = None
     artifacts: Callable[[ProjectPaths], Mapping[str, Path]] = field(default=lambda _: {})
+    headline: Mapping[str, Headline] = field(default_factory=dict)  # metrics/headline/NAME.json
 
 
 STAGES: dict[str, Stage] = {
@@ -136,6 +159,7 @@ STAGES: dict[str, Stage] = {
             "Train the question encoder on the training pairs; early stopping on validation; "
             "resumes from the last checkpoint after a kill.",
             artifacts=lambda p: {"plots": p.plots_dir / "train", "model": p.vocab},
+            headline=TRAIN_HEADLINE,
         ),
         Stage(
             "export",
@@ -154,12 +178,13 @@ STAGES: dict[str, Stage] = {
             _evaluate,
             "Query the index with every test question (itself excluded), score with trec_eval "
             "measures, compare with the baselines, choose the no-answer threshold on val.",
-            metrics_file=lambda p: p.root / "metrics.json",
+            full_metrics=lambda p: p.root / "metrics.json",
             artifacts=lambda p: {
                 "trec": p.evaluation_dir,
                 "plots": p.plots_dir / "evaluate",
-                "model": p.threshold,
+                "model": p.search_config,
             },
+            headline=EVALUATE_HEADLINE,
         ),
         Stage(
             "register",
@@ -185,9 +210,28 @@ def _numbers(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 
 def write_metrics(path: Path, metrics: Mapping[str, Any]) -> Path:
     """The stage's metrics as JSON, written by the stage itself (dvc metrics reads it)."""
-    from qpr.io import write_json_atomic
-
     return write_json_atomic(path, dict(metrics))
+
+
+def headline_numbers(metrics: Mapping[str, Any], columns: Mapping[str, Headline]) -> dict:
+    """The headline columns found in `metrics` (a missing one is left out, not invented)."""
+    numbers = {}
+    for column, headline in columns.items():
+        value: Any = metrics
+        for part in headline.key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            numbers[column] = value / headline.per
+    return numbers
+
+
+def write_headline(paths: ProjectPaths, stage: Stage, metrics: Mapping[str, Any]) -> Path | None:
+    """metrics/headline/NAME.json: the stage's few numbers that DVC compares across
+    experiments; its full metrics file stays as it is (a cached output beside it)."""
+    if not stage.headline:
+        return None
+    path = paths.stage_metrics(stage.name).parent / "headline" / f"{stage.name}.json"
+    return write_metrics(path, headline_numbers(metrics, stage.headline))
 
 
 @task(name="run-stage", cache_policy=NO_CACHE)
@@ -208,8 +252,12 @@ def run_stage(name: str, params: str | Path | None = None) -> dict[str, Any]:
         except GateFailed:
             tracking.log_artifacts({"gates": gate_reports})
             raise
-        metrics_file = stage.metrics_file(paths) if stage.metrics_file else None
-        target = write_metrics(metrics_file or paths.stage_metrics(name), metrics)
+        stable, timings = split_timings(metrics)
+        target = write_metrics(paths.stage_metrics(name), stable)
+        write_metrics(paths.stage_timings(name), timings)
+        if stage.full_metrics:
+            write_metrics(stage.full_metrics(paths), metrics)
+        write_headline(paths, stage, stable)
         tracking.log_metrics(_numbers(metrics))
         tracking.log_artifacts({"gates": gate_reports, "metrics": target, **stage.artifacts(paths)})
     return metrics

@@ -3,7 +3,6 @@ the code (git commit), the data (DVC hash) and the stage that produced it."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import subprocess
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 import qpr
 from qpr.config import Settings
+from qpr.io import digest
 
 
 def git_commit(root: Path) -> tuple[str, bool]:
@@ -47,15 +47,9 @@ def data_hash(settings: Settings, root: Path) -> str:
         outs = yaml.safe_load(dvc_file.read_text(encoding="utf-8")).get("outs", [])
         if outs and "md5" in outs[0]:
             return f"dvc:{outs[0]['md5']}"
-    digest = hashlib.md5(usedforsecurity=False)
     files = [data_path] if data_path.is_file() else sorted(data_path.rglob("*"))
-    for file in files:
-        if file.is_file():
-            digest.update(file.name.encode())
-            with file.open("rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-    return f"md5:{digest.hexdigest()}"
+    parts = [part for file in files if file.is_file() for part in (file.name, file)]
+    return f"sha256:{digest(*parts)}"
 
 
 def _ensure_experiment(name: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qpr import environment
+from tests.paraphrases import tiny_paraphrases  # noqa: F401  (a fixture for every test)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUORA_TSV = REPO_ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"

@@ -1,9 +1,316 @@
 """The bundle's contract: the files a trained model consists of and how the service
-searches it. Written by the pipeline, read by the service, the registry and evaluation."""
+searches it. Written by the pipeline, read by the service, the registry and evaluation.
+
+A bundle is the ``models/`` directory the pipeline writes (paths relative to it):
+
+=============================  ===========================================================
+``vocab.json``                 the tokenizer (`qpr.text.load_tokenizer`)
+``encoder.onnx``               the encoder; metadata `VOCAB_SHA256_KEY` and `MAX_LEN_KEY`
+``index/index.faiss``          FAISS index, L2 metric (`qpr.retrieval.dense.save_index`)
+``index/index.ids.npy``        row → question id (`qpr.retrieval.dense.IdMap`)
+``index/questions.parquet``    question_id, text, cluster_id of every indexed question
+``search.json``                `SearchConfig`: how the service searches (the evaluate stage
+                               chose it on the validation split); older bundles hold
+                               ``threshold.json`` instead, which still loads
+``index/bm25.npz``             optional: BM25 weights of the index rows, present (and
+                               required) when the search config fuses BM25 in
+``index/query_encoder.onnx``   optional: the encoder with int8 matrix products
+                               (`qpr.model.quantize`); queries go through it when present
+=============================  ===========================================================
+
+Imports nothing of `qpr` but the ground floor (`qpr.io`, `qpr.errors`).
+"""
 
 from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from qpr.errors import QPRError
+from qpr.io import PathLike, write_json_atomic
+
+__all__ = [
+    "BM25_FILE",
+    "ENCODER_FILE",
+    "IDS_FILE",
+    "INDEX_DIR",
+    "INDEX_FILE",
+    "INPUT_NAME",
+    "LEGACY_SEARCH_FILE",
+    "MAX_LEN_KEY",
+    "OPTIONAL_FILES",
+    "OUTPUT_NAME",
+    "QUANTIZED_FROM",
+    "QUERY_ENCODER_FILE",
+    "QUESTIONS_FILE",
+    "REQUIRED_FILES",
+    "SEARCH_FILE",
+    "VOCAB_FILE",
+    "VOCAB_SHA256_KEY",
+    "SearchConfig",
+    "SearchConfigError",
+    "search_config_file",
+    "served_query_encoder",
+]
 
 # The exported encoder's graph: "token_ids" int64 [batch, length] (0 = padding) in,
 # "embeddings" float32 [batch, D] out; batch and length are dynamic.
 INPUT_NAME = "token_ids"
 OUTPUT_NAME = "embeddings"
+
+# ONNX metadata_props of the exported encoder: the checksum of the vocabulary it was
+# trained with, and the tokens per question it was trained with (longer ones are cut).
+VOCAB_SHA256_KEY = "vocab_sha256"
+MAX_LEN_KEY = "max_len"
+# ... and of a quantised query encoder: the sha256 of the float32 file it came from, so a
+# bundle can tell that its query encoder belongs to its encoder.
+QUANTIZED_FROM = "quantized_from_sha256"
+
+# The bundle's files, relative to the models directory (qpr.paths.ProjectPaths.models_dir).
+INDEX_DIR = Path("index")
+VOCAB_FILE = Path("vocab.json")
+ENCODER_FILE = Path("encoder.onnx")
+INDEX_FILE = INDEX_DIR / "index.faiss"
+IDS_FILE = INDEX_DIR / "index.ids.npy"  # qpr.retrieval.dense.IdMap.path_for(INDEX_FILE)
+QUESTIONS_FILE = INDEX_DIR / "questions.parquet"
+SEARCH_FILE = Path("search.json")
+LEGACY_SEARCH_FILE = Path("threshold.json")  # what bundles held before search.json
+BM25_FILE = INDEX_DIR / "bm25.npz"  # only in bundles that fuse BM25 in
+QUERY_ENCODER_FILE = INDEX_DIR / "query_encoder.onnx"  # only with int8 queries
+# Every bundle has these (the search config as SEARCH_FILE or, in older bundles,
+# LEGACY_SEARCH_FILE). Order matters: it is the order the fingerprint hashes them in.
+REQUIRED_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE)
+OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE)
+
+
+def served_query_encoder(models_dir: PathLike) -> Path:
+    """The encoder queries go through: the int8 query encoder when the index stage wrote
+    one (index.query_encoder int8), else the exported float32 encoder."""
+    quantized = Path(models_dir) / QUERY_ENCODER_FILE
+    return quantized if quantized.is_file() else Path(models_dir) / ENCODER_FILE
+
+
+def search_config_file(models_dir: PathLike) -> Path:
+    """The file that holds the bundle's search config: search.json, else an older bundle's
+    threshold.json when only that exists (search.json, missing, when neither does)."""
+    current = Path(models_dir) / SEARCH_FILE
+    legacy = Path(models_dir) / LEGACY_SEARCH_FILE
+    return legacy if legacy.is_file() and not current.is_file() else current
+
+
+class SearchConfigError(QPRError, ValueError):
+    """A search config file is unreadable or holds values the service cannot search with."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the service searches a bundle, chosen by the evaluate stage on the validation
+    split (models/search.json).
+
+    threshold: the "no answer" distance (squared L2, the unit of the index); None: every
+        query with a hit is answered.
+    dense_weight: α of the fusion α·dense + (1 - α)·BM25 (`qpr.retrieval.fusion`); None:
+        the dense ranking alone (the bundle has no BM25).
+    lexical_candidates: BM25 candidates per query when fused.
+    dense_candidates: dense candidates per query when fused, every candidate of both
+        retrievers then scored by its exact distance; None only in bundles written before
+        that (they fuse the two top-k lists as they come).
+    nprobe, ef_search: how deep a dense-only search goes (IVF lists / HNSW candidates):
+        the values the evaluate stage searched with (params index.nprobe / index.ef_search).
+    fused_nprobe, fused_ef_search: how deep the dense half of a fused search goes: the
+        shallowest depth that kept the fused recall (evaluate's served depth).
+    target_precision, val_answered_share, chosen_on, metric: how the threshold was chosen
+        (the P@1 it aims at, the validation share it answers, the split) and its metric.
+
+    nprobe (and efSearch) has one source at serve time, in this order:
+    1. the caller's explicit value (`Bundle.load(nprobe=...)`, QPR_SERVE_NPROBE), an
+       override for experiments;
+    2. this config: `depth` (fused_* for a fused bundle when chosen, else nprobe /
+       ef_search), which is what the evaluate stage measured;
+    3. only when the config names none (threshold.json of older bundles): the value stored
+       in the FAISS file by the index stage.
+    params.yaml reaches the service only through this file.
+    """
+
+    threshold: float | None = None
+    dense_weight: float | None = None
+    lexical_candidates: int | None = None
+    dense_candidates: int | None = None
+    nprobe: int | None = None
+    ef_search: int | None = None
+    fused_nprobe: int | None = None
+    fused_ef_search: int | None = None
+    target_precision: float | None = None
+    val_answered_share: float | None = None
+    chosen_on: str = "val"
+    metric: str = "l2"
+
+    def __post_init__(self) -> None:
+        _check(self)
+        # Plain float / int from here on (numpy scalars too), so the file is plain JSON.
+        for name in _FLOATS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, float(value))
+        for name in _COUNTS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+
+    @property
+    def fused(self) -> bool:
+        """True when BM25 is fused into the dense ranking."""
+        return self.dense_weight is not None
+
+    def depth(self) -> tuple[int | None, int | None]:
+        """(nprobe, ef_search) the served searches use; None: the index file's own."""
+        if self.fused:
+            return (
+                self.nprobe if self.fused_nprobe is None else self.fused_nprobe,
+                self.ef_search if self.fused_ef_search is None else self.fused_ef_search,
+            )
+        return self.nprobe, self.ef_search
+
+    @property
+    def fusion(self) -> dict[str, float] | None:
+        """The fusion as the service reports it (/version): None (dense ranking alone) or
+        {"dense_weight", "candidates", and, when chosen, "dense_candidates", "nprobe" or
+        "ef_search"}."""
+        if self.dense_weight is None:
+            return None
+        out: dict[str, float] = {"dense_weight": self.dense_weight}
+        for key, value in (
+            ("candidates", self.lexical_candidates),
+            ("dense_candidates", self.dense_candidates),
+            ("nprobe", self.fused_nprobe),
+            ("ef_search", self.fused_ef_search),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+    def write(self, models_dir: PathLike) -> Path:
+        """models_dir/search.json, atomically; sorted keys, no timestamps: the same config
+        gives the same bytes."""
+        return write_json_atomic(Path(models_dir) / SEARCH_FILE, asdict(self))
+
+    @classmethod
+    def read(cls, models_dir: PathLike) -> SearchConfig:
+        """The config of the bundle in `models_dir`: its search.json, or an older bundle's
+        threshold.json. SearchConfigError (naming the file) when it is missing or bad."""
+        path = search_config_file(models_dir)
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SearchConfigError(f"cannot read {path}: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise SearchConfigError(f"{path}: expected a JSON object, got {payload!r}")
+        try:
+            if path.name == LEGACY_SEARCH_FILE.name:
+                return _from_legacy(payload)
+            unknown = sorted(set(payload) - {f.name for f in fields(cls)})
+            if unknown:
+                raise SearchConfigError(f"unknown keys {unknown}")
+            return cls(**payload)
+        except SearchConfigError as exc:
+            raise SearchConfigError(f"{path}: {exc}") from None
+
+
+def _from_legacy(payload: dict[str, Any]) -> SearchConfig:
+    """threshold.json: {"threshold", "metric", "target_precision", "chosen_on",
+    "val_answered_share", "fusion": null or {"dense_weight", "candidates", and optional
+    "dense_candidates", "nprobe", "ef_search"}}. Its dense-only depth was the index file's."""
+    if "threshold" not in payload:
+        raise SearchConfigError("expected an object with a 'threshold' key")
+    base = SearchConfig(
+        threshold=payload["threshold"],
+        target_precision=payload.get("target_precision"),
+        val_answered_share=payload.get("val_answered_share"),
+        chosen_on=payload.get("chosen_on", "val"),
+        metric=payload.get("metric"),  # type: ignore[arg-type]
+    )
+    fusion = payload.get("fusion")
+    if fusion is None:
+        return base
+    wrong = SearchConfigError(
+        f"fusion must be null or {{dense_weight in [0, 1], candidates >= 1, optional "
+        f"dense_candidates, nprobe, ef_search >= 1}}, got {fusion!r}"
+    )
+    if not isinstance(fusion, dict) or "dense_weight" not in fusion or "candidates" not in fusion:
+        raise wrong
+    try:
+        return replace(
+            base,
+            dense_weight=fusion["dense_weight"],
+            lexical_candidates=fusion["candidates"],
+            dense_candidates=fusion.get("dense_candidates"),
+            fused_nprobe=fusion.get("nprobe"),
+            fused_ef_search=fusion.get("ef_search"),
+        )
+    except SearchConfigError:
+        raise wrong from None
+
+
+# ---------------------------------------------------------------- validation
+
+
+_FLOATS = ("threshold", "dense_weight", "target_precision", "val_answered_share")
+_COUNTS = (
+    "lexical_candidates",
+    "dense_candidates",
+    "nprobe",
+    "ef_search",
+    "fused_nprobe",
+    "fused_ef_search",
+)
+
+
+def _check(config: SearchConfig) -> None:
+    """SearchConfigError unless every value is one the service can search with."""
+    if config.metric != "l2":
+        raise SearchConfigError(f"metric {config.metric!r}, the bundle's index uses 'l2'")
+    for name in ("threshold", "target_precision", "val_answered_share"):
+        value = getattr(config, name)
+        if value is not None and not _finite(value):
+            raise SearchConfigError(f"{name} {value!r} is not a finite number or null")
+    if not isinstance(config.chosen_on, str):
+        raise SearchConfigError(f"chosen_on {config.chosen_on!r} is not a string")
+    for name in ("nprobe", "ef_search"):
+        _check_count(config, name)
+    weight = config.dense_weight
+    if weight is None:
+        fused_only = ("lexical_candidates", "dense_candidates", "fused_nprobe", "fused_ef_search")
+        given = [name for name in fused_only if getattr(config, name) is not None]
+        if given:
+            raise SearchConfigError(f"{', '.join(given)} given without a dense_weight")
+        return
+    if not (_finite(weight) and 0.0 <= weight <= 1.0):
+        raise SearchConfigError(f"dense_weight {weight!r} is not in [0, 1]")
+    if config.lexical_candidates is None:
+        raise SearchConfigError("a fused search needs lexical_candidates")
+    for name in ("lexical_candidates", "dense_candidates", "fused_nprobe", "fused_ef_search"):
+        _check_count(config, name)
+    deep = config.fused_nprobe is not None or config.fused_ef_search is not None
+    if deep and config.dense_candidates is None:
+        # a depth was only ever chosen for exactly scored candidates
+        raise SearchConfigError("fused_nprobe / fused_ef_search need dense_candidates")
+
+
+def _finite(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and math.isfinite(float(value))
+    )
+
+
+def _check_count(config: SearchConfig, name: str) -> None:
+    value = getattr(config, name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SearchConfigError(f"{name} must be an integer >= 1 or null, got {value!r}")

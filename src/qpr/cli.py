@@ -7,9 +7,12 @@ does; `qpr data ...` works on the raw data without Prefect or MLflow.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import subprocess
 import sys
+import typing
 from collections.abc import Callable
 from datetime import date
 from enum import StrEnum
@@ -72,8 +75,24 @@ def _run_stage(stage: str, params: Path) -> dict:
     if _run_flow("flows.stage", stage, "--params", str(params.resolve())) != 0:
         raise typer.Exit(1)
     paths = ProjectPaths(params.resolve().parent)
-    metrics = paths.root / "metrics.json" if stage == "evaluate" else paths.stage_metrics(stage)
-    return json.loads(metrics.read_text(encoding="utf-8"))
+    if stage == "evaluate":
+        return json.loads((paths.root / "metrics.json").read_text(encoding="utf-8"))
+    return _with_timings(paths.stage_metrics(stage), paths.stage_timings(stage))
+
+
+def _with_timings(metrics_file: Path, timings_file: Path) -> dict:
+    """A stage's metrics with its wall-clock figures put back (they are kept apart, outside
+    DVC, because they differ on every run)."""
+
+    def merge(into: dict, extra: dict) -> dict:
+        for key, value in extra.items():
+            into[key] = merge(into.get(key, {}), value) if isinstance(value, dict) else value
+        return into
+
+    metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
+    if timings_file.is_file():
+        merge(metrics, json.loads(timings_file.read_text(encoding="utf-8")))
+    return metrics
 
 
 @data_app.command("synth")
@@ -135,7 +154,7 @@ def data_check(
     """Validate QA logs with the raw-log gate and show what cleaning would drop, and why."""
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError, clean_logs, read_logs
-    from qpr.pipeline.cluster import gate_raw_logs
+    from qpr.quality.data_gates import gate_raw_logs
     from qpr.quality.gate import GateFailed
 
     quality = load_settings(params).quality
@@ -349,18 +368,54 @@ class EvaluateSplit(StrEnum):
     test = "test"
 
 
-@app.command("evaluate")
-def evaluate(
-    params: ParamsOption = Path("params.yaml"),
+def _grouped_options(options_type: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Let a command take many options as one frozen dataclass. Typer reads a command's
+    options from its signature: the command's `options` parameter is shown to typer as the
+    dataclass's fields (each annotated with its typer.Option), and the values typer parses
+    are grouped back into one `options_type` for the command."""
+    hints = typing.get_type_hints(options_type, include_extras=True)
+    fields = dataclasses.fields(options_type)
+    flat = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in fields
+    ]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = inspect.signature(command, eval_str=True)
+        kept = [p for p in own.parameters.values() if p.name != "options"]
+
+        @functools.wraps(command)
+        def flattened(**values: Any) -> None:
+            grouped = options_type(**{f.name: values.pop(f.name) for f in fields})
+            return command(**values, options=grouped)
+
+        parameters = [*kept, *flat]
+        flattened.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+        flattened.__annotations__ = {p.name: p.annotation for p in parameters}
+        return flattened
+
+    return decorate
+
+
+_ANY_DATA = "Any data set (--data)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateDataOptions:
+    """`qpr evaluate`'s options for evaluating the bundle on any data set (--data), one
+    field per option (see `_grouped_options`)."""
+
     data: Annotated[
         Path | None,
         typer.Option(
             "--data",
             help="Evaluate the trained bundle on this Quora pairs file or QA-log file (or "
             "folder of log files) instead of running the stage. No retraining, no MLflow run.",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = None,
+    ] = None
     data_format: Annotated[
         DataFormat,
         typer.Option(
@@ -368,16 +423,16 @@ def evaluate(
             help="quora: tab-separated id, qid1, qid2, question1, question2, is_duplicate. "
             "logs: CSV / JSON Lines / Parquet with timestamp, question, answer_id. auto: a "
             "folder or .csv/.jsonl/.json/.parquet is logs, a .tsv or a Quora header is quora.",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = DataFormat.auto,
+    ] = DataFormat.auto
     models_dir: Annotated[
         Path,
         typer.Option(
-            help="The trained model bundle (vocab.json, encoder.onnx, index/, threshold.json).",
-            rich_help_panel="Any data set (--data)",
+            help="The trained model bundle (vocab.json, encoder.onnx, index/, search.json).",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = Path("models"),
+    ] = Path("models")
     with_model_index: Annotated[
         bool,
         typer.Option(
@@ -385,18 +440,18 @@ def evaluate(
             help="Also put the bundle's own indexed questions into the index, as distractors "
             "(never relevant; one whose normalised text is already in the file is not added "
             "twice).",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = False,
+    ] = False
     split: Annotated[
         EvaluateSplit,
         typer.Option(
             help="all: every question of every cluster is a query. test: only the test "
             "split the cluster stage would cut from this file with these params (the same "
             "queries as the pipeline's evaluation when the bundle was trained on this file).",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = EvaluateSplit.all,
+    ] = EvaluateSplit.all
     k: Annotated[
         int | None,
         typer.Option(
@@ -404,26 +459,26 @@ def evaluate(
             "-k",
             min=1,
             help="Results kept per query (default: evaluate.k in params).",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = None,
+    ] = None
     out: Annotated[
         Path | None,
         typer.Option(
             help="Folder for results.json, results.md and the gate reports (default: "
             "reports/evaluate_file/NAME: the data file's name, with -test and -model-index "
             "appended when those options are on).",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = None,
+    ] = None
     baselines: Annotated[
         str,
         typer.Option(
             help="Comma-separated lexical baselines on the same queries and index: bm25, "
             "jaccard (default: none).",
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = "",
+    ] = ""
     exact: Annotated[
         bool | None,
         typer.Option(
@@ -432,10 +487,41 @@ def evaluate(
             "--approximate: index.factory with index.nprobe / index.ef_search from params, "
             "as the service searches. Default: exact up to 200,000 index questions.",
             show_default=False,
-            rich_help_panel="Any data set (--data)",
+            rich_help_panel=_ANY_DATA,
         ),
-    ] = None,
-) -> None:
+    ] = None
+
+    # Each option's flag, as the error for options given without --data names it.
+    FLAGS: typing.ClassVar[dict[str, str]] = {
+        "data_format": "--format",
+        "models_dir": "--models-dir",
+        "with_model_index": "--with-model-index",
+        "split": "--split",
+        "k": "--k",
+        "out": "--out",
+        "baselines": "--baselines",
+        "exact": "--exact/--approximate",
+    }
+
+    def given(self) -> list[str]:
+        """The flags of the --data options set to other than their defaults."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [flag for name, flag in self.FLAGS.items() if getattr(self, name) != defaults[name]]
+
+    def out_dir(self, data: Path) -> Path:
+        """--out, or reports/evaluate_file/NAME (NAME: the data's, -test, -model-index)."""
+        if self.out is not None:
+            return self.out
+        name = (data.stem if data.suffix else data.name) or "data"
+        name += ("-test" if self.split == "test" else "") + (
+            "-model-index" if self.with_model_index else ""
+        )
+        return Path("reports") / "evaluate_file" / name
+
+
+@app.command("evaluate")
+@_grouped_options(EvaluateDataOptions)
+def evaluate(params: ParamsOption = Path("params.yaml"), *, options: EvaluateDataOptions) -> None:
     """Stage 5: TREC evaluation on the test split (success@1/@10, MRR, MAP, nDCG@10,
     recall@20) against the baselines; choose the no-answer threshold on validation.
 
@@ -448,83 +534,48 @@ def evaluate(
     the bundle's encoder (plus, with --with-model-index, the bundle's own questions).
     Writes results.json and results.md to --out; prints the table.
     """
-    if data is None:
-        given = [
-            name
-            for name, value, default in (
-                ("--format", data_format, DataFormat.auto),
-                ("--models-dir", models_dir, Path("models")),
-                ("--with-model-index", with_model_index, False),
-                ("--split", split, EvaluateSplit.all),
-                ("--k", k, None),
-                ("--out", out, None),
-                ("--baselines", baselines, ""),
-                ("--exact/--approximate", exact, None),
-            )
-            if value != default
-        ]
+    if options.data is None:
+        given = options.given()
         if given:
             verb = "is" if len(given) == 1 else "are"
             _fail(f"{', '.join(given)} {verb} for --data FILE only; the stage takes --params only")
         metrics = _run_stage("evaluate", params)
         _print_results(metrics)
         return
-    _evaluate_data(
-        params,
-        data,
-        data_format=data_format.value,
-        models_dir=models_dir,
-        with_model_index=with_model_index,
-        split=split.value,
-        k=k,
-        out=out,
-        baselines=baselines,
-        exact=exact,
-    )
+    _evaluate_data(params, options.data, options)
 
 
-def _evaluate_data(
-    params: Path,
-    data: Path,
-    *,
-    data_format: str,
-    models_dir: Path,
-    with_model_index: bool,
-    split: str,
-    k: int | None,
-    out: Path | None,
-    baselines: str,
-    exact: bool | None,
-) -> None:
+def _evaluate_data(params: Path, data: Path, options: EvaluateDataOptions) -> None:
     """`qpr evaluate --data`: the library call, its errors as one line, the table."""
     from qpr.config import SettingsError, load_settings
     from qpr.data.loaders import DataFormatError
     from qpr.evaluation.on_file import (
-        MEASURE_LABELS,
+        EvaluateFileConfig,
         EvaluateFileError,
         evaluate_file,
         write_report,
     )
+    from qpr.evaluation.trec import MEASURE_LABELS
     from qpr.quality.gate import GateFailed
     from qpr.retrieval.bundle import BundleError
 
-    if out is None:
-        name = (data.stem if data.suffix else data.name) or "data"
-        name += ("-test" if split == "test" else "") + ("-model-index" if with_model_index else "")
-        out = Path("reports") / "evaluate_file" / name
+    out = options.out_dir(data)
+    config = EvaluateFileConfig(
+        data=data,
+        gate_reports=out / "gates",
+        models_dir=options.models_dir,
+        fmt=options.data_format.value,  # type: ignore[arg-type]
+        split=options.split.value,  # type: ignore[arg-type]
+        k=options.k,
+        with_model_index=options.with_model_index,
+        baselines=options.baselines.split(","),
+        exact=options.exact,
+    )
     try:
         settings = load_settings(params)
         result = evaluate_file(
-            data,
+            config,
             settings,
-            models_dir=models_dir,
-            fmt=data_format,  # type: ignore[arg-type]
-            split=split,  # type: ignore[arg-type]
-            k=k,
-            with_model_index=with_model_index,
-            baselines=baselines.split(","),
-            exact=exact,
-            gate_reports=out / "gates",
             log=lambda line: errors.print(line, markup=False, highlight=False, style="dim"),
         )
     except (EvaluateFileError, DataFormatError, GateFailed, BundleError, SettingsError) as err:
@@ -778,12 +829,17 @@ def metrics(
         "metrics"
     ),
 ) -> None:
-    """Print every stage's metrics and the evaluation table (what `dvc metrics show` reads)."""
+    """Print every stage's metrics with its timings, and the evaluation table."""
     files = sorted(metrics_dir.glob("*.json"))
     evaluation = metrics_dir.parent / "metrics.json"
     if not files and not evaluation.is_file():
         _fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
-    _print_metrics({f.stem: json.loads(f.read_text(encoding="utf-8")) for f in files})
+    stages = {
+        file.stem: _with_timings(file, metrics_dir / "timings" / file.name)
+        for file in files
+        if not (file.stem == "evaluate" and evaluation.is_file())  # the table below shows it
+    }
+    _print_metrics(stages)
     if evaluation.is_file():
         _print_results(json.loads(evaluation.read_text(encoding="utf-8")))
 

@@ -123,7 +123,7 @@ class TrainSettings(_Section):
     patience: int = Field(3, ge=1)
     monitor: Literal["val_auc", "val_mrr"] = "val_mrr"  # early stopping and the epoch kept
     threads: int = Field(2, ge=1)
-    # "auto": the GPU when torch sees one (qpr.training.loop.resolve_device), else the CPU
+    # "auto": the GPU when torch sees one (qpr.training.train_config.resolve_device), else the CPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
@@ -155,9 +155,14 @@ class LexicalSettings(_Section):
     @field_validator("stemmer")
     @classmethod
     def _known_stemmer(cls, value: str | None) -> str | None:
-        from qpr.text.words import check_stemmer
+        # PyStemmer itself, not qpr.text.words: settings import nothing else of qpr.
+        import Stemmer
 
-        return check_stemmer(value)
+        if value is not None and value not in Stemmer.algorithms():
+            raise ValueError(
+                f"unknown stemmer {value!r}; Snowball has {', '.join(Stemmer.algorithms())}"
+            )
+        return value
 
     @field_validator("dense_weights")
     @classmethod

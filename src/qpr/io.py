@@ -36,6 +36,17 @@ def fsync_dir(path: PathLike) -> None:
             os.close(fd)
 
 
+def _read_umask() -> int:
+    # Read once at import: os.umask can only be read by setting it, which would race with
+    # files other threads create.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """A temp path beside `path` to write to; renamed onto `path` when the block ends
@@ -43,6 +54,9 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # mkstemp makes the file 0600; give it the mode a plain open() would (0666 less the
+    # umask), so a service running as another user can still read what the pipeline wrote.
+    os.fchmod(fd, 0o666 & ~_UMASK)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -90,6 +104,19 @@ def file_sha256(path: PathLike) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def text_sha256(text: str) -> str:
+    """sha256 hex digest of one text's UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def json_sha256(payload: Any) -> str:
+    """sha256 of a JSON value in canonical form (sorted keys, no spaces, UTF-8 as is): the
+    checksum a tokenizer file carries, equal however the file was indented."""
+    return text_sha256(
+        json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    )
+
+
 def texts_digest(texts: Iterable[str]) -> str:
     """sha256 of the texts in order (a separator byte after each)."""
     h = hashlib.sha256()
@@ -101,17 +128,48 @@ def texts_digest(texts: Iterable[str]) -> str:
 
 def digest(*parts: object) -> str:
     """One key from several parts: a Path counts by its file's bytes, a str or a number by
-    its text, a list or tuple of str by texts_digest. 32 hex characters."""
+    its text, a list or tuple of str by texts_digest, a numpy array by its bytes. 32 hex
+    characters."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
             h.update(file_sha256(part).encode())
         elif isinstance(part, list | tuple):
             h.update(texts_digest(part).encode())
+        elif isinstance(part, np.ndarray):
+            h.update(np.ascontiguousarray(part).data)
         else:
             h.update(str(part).encode("utf-8"))
         h.update(b"\x1e")
     return h.hexdigest()[:32]
+
+
+# Keys of wall-clock figures. They differ on every run, so a file DVC hashes must not hold
+# them: dvc.lock would change on every `dvc repro` and a fresh clone's `make run` would leave
+# `git status` dirty. They go to metrics/timings/ (and MLflow), which DVC does not track.
+TIMING_SUFFIXES = ("seconds", "_per_s", "_ms")
+
+
+def split_timings(metrics: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the metrics without wall-clock figures, the wall-clock figures), nesting kept."""
+    stable: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, Mapping):
+            inner_stable, inner_timings = split_timings(value)
+            stable[key] = inner_stable
+            if inner_timings:
+                timings[key] = inner_timings
+        elif is_timing(key):
+            timings[key] = value
+        else:
+            stable[key] = value
+    return stable, timings
+
+
+def is_timing(key: str) -> bool:
+    """Whether a metric or column name holds a wall-clock figure."""
+    return key.endswith(TIMING_SUFFIXES)
 
 
 class VectorCache:

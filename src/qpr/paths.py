@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from qpr.artifacts import ENCODER_FILE, INDEX_DIR, SEARCH_FILE, VOCAB_FILE
+
 
 @dataclass(frozen=True)
 class ProjectPaths:
@@ -35,7 +37,7 @@ class ProjectPaths:
 
     @property
     def vocab(self) -> Path:
-        return self.models_dir / "vocab.json"
+        return self.models_dir / VOCAB_FILE
 
     @property
     def encoder_checkpoint(self) -> Path:
@@ -43,15 +45,16 @@ class ProjectPaths:
 
     @property
     def encoder_onnx(self) -> Path:
-        return self.models_dir / "encoder.onnx"
+        return self.models_dir / ENCODER_FILE
 
     @property
     def index_dir(self) -> Path:
-        return self.models_dir / "index"
+        return self.models_dir / INDEX_DIR
 
     @property
-    def threshold(self) -> Path:
-        return self.models_dir / "threshold.json"
+    def search_config(self) -> Path:
+        """How the service searches the bundle (qpr.artifacts.SearchConfig)."""
+        return self.models_dir / SEARCH_FILE
 
     @property
     def evaluation_dir(self) -> Path:
@@ -74,4 +77,9 @@ class ProjectPaths:
         return self.reports_dir / "gates" / stage
 
     def stage_metrics(self, stage: str) -> Path:
+        """The stage's metrics without wall-clock figures (a DVC output)."""
         return self.metrics_dir / f"{stage}.json"
+
+    def stage_timings(self, stage: str) -> Path:
+        """The stage's wall-clock figures: outside DVC, they differ on every run."""
+        return self.metrics_dir / "timings" / f"{stage}.json"

@@ -1,5 +1,5 @@
 """qpr.model.quantize.quantize_query_encoder on small hand-built ONNX graphs: what it keeps, what
-it adds, what it refuses. (The transformer itself: tests/serve/test_transformer_bundle.py
+it adds, what it refuses. (The transformer itself: tests/retrieval/test_bundle_transformer.py
 and tests/model/test_transformer_stages.py.)"""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qpr.model.quantize import QUANTIZED_FROM, file_sha256, quantize_query_encoder, row_cosines
+from qpr.artifacts import QUANTIZED_FROM
+from qpr.io import file_sha256
+from qpr.model.quantize import quantize_query_encoder, row_cosines
 from qpr.retrieval.encoders import load_session
 
 

@@ -1,7 +1,7 @@
 """The search service over HTTP (FastAPI TestClient): every endpoint, every bad input.
 
 The bundle is real (random-weight CNN → ONNX → FAISS Flat, built with the library in a
-module fixture, as tests/serve/test_bundle.py does), so a search goes through the same
+module fixture, as tests/retrieval/test_bundle.py does), so a search goes through the same
 tokeniser, ONNX Runtime session and index as in production.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,15 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.retrieval.bundle import (
+from qpr.artifacts import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
     QUESTIONS_FILE,
-    THRESHOLD_FILE,
     VOCAB_FILE,
+    SearchConfig,
 )
 from qpr.serve.app import create_app
+from qpr.serve.metrics import LATENCY_BUCKETS
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import LocalSource
 
@@ -55,7 +57,7 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
 
     from qpr.model import CNNEncoder
     from qpr.model.onnx import export_onnx
-    from qpr.retrieval.dense import IdMap, build_index, save_index
+    from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
     from qpr.retrieval.encoders import encode, load_session
     from qpr.text.vocab import Vocabulary
 
@@ -70,7 +72,9 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
         metadata={"vocab_sha256": vocab.checksum, "max_len": str(MAX_LEN)},
     )
     vectors = encode(load_session(models / ENCODER_FILE), vocab, questions, max_len=MAX_LEN)
-    index = build_index(vectors, "Flat", nprobe=1, seed=0, use_gpu=False, log=lambda _: None)
+    index = build_index(
+        vectors, IndexConfig("Flat", nprobe=1, use_gpu=False), seed=0, log=lambda _: None
+    )
     save_index(index, models / INDEX_FILE)
     IdMap(np.asarray(qids, dtype=np.int64)).save(models / IDS_FILE)
     table = pa.table(
@@ -81,8 +85,7 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
         }
     )
     pq.write_table(table, models / QUESTIONS_FILE)
-    payload = {"threshold": STORED_THRESHOLD, "target_precision": 0.9, "metric": "l2"}
-    (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    SearchConfig(threshold=STORED_THRESHOLD, target_precision=0.9).write(models)
     return models
 
 
@@ -199,11 +202,17 @@ def test_metrics_in_prometheus_format(client: TestClient) -> None:
     # unknown paths are pooled, never a label value of their own
     assert value('qpr_http_requests_total{endpoint="other",method="GET",status="404"}') >= 1
     assert "nowhere" not in text
+    assert "_created" not in text  # only the families docs/serving.md lists
+    histogram, search = "qpr_http_request_duration_seconds", 'endpoint="/search"'
     count = value('qpr_http_request_duration_seconds_count{endpoint="/search"}')
     inf = value('qpr_http_request_duration_seconds_bucket{endpoint="/search",le="+Inf"}')
     assert count == inf >= 2
+    search_buckets = [ln for ln in lines if ln.startswith(f"{histogram}_bucket{{{search}")]
+    bounds = [ln.split('le="')[1].split('"')[0] for ln in search_buckets]
+    assert [float(b) for b in bounds] == [*LATENCY_BUCKETS, math.inf]
     fingerprint = client.get("/version").json()["model"]["fingerprint"]
-    info = f'qpr_model_info{{name="local",version="",alias="",fingerprint="{fingerprint}"}}'
+    # labels sorted by name, as prometheus_client writes them
+    info = f'qpr_model_info{{alias="",fingerprint="{fingerprint}",name="local",version=""}}'
     assert value(info) == 1
     assert value("qpr_ready") == 1
     assert value('qpr_model_reloads_total{outcome="swapped"}') == 1
@@ -353,7 +362,7 @@ def test_not_ready_without_a_model(tmp_path: Path) -> None:
         version = empty.get("/version").json()
         assert version["model"] is None and version["reload"]["refused"] == 1
         assert "incomplete model bundle" in version["reload"]["last_refused"]["reason"]
-        assert "qpr_ready 0" in empty.get("/metrics").text.splitlines()
+        assert "qpr_ready 0.0" in empty.get("/metrics").text.splitlines()
 
 
 def test_limits_from_environment(monkeypatch: pytest.MonkeyPatch, bundle_dir: Path) -> None:

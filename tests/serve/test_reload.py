@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import shutil
 import threading
@@ -23,15 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.retrieval.bundle import (
+from qpr.artifacts import (
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
     QUESTIONS_FILE,
-    THRESHOLD_FILE,
+    SEARCH_FILE,
     VOCAB_FILE,
-    Bundle,
+    SearchConfig,
 )
+from qpr.retrieval.bundle import Bundle
 from qpr.serve.app import create_app
 from qpr.serve.reload import (
     ERROR,
@@ -85,7 +85,7 @@ def build_bundle(
 
     from qpr.model import CNNEncoder
     from qpr.model.onnx import export_onnx
-    from qpr.retrieval.dense import IdMap, build_index, save_index
+    from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
     from qpr.retrieval.encoders import encode, load_session
     from qpr.text.vocab import Vocabulary
 
@@ -110,7 +110,9 @@ def build_bundle(
             dim if index_dim is None else index_dim,
         )
     vectors = encode(load_session(index_encoder), vocab, questions, max_len=MAX_LEN)
-    index = build_index(vectors, "Flat", nprobe=1, seed=0, use_gpu=False, log=lambda _: None)
+    index = build_index(
+        vectors, IndexConfig("Flat", nprobe=1, use_gpu=False), seed=0, log=lambda _: None
+    )
     save_index(index, models / INDEX_FILE)
     IdMap(np.asarray(qids, dtype=np.int64)).save(models / IDS_FILE)
     table = pa.table(
@@ -121,8 +123,7 @@ def build_bundle(
         }
     )
     pq.write_table(table, models / QUESTIONS_FILE)
-    payload = {"threshold": 1e-6, "target_precision": 0.9, "metric": "l2"}
-    (models / THRESHOLD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    SearchConfig(threshold=1e-6, target_precision=0.9).write(models)
     return models
 
 
@@ -215,7 +216,9 @@ def test_good_reload_changes_version_and_answers(bundles: dict[str, Path]) -> No
         assert response["hits"][0]["id"] == IDS2[3] and response["model"]["version"] == "2"
         metrics = client.get("/metrics").text
         assert 'qpr_model_reloads_total{outcome="swapped"} 2' in metrics
-        assert 'version="2",alias="champion"' in metrics and 'version="1"' not in metrics
+        # prometheus_client writes a series' labels sorted by name
+        assert 'alias="champion",fingerprint=' in metrics and 'version="2"}' in metrics
+        assert 'version="1"' not in metrics
 
 
 @pytest.mark.parametrize(
@@ -376,7 +379,7 @@ def test_local_source_follows_the_directory(bundles: dict[str, Path], tmp_path: 
     assert reloader.check() == UNCHANGED
 
     # The pipeline replaces files by rename; do the same with v2's files.
-    for rel in (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE):
+    for rel in (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE):
         staged = models / rel.parent / f".{rel.name}.tmp"
         shutil.copy2(bundles["v2"] / rel, staged)
         os.replace(staged, models / rel)
@@ -386,10 +389,10 @@ def test_local_source_follows_the_directory(bundles: dict[str, Path], tmp_path: 
     assert second.bundle.search(Q2[1], k=1).hits[0].question_id == IDS2[1]
 
     # touched but identical: loaded, recognised, and the warm bundle keeps serving
-    os.utime(models / THRESHOLD_FILE, ns=(time.time_ns(), time.time_ns()))
+    os.utime(models / SEARCH_FILE, ns=(time.time_ns(), time.time_ns()))
     assert reloader.check() == UNCHANGED and holder.current is second
 
-    (models / THRESHOLD_FILE).unlink()
+    (models / SEARCH_FILE).unlink()
     assert reloader.check() == REFUSED and holder.current is second
     assert "missing" in reloader.status()["last_refused"]["reason"]
 

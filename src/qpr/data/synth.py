@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,8 @@ from datetime import date, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from qpr.io import write_bytes_atomic
 
 __all__ = [
     "CONFUSIONS",
@@ -1257,15 +1258,12 @@ def _render(rows: Sequence[Mapping[str, Any]]) -> bytes:
 def write_day(out_dir: Path, day: date, *, seed: int, rows: int, intents: int) -> Path:
     """Write one day's log to `<out_dir>/YYYY-MM-DD.jsonl` and return its path.
 
-    The file is written to a temporary name and renamed, so a reader never sees half a day.
+    The file is written atomically (`qpr.io`), so a reader never sees half a day.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{day.isoformat()}.jsonl"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(_render(generate_day(day, seed=seed, rows=rows, intents=intents)))
-    os.replace(tmp, path)
-    return path
+    path = Path(out_dir) / f"{day.isoformat()}.jsonl"
+    return write_bytes_atomic(
+        path, _render(generate_day(day, seed=seed, rows=rows, intents=intents))
+    )
 
 
 def write_logs(

@@ -10,15 +10,25 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
 from qpr.config import load_settings
+from qpr.errors import QPRError
 
 
-def _dvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], capture_output=True, text=True)
+class DataVersionError(QPRError, RuntimeError):
+    """data/ and data.dvc disagree and nothing was changed; the message says what to do."""
+
+
+def _dvc(
+    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["dvc", *args], cwd=cwd, env=dict(env) if env else None, capture_output=True, text=True
+    )
 
 
 def pinned_md5(dvc_file: Path) -> str | None:
@@ -28,15 +38,22 @@ def pinned_md5(dvc_file: Path) -> str | None:
     return outs[0].get("md5")
 
 
+def data_status(
+    dvc_file: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[bool, str]:
+    """(in sync, what `dvc status` said): in sync when the work tree's data matches the pin
+    and the DVC cache holds it. `cwd` and `env` are those of the dvc command."""
+    result = _dvc("status", "--json", str(dvc_file), cwd=cwd, env=env)
+    try:
+        in_sync = result.returncode == 0 and json.loads(result.stdout or "{}") == {}
+    except json.JSONDecodeError:
+        in_sync = False
+    return in_sync, (result.stdout or result.stderr).strip()
+
+
 def is_in_sync(dvc_file: Path) -> bool:
     """True when the work tree's data matches the pin and the DVC cache holds it."""
-    result = _dvc("status", "--json", str(dvc_file))
-    if result.returncode != 0:
-        return False
-    try:
-        return json.loads(result.stdout or "{}") == {}
-    except json.JSONDecodeError:
-        return False
+    return data_status(dvc_file)[0]
 
 
 def ensure_data(params: Path, dvc_file: Path) -> str:
@@ -49,7 +66,7 @@ def ensure_data(params: Path, dvc_file: Path) -> str:
         return f"{data_dir}/ matches {dvc_file} ({pinned_md5(dvc_file)})"
     has_user_data = data_dir.exists() and any(data_dir.iterdir())
     if has_user_data:
-        raise RuntimeError(
+        raise DataVersionError(
             f"{data_dir}/ differs from {dvc_file} and was left as it is. To version what is in "
             f"{data_dir}/ now: `dvc add {data_dir}` and commit {dvc_file}; to get the pinned "
             f"version back: `dvc checkout {dvc_file}` (or remove {data_dir}/ to regenerate it)."
@@ -65,7 +82,7 @@ def ensure_data(params: Path, dvc_file: Path) -> str:
     before = pinned_md5(dvc_file)
     added = _dvc("add", "-q", str(data_dir))
     if added.returncode != 0:
-        raise RuntimeError(f"`dvc add {data_dir}` failed:\n{added.stderr or added.stdout}")
+        raise DataVersionError(f"`dvc add {data_dir}` failed:\n{added.stderr or added.stdout}")
     after = pinned_md5(dvc_file)
     made = f"generated {len(files)} daily log files into {settings.data.path} and cached them"
     if before is None:

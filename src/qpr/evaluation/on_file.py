@@ -35,18 +35,22 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from qpr.artifacts import ENCODER_FILE, QUESTIONS_FILE, VOCAB_FILE
 from qpr.config import Settings
+from qpr.data.ingest import coherence_threshold, load_source
 from qpr.data.loaders import LOG_SUFFIXES, QUORA_COLUMNS, DropReport
 from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink_small_clusters
 from qpr.errors import QPRError
-from qpr.evaluation.trec import format_table
-from qpr.pipeline.evaluate import MEASURE_LABELS, MEASURES_SHOWN, QuerySet, SystemResult, query_set
+from qpr.evaluation.baselines import run_baselines
+from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
+from qpr.evaluation.trec import MEASURE_LABELS, format_table
+from qpr.io import write_text_atomic
 
 __all__ = [
     "BASELINES",
     "EXACT_MAX_QUESTIONS",
     "FORMATS",
-    "MEASURE_LABELS",
+    "EvaluateFileConfig",
     "EvaluateFileError",
     "FileClusters",
     "FileEvaluation",
@@ -106,6 +110,37 @@ class FileEvaluation:
     summary: dict[str, Any]
     queries: QuerySet
     systems: dict[str, SystemResult]
+
+
+@dataclass(frozen=True)
+class EvaluateFileConfig:
+    """What to evaluate and how (`qpr evaluate --data` builds one from its options);
+    params give the rest.
+
+    data: a Quora pairs file, a QA-log file, or a folder of log files.
+    gate_reports: where the log gates write their reports.
+    models_dir: the trained bundle.
+    fmt: "quora", "logs", or "auto" (`detect_format`).
+    split: "all": every question of a kept cluster is a query; "test": only those of the
+        test split the cluster stage would cut from this file with these params.
+    k: results kept per query (None: evaluate.k).
+    with_model_index: the bundle's own questions join the index as distractors
+        (`merge_model_questions`).
+    baselines: lexical baselines on the same queries and index (`BASELINES`).
+    exact: True: an exhaustive Flat index (no approximate-search loss); False: params'
+        index.factory, as the service searches; None: exact up to EXACT_MAX_QUESTIONS
+        index questions, else index.factory.
+    """
+
+    data: Path
+    gate_reports: Path
+    models_dir: Path = Path("models")
+    fmt: Literal["auto", "quora", "logs"] = "auto"
+    split: Split = "all"
+    k: int | None = None
+    with_model_index: bool = False
+    baselines: Sequence[str] = ()
+    exact: bool | None = None
 
 
 def detect_format(path: Path) -> Format:
@@ -185,20 +220,15 @@ def clusters_from_file(
     rows: the raw-log gate's message; its report goes to ``report_dir``), or
     EvaluateFileError when no cluster of size >= 2 is left to query.
     """
-    # The stage's private loaders are its one code path from a file to clusters (reading,
-    # both log gates, cleaning); reusing them keeps this evaluation on the same clusters.
-    from qpr.pipeline.cluster import _load_logs, _load_quora, coherence_threshold
-
     if fmt not in FORMATS:
         raise EvaluateFileError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if not Path(path).exists():
         raise EvaluateFileError(f"data not found: {path}")
     report_dir.mkdir(parents=True, exist_ok=True)
+    # The cluster stage's one code path from a file to clusters (reading, both log gates,
+    # cleaning): this evaluation is on the clusters the stage would make.
     file_settings = _settings_for(settings, path, fmt)
-    if fmt == "logs":
-        questions, clusters, counts, drops = _load_logs(file_settings, report_dir, log)
-    else:
-        questions, clusters, counts, drops = _load_quora(file_settings, log)
+    questions, clusters, counts, drops = load_source(file_settings, report_dir, log)
     threshold = coherence_threshold(file_settings)
     clusters = filter_clusters(
         clusters,
@@ -294,7 +324,6 @@ def _encoder(models_dir: Path, threads: int) -> tuple[Any, Any]:
     The one place this module loads the tokenizer: `qpr.text.load_tokenizer` reads
     whichever kind vocab.json holds (the CNN's hashed vocabulary or a word-piece one).
     """
-    from qpr.retrieval.bundle import ENCODER_FILE, VOCAB_FILE
     from qpr.retrieval.encoders import load_session
     from qpr.text import load_tokenizer
 
@@ -314,13 +343,13 @@ def _search_with_progress(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The evaluate stage's dense search (each query row excluded), in chunks of queries
     with a progress line each: an exact search of 100k queries takes minutes."""
-    from qpr.pipeline.evaluate import dense_search
+    from qpr.retrieval.dense import search
 
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     started = time.perf_counter()
     for lo in range(0, len(query_rows), chunk):
         rows = query_rows[lo : lo + chunk]
-        parts.append(dense_search(index, vectors[rows], rows, k))
+        parts.append(search(index, vectors[rows], k, exclude=rows))
         done = lo + len(rows)
         rate = done / max(time.perf_counter() - started, 1e-9)
         log(f"searched {done:,} / {len(query_rows):,} queries, top {k} ({rate:,.0f}/s)")
@@ -338,153 +367,73 @@ def _parse_baselines(baselines: Sequence[str]) -> list[str]:
 
 
 def evaluate_file(
-    data: Path,
-    settings: Settings,
-    *,
-    models_dir: Path = Path("models"),
-    fmt: Literal["auto", "quora", "logs"] = "auto",
-    split: Split = "all",
-    k: int | None = None,
-    with_model_index: bool = False,
-    baselines: Sequence[str] = (),
-    exact: bool | None = None,
-    gate_reports: Path,
-    log: Callable[[str], None] = print,
+    config: EvaluateFileConfig, settings: Settings, *, log: Callable[[str], None] = print
 ) -> FileEvaluation:
-    """Evaluate the bundle in ``models_dir`` on ``data``; see the module docstring.
+    """Evaluate the bundle in ``config.models_dir`` on ``config.data``; see the module
+    docstring.
 
     settings: params (cluster, quality, index, evaluate and seed are read; data.* is
-        replaced by ``data`` and its format).
-    k: results kept per query (default: evaluate.k).
-    exact: True: an exhaustive Flat index (no approximate-search loss); False: params'
-        index.factory, as the service searches; None: exact up to EXACT_MAX_QUESTIONS
-        index questions, else index.factory.
-    gate_reports: where the log gates write their reports.
+        replaced by ``config.data`` and its format).
 
     Raises EvaluateFileError, DataFormatError, GateFailed, or BundleError (a bundle
     missing files or whose files do not belong together), each with a message to act on.
     """
-    from qpr.pipeline.evaluate import run_baselines, score_system
-    from qpr.pipeline.index import encode_corpus
-    from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle
-    from qpr.retrieval.dense import IdMap, build_index, ef_search_of, fit_factory
+    from qpr.retrieval.bundle import Bundle
+    from qpr.retrieval.dense import IdMap
+    from qpr.retrieval.encoders import encode_corpus
 
     started = time.perf_counter()
-    k = settings.evaluate.k if k is None else k
-    if k < 1:
-        raise EvaluateFileError(f"k must be >= 1, got {k}")
-    if split not in ("all", "test"):
-        raise EvaluateFileError(f"unknown split {split!r}; expected all or test")
-    chosen_baselines = _parse_baselines(baselines)
-    data = Path(data)
-    resolved: Format = detect_format(data) if fmt == "auto" else fmt  # type: ignore[assignment]
-    if resolved not in FORMATS:
-        raise EvaluateFileError(f"unknown format {fmt!r}; expected auto, quora or logs")
-
+    k, fmt, baselines = _checked(config, settings)
     # The bundle first: a broken one should fail before minutes of clustering. Its checks
     # (every file present, tokenizer and encoder from one run, index width) cover the
     # files loaded again below for bulk encoding.
-    bundle = Bundle.load(models_dir)
-    session, tokenizer = _encoder(models_dir, settings.index.threads)
-    log(f"model bundle {models_dir}: {bundle.size:,} indexed questions, dim {bundle.dim}")
+    bundle = Bundle.load(config.models_dir)
+    session, tokenizer = _encoder(config.models_dir, settings.index.threads)
+    log(f"model bundle {config.models_dir}: {bundle.size:,} indexed questions, dim {bundle.dim}")
 
     clustered = clusters_from_file(
-        data, resolved, settings, split=split, report_dir=gate_reports, log=log
+        config.data, fmt, settings, split=config.split, report_dir=config.gate_reports, log=log
     )
     cluster_seconds = time.perf_counter() - started
-    corpus = clustered.questions[["question_id", "text"]]
-    duplicates = 0
-    if with_model_index:
-        model_questions = pd.read_parquet(Path(models_dir) / QUESTIONS_FILE, columns=["text"])
-        corpus, duplicates = merge_model_questions(clustered.questions, model_questions)
-        log(
-            f"model index: {bundle.size - duplicates:,} of its {bundle.size:,} questions added "
-            f"as distractors ({duplicates:,} left out: the text of a question already in)"
-        )
+    corpus, duplicates = _corpus(config, clustered.questions, bundle.size, log)
 
     texts = corpus["text"].tolist()
-    log(f"encoding {len(texts):,} questions with {Path(models_dir) / 'encoder.onnx'}")
+    log(f"encoding {len(texts):,} questions with {Path(config.models_dir) / ENCODER_FILE}")
     encode_started = time.perf_counter()
     vectors = encode_corpus(
         session, tokenizer, texts, batch_size=settings.index.encode_batch_size, log=log
     )
     encode_seconds = time.perf_counter() - encode_started
-
-    if exact is None:
-        exact = len(texts) <= EXACT_MAX_QUESTIONS
-    factory = "Flat" if exact else settings.index.factory
     index_started = time.perf_counter()
-    index = build_index(
-        vectors,
-        factory,
-        nprobe=settings.index.nprobe,
-        seed=settings.seed,
-        use_gpu=settings.index.use_gpu,
-        ef_search=settings.index.ef_search,
-        ef_construction=settings.index.ef_construction,
-        refine_k_factor=settings.index.refine_k_factor,
-        log=log,
-    )
+    index, index_summary = _build_index(settings, vectors, config.exact, log)
     index_seconds = time.perf_counter() - index_started
-    fitted, _ = fit_factory(factory, *vectors.shape)  # what build_index built, as a string
-    probed = "IVF" in fitted
 
     ids = IdMap(corpus["question_id"].to_numpy(np.int64))
     queries = clustered.queries
-    query_rows = ids.to_rows(queries.query_ids)
-    systems: dict[str, SystemResult] = {}
-    search_started = time.perf_counter()
-    distances, rows = _search_with_progress(index, vectors, query_rows, k, log)
-    systems["model"] = score_system(
-        "model",
-        queries,
-        rows,
-        distances,
-        ids.qids,
-        higher_is_better=False,
-        seconds=time.perf_counter() - search_started,
-    )
-    log(
-        f"model: success@1 {systems['model'].summary['success_1']:.4f} over "
-        f"{len(queries.query_ids):,} queries"
-    )
-    for baseline in chosen_baselines:
-        log(f"baseline {baseline}: {len(query_rows):,} queries over {len(corpus):,} questions")
-        evaluate_cfg = settings.evaluate.model_copy(update={"baselines": (baseline,), "k": k})
-        run_baselines(
-            settings.model_copy(update={"evaluate": evaluate_cfg}),
-            tokenizer,
-            corpus,
-            queries,
-            query_rows,
-            ids.qids,
-            systems,
-            max_len=bundle.max_len,
-            log=log,
+    task = SearchTask(texts, ids.qids, queries, ids.to_rows(queries.query_ids), k)
+    systems = {"model": _model_system(index, vectors, task, log)}
+    for baseline in baselines:
+        log(f"baseline {baseline}: {len(task.query_rows):,} queries over {len(corpus):,} questions")
+        systems.update(
+            run_baselines([baseline], task, settings, tokenizer, max_len=bundle.max_len, log=log)
         )
 
-    counts = {
-        **clustered.counts,
-        "model_index_questions": bundle.size if with_model_index else 0,
-        "model_index_added": bundle.size - duplicates if with_model_index else 0,
-        "model_index_duplicates": duplicates,
-        "index_size": int(index.ntotal),
-    }
     summary: dict[str, Any] = {
-        "data": str(data),
-        "format": resolved,
-        "split": split,
+        "data": str(config.data),
+        "format": fmt,
+        "split": config.split,
         "k": k,
-        "models_dir": str(models_dir),
+        "models_dir": str(config.models_dir),
         "bundle_fingerprint": bundle.fingerprint,
-        "with_model_index": with_model_index,
-        "index": {
-            "factory": fitted,
-            "requested_factory": factory,
-            "nprobe": settings.index.nprobe if probed else None,
-            "ef_search": ef_search_of(index),
+        "with_model_index": config.with_model_index,
+        "index": index_summary,
+        "counts": {
+            **clustered.counts,
+            "model_index_questions": bundle.size if config.with_model_index else 0,
+            "model_index_added": bundle.size - duplicates if config.with_model_index else 0,
+            "model_index_duplicates": duplicates,
+            "index_size": int(index.ntotal),
         },
-        "counts": counts,
         "systems": {
             name: {**result.summary, "seconds": result.seconds} for name, result in systems.items()
         },
@@ -499,6 +448,94 @@ def evaluate_file(
     return FileEvaluation(summary=summary, queries=queries, systems=systems)
 
 
+def _checked(config: EvaluateFileConfig, settings: Settings) -> tuple[int, Format, list[str]]:
+    """(k, the data's format, the baselines asked for), or EvaluateFileError."""
+    k = settings.evaluate.k if config.k is None else config.k
+    if k < 1:
+        raise EvaluateFileError(f"k must be >= 1, got {k}")
+    if config.split not in ("all", "test"):
+        raise EvaluateFileError(f"unknown split {config.split!r}; expected all or test")
+    baselines = _parse_baselines(config.baselines)
+    data = Path(config.data)
+    fmt: Format = detect_format(data) if config.fmt == "auto" else config.fmt  # type: ignore[assignment]
+    if fmt not in FORMATS:
+        raise EvaluateFileError(f"unknown format {config.fmt!r}; expected auto, quora or logs")
+    return k, fmt, baselines
+
+
+def _corpus(
+    config: EvaluateFileConfig,
+    file_questions: pd.DataFrame,
+    bundle_size: int,
+    log: Callable[[str], None],
+) -> tuple[pd.DataFrame, int]:
+    """(the index corpus: question_id, text; the bundle questions left out as copies)."""
+    corpus = file_questions[["question_id", "text"]]
+    if not config.with_model_index:
+        return corpus, 0
+    model_questions = pd.read_parquet(Path(config.models_dir) / QUESTIONS_FILE, columns=["text"])
+    corpus, duplicates = merge_model_questions(file_questions, model_questions)
+    log(
+        f"model index: {bundle_size - duplicates:,} of its {bundle_size:,} questions added "
+        f"as distractors ({duplicates:,} left out: the text of a question already in)"
+    )
+    return corpus, duplicates
+
+
+def _build_index(
+    settings: Settings, vectors: np.ndarray, exact: bool | None, log: Callable[[str], None]
+) -> tuple[Any, dict[str, Any]]:
+    """(the FAISS index of `vectors`, what it is: results.json's "index"). Exact (Flat)
+    when asked, or by default up to EXACT_MAX_QUESTIONS; else params' index."""
+    from qpr.retrieval.dense import IndexConfig, build_index, ef_search_of, fit_factory
+
+    if exact is None:
+        exact = len(vectors) <= EXACT_MAX_QUESTIONS
+    factory = "Flat" if exact else settings.index.factory
+    index = build_index(
+        vectors,
+        IndexConfig(
+            factory,
+            nprobe=settings.index.nprobe,
+            use_gpu=settings.index.use_gpu,
+            ef_search=settings.index.ef_search,
+            ef_construction=settings.index.ef_construction,
+            refine_k_factor=settings.index.refine_k_factor,
+        ),
+        seed=settings.seed,
+        log=log,
+    )
+    fitted, _ = fit_factory(factory, *vectors.shape)  # what build_index built, as a string
+    return index, {
+        "factory": fitted,
+        "requested_factory": factory,
+        "nprobe": settings.index.nprobe if "IVF" in fitted else None,
+        "ef_search": ef_search_of(index),
+    }
+
+
+def _model_system(
+    index: Any, vectors: np.ndarray, task: SearchTask, log: Callable[[str], None]
+) -> SystemResult:
+    """The bundle's encoder: each query's vector searched, itself excluded, scored."""
+    started = time.perf_counter()
+    distances, rows = _search_with_progress(index, vectors, task.query_rows, task.k, log)
+    result = score_system(
+        "model",
+        task.queries,
+        rows,
+        distances,
+        task.row_to_qid,
+        higher_is_better=False,
+        seconds=time.perf_counter() - started,
+    )
+    log(
+        f"model: success@1 {result.summary['success_1']:.4f} over "
+        f"{len(task.queries.query_ids):,} queries"
+    )
+    return result
+
+
 def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """results.json (everything in ``summary``) and results.md (the table) in out_dir.
 
@@ -507,11 +544,10 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "results.json"
-    json_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    json_path = write_text_atomic(out_dir / "results.json", json.dumps(summary, indent=2) + "\n")
     counts = summary["counts"]
     rows = [
-        {"system": name, **{m: values.get(m) for m in MEASURES_SHOWN}}
+        {"system": name, **{m: values.get(m) for m in MEASURE_LABELS}}
         for name, values in summary["systems"].items()
     ]
     extra = (
@@ -519,8 +555,8 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
         if summary["with_model_index"]
         else ""
     )
-    md_path = out_dir / "results.md"
-    md_path.write_text(
+    md_path = write_text_atomic(
+        out_dir / "results.md",
         f"# {summary['data']} ({summary['format']}, split {summary['split']})\n\n"
         f"Model bundle `{summary['models_dir']}` "
         f"(fingerprint {summary['bundle_fingerprint'][:12]}). "
@@ -532,6 +568,5 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
         "P@N = success@N (a paraphrase among the first N); MRR = reciprocal rank.\n\n"
         + format_table(rows, {"system": "system", **MEASURE_LABELS}, floatfmt=".4f")
         + f"\nTotal {summary['seconds']['total']:.1f} s.\n",
-        encoding="utf-8",
     )
     return json_path, md_path

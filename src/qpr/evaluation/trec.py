@@ -1,4 +1,5 @@
-"""Evaluation: TREC files, trec_eval measures, lexical baselines, the "no answer" threshold.
+"""TREC files and trec_eval measures: qrels and runs, reading and writing them, scoring a
+run, and the Markdown tables every results page uses.
 
 Shapes and conventions:
 
@@ -7,7 +8,8 @@ Shapes and conventions:
   TREC files can be shared without the (licensed) question text.
 - searches return ``(scores [Q, k], rows int64 [Q, k])``; a row of -1 is "nothing found".
   For FAISS L2 the scores are distances (lower = better) and `run_from_search` negates
-  them; the lexical baselines here return similarities (higher = better).
+  them; the lexical baselines (`qpr.evaluation.baselines`) return similarities (higher =
+  better).
 - Measures are trec_eval's own code (pytrec_eval): success_1 / success_10 are the paper's
   P@1 / P@10 ("at least one paraphrase in the first N"), recip_rank is MRR. P_1 equals
   success_1; P_10 is the classic precision (relevant share of the first 10) and differs.
@@ -23,27 +25,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytrec_eval
-
-from qpr.retrieval.dense import drop_excluded
-from qpr.text.words import tokenize
 
 __all__ = [
     "MEASURES",
     "MEASURE_LABELS",
     "TREC_MEASURE_SPEC",
-    "bm25_search",
+    "Qrels",
+    "Run",
     "format_table",
-    "jaccard_search",
-    "pick_threshold",
-    "plot_threshold_curve",
     "qrels_from_clusters",
     "read_qrels",
     "read_run",
     "run_from_search",
-    "threshold_curve",
-    "tokenize",
     "trec_measures",
     "write_qrels",
     "write_run",
@@ -277,232 +271,6 @@ def trec_measures(
     }
     summary["num_queries"] = n
     return per_query, summary
-
-
-# ---------------------------------------------------------------- lexical baselines
-
-
-def _rank_candidates(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best k of one query's candidates by (score desc, row asc): ties break the same way
-    every run. Pads with (-inf, -1)."""
-    if scores.size > k:
-        cut = np.argpartition(-scores, k - 1)[:k]
-        # keep everything tied with the k-th score, so the row tie-break is honest
-        kth = scores[cut].min()
-        cut = np.flatnonzero(scores >= kth)
-        scores, rows = scores[cut], rows[cut]
-    order = np.lexsort((rows, -scores))[:k]
-    out_s = np.full(k, -np.inf, dtype=np.float32)
-    out_r = np.full(k, -1, dtype=np.int64)
-    out_s[: order.size] = scores[order]
-    out_r[: order.size] = rows[order]
-    return out_s, out_r
-
-
-def _check_exclude(exclude_rows: np.ndarray | None, q: int) -> np.ndarray:
-    if exclude_rows is None:
-        return np.full(q, -1, dtype=np.int64)
-    exclude_rows = np.asarray(exclude_rows, dtype=np.int64)
-    if exclude_rows.shape != (q,):
-        raise ValueError(f"exclude_rows must be int64 [{q}], got {exclude_rows.shape}")
-    return exclude_rows
-
-
-def bm25_search(
-    index_texts: Sequence[str],
-    query_texts: Sequence[str],
-    k: int,
-    *,
-    exclude_rows: np.ndarray | None = None,
-    stopwords: str | Iterable[str] | None = "en",
-    n_threads: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 (bm25s, Lucene variant, k1 1.5, b 0.75) over the index questions.
-
-    index_texts : N texts (row r = index_texts[r]); query_texts : Q texts.
-    exclude_rows : int64 [Q] row to leave out of query i's results (-1: none).
-    n_threads : bm25s worker processes (0 = in this process).
-
-    Returns ``(scores float32 [Q, k], rows int64 [Q, k])``, HIGHER score = better, ties by
-    row. A document sharing no word with the query (score 0) is not a result: such slots
-    are (-inf, -1), as are slots beyond a query's matches.
-    """
-    import bm25s  # heavy-ish import (scipy); only the baselines need it
-
-    q = len(query_texts)
-    exclude = _check_exclude(exclude_rows, q)
-    retriever = bm25s.BM25()
-    retriever.index(tokenize(index_texts, stopwords), show_progress=False)
-    n = len(index_texts)
-    ask = min(k + 1, n)
-    # bm25s cuts at k exactly; ask for a few more so score ties at the cut are re-ranked
-    # by row below, the same way jaccard_search does it.
-    ask_wide = min(ask + 8, n)
-    docs, scores = retriever.retrieve(
-        tokenize(query_texts, stopwords), k=ask_wide, show_progress=False, n_threads=n_threads
-    )
-    out_s = np.full((q, k + 1), -np.inf, dtype=np.float32)
-    out_r = np.full((q, k + 1), -1, dtype=np.int64)
-    for i in range(q):
-        s, r = scores[i].astype(np.float32), docs[i].astype(np.int64)
-        matched = s > 0
-        out_s[i, :ask], out_r[i, :ask] = _rank_candidates(s[matched], r[matched], ask)
-    return drop_excluded(out_s, out_r, exclude, k)
-
-
-def jaccard_search(
-    index_texts: Sequence[str],
-    query_texts: Sequence[str],
-    k: int,
-    *,
-    exclude_rows: np.ndarray | None = None,
-    stopwords: str | Iterable[str] | None = "en",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bag-of-words Jaccard |q ∩ d| / |q ∪ d| over word SETS (same tokens as BM25).
-
-    Uses an inverted index (word → rows), so each query only touches documents sharing a
-    word with it: 11.6k queries × 134k questions take seconds, and no [N, Q] matrix exists.
-    Query words absent from the index still count in |q ∪ d|.
-
-    Returns ``(scores float32 [Q, k], rows int64 [Q, k])``, HIGHER = better, ties by row;
-    (-inf, -1) where fewer than k documents share a word with the query.
-    """
-    q = len(query_texts)
-    exclude = _check_exclude(exclude_rows, q)
-    vocab: dict[str, int] = {}
-    doc_words: list[np.ndarray] = []
-    for words in tokenize(index_texts, stopwords):
-        ids = {vocab.setdefault(w, len(vocab)) for w in words}
-        doc_words.append(np.fromiter(ids, dtype=np.int64, count=len(ids)))
-    sizes = np.array([w.size for w in doc_words], dtype=np.int64)
-    # CSR postings: rows holding word t are postings[indptr[t]:indptr[t + 1]], ascending.
-    words_flat = np.concatenate(doc_words) if doc_words else np.zeros(0, np.int64)
-    rows_flat = np.repeat(np.arange(len(doc_words), dtype=np.int64), sizes)
-    order = np.argsort(words_flat, kind="stable")
-    postings = rows_flat[order]
-    indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(words_flat, minlength=len(vocab)), out=indptr[1:])
-
-    out_s = np.full((q, k), -np.inf, dtype=np.float32)
-    out_r = np.full((q, k), -1, dtype=np.int64)
-    for i, words in enumerate(tokenize(query_texts, stopwords)):
-        unique = set(words)
-        known = [vocab[w] for w in unique if w in vocab]
-        if not known:
-            continue
-        hits = np.concatenate([postings[indptr[t] : indptr[t + 1]] for t in known])
-        rows, inter = np.unique(hits, return_counts=True)
-        keep = rows != exclude[i]
-        rows, inter = rows[keep], inter[keep]
-        if rows.size == 0:
-            continue
-        score = inter / (len(unique) + sizes[rows] - inter)
-        out_s[i], out_r[i] = _rank_candidates(score.astype(np.float32), rows, k)
-    return out_s, out_r
-
-
-# ---------------------------------------------------------------- "no answer" threshold
-
-
-def threshold_curve(
-    top1_distances: np.ndarray,
-    top1_correct: np.ndarray,
-    *,
-    points: int = 101,
-    higher_is_better: bool = False,
-) -> pd.DataFrame:
-    """Precision of the top answer against the share of queries answered.
-
-    top1_distances : float32 [Q] rank-1 distance per query (non-finite = nothing found:
-        never answered, still in the denominator of answered_share).
-    top1_correct : bool [Q] rank-1 result is a paraphrase (per_query success_1 == 1).
-    points : thresholds are the `points` quantiles (0, 1/(points-1), ..., 1) of the finite
-        distances, taken as observed values (method "lower"), duplicates removed; so
-        answered_share steps evenly and the last threshold answers every finite query.
-    higher_is_better : for similarities (IP, BM25): answer when score >= threshold.
-
-    A query is answered when distance <= threshold. Returns a DataFrame with columns
-    threshold, answered_share (answered / Q), answered, precision_at_1 (correct answered /
-    answered), one row per threshold, in order of growing answered_share.
-    """
-    d = np.asarray(top1_distances, dtype=np.float64)
-    ok = np.asarray(top1_correct, dtype=bool)
-    if d.shape != ok.shape or d.ndim != 1:
-        raise ValueError(f"need two [Q] arrays, got {d.shape} and {ok.shape}")
-    if points < 2:
-        raise ValueError("points must be >= 2")
-    finite = np.isfinite(d)
-    columns = ["threshold", "answered_share", "answered", "precision_at_1"]
-    if not finite.any():
-        return pd.DataFrame(columns=columns)
-    # Work in "lower = more confident" space; flip back for the reported thresholds.
-    key = -d if higher_is_better else d
-    levels = np.unique(np.quantile(key[finite], np.linspace(0, 1, points), method="lower"))
-    answered = (key[None, :] <= levels[:, None]) & finite[None, :]
-    n_answered = answered.sum(axis=1)
-    n_correct = (answered & ok[None, :]).sum(axis=1)
-    return pd.DataFrame(
-        {
-            "threshold": -levels if higher_is_better else levels,
-            "answered_share": n_answered / d.size,
-            "answered": n_answered,
-            "precision_at_1": n_correct / n_answered,
-        }
-    )
-
-
-def pick_threshold(curve: pd.DataFrame, target_precision: float) -> float | None:
-    """The threshold answering the most queries while precision_at_1 >= target.
-
-    "Largest" in the answering sense: the highest distance threshold (the lowest one for
-    a curve built with higher_is_better, which lists thresholds in decreasing order).
-    Precision is not monotone in the threshold, so this is the last qualifying row of the
-    curve, not the first crossing. None when no threshold reaches the target.
-    """
-    ok = curve[curve["precision_at_1"] >= target_precision]
-    if ok.empty:
-        return None
-    return float(ok["threshold"].iloc[-1])
-
-
-def plot_threshold_curve(
-    curve: pd.DataFrame,
-    path: str | os.PathLike[str],
-    chosen: float | None = None,
-    *,
-    title: str = "No-answer threshold: precision@1 vs share answered",
-) -> Path:
-    """PNG of precision_at_1 against answered_share; ``chosen`` (a threshold of the curve,
-    e.g. from `pick_threshold`) is marked. Uses the Agg canvas directly: no pyplot state,
-    no display needed."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot(curve["answered_share"], curve["precision_at_1"], marker=".", lw=1)
-    if chosen is not None and not curve.empty:
-        at = int(np.argmin(np.abs(curve["threshold"].to_numpy() - chosen)))
-        share, precision = curve["answered_share"].iloc[at], curve["precision_at_1"].iloc[at]
-        ax.scatter([share], [precision], color="tab:red", zorder=3)
-        ax.annotate(
-            f"threshold {chosen:.4g}\nanswered {share:.1%}, P@1 {precision:.3f}",
-            (share, precision),
-            textcoords="offset points",
-            xytext=(-10, -30),
-            ha="right",
-        )
-    ax.set_xlabel("share of queries answered")
-    ax.set_ylabel("precision@1 among answered")
-    ax.set_xlim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
 
 
 # ---------------------------------------------------------------- reporting

@@ -18,7 +18,6 @@ checks here compare it with torch.
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+from qpr.io import atomic_path
 from qpr.retrieval.encoders import load_session, run_session
 
 if TYPE_CHECKING:
@@ -58,60 +58,55 @@ def export_onnx(
     encoder.eval().cpu()
     # A small non-padding example; its shape is irrelevant because both axes are dynamic.
     example = torch.tensor([[2, 3, 4, 5, 6, 7], [2, 3, 4, 0, 0, 0]], dtype=torch.int64)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        with warnings.catch_warnings():
-            # The legacy exporter announces its own deprecation on every call.
-            warnings.simplefilter("ignore", category=DeprecationWarning)
-            # transformers' mask code branches on shapes (KV-cache padding, is_causal) that
-            # are the same for every input of a bidirectional encoder without a cache, and
-            # its mask indexing uses non-negative aranges; parity_check over batches of
-            # other shapes is what proves the graph general.
-            warnings.filterwarnings(
-                "ignore", category=torch.jit.TracerWarning, module=r"transformers(\.|$)"
-            )
-            warnings.filterwarnings(
-                "ignore", message="Exporting aten::index operator of advanced indexing"
-            )
-            if dynamo:
-                batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-                torch.onnx.export(
-                    encoder,
-                    (example,),
-                    tmp,
-                    input_names=[INPUT_NAME],
-                    output_names=[OUTPUT_NAME],
-                    opset_version=max(opset, 18),
-                    dynamo=True,
-                    external_data=False,
-                    dynamic_shapes=({0: batch, 1: length},),
+        with atomic_path(path) as tmp:
+            with warnings.catch_warnings():
+                # The legacy exporter announces its own deprecation on every call.
+                warnings.simplefilter("ignore", category=DeprecationWarning)
+                # transformers' mask code branches on shapes (KV-cache padding, is_causal) that
+                # are the same for every input of a bidirectional encoder without a cache, and
+                # its mask indexing uses non-negative aranges; parity_check over batches of
+                # other shapes is what proves the graph general.
+                warnings.filterwarnings(
+                    "ignore", category=torch.jit.TracerWarning, module=r"transformers(\.|$)"
                 )
-            else:
-                torch.onnx.export(
-                    encoder,
-                    (example,),
-                    tmp,
-                    input_names=[INPUT_NAME],
-                    output_names=[OUTPUT_NAME],
-                    opset_version=opset,
-                    dynamo=False,
-                    dynamic_axes={
-                        INPUT_NAME: {0: "batch", 1: "length"},
-                        OUTPUT_NAME: {0: "batch"},
-                    },
+                warnings.filterwarnings(
+                    "ignore", message="Exporting aten::index operator of advanced indexing"
                 )
-        model = onnx.load(tmp)
-        if metadata:
-            for key, value in metadata.items():
-                entry = model.metadata_props.add()
-                entry.key, entry.value = str(key), str(value)
-            onnx.save(model, tmp)
-        onnx.checker.check_model(model, full_check=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+                if dynamo:
+                    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+                    torch.onnx.export(
+                        encoder,
+                        (example,),
+                        str(tmp),
+                        input_names=[INPUT_NAME],
+                        output_names=[OUTPUT_NAME],
+                        opset_version=max(opset, 18),
+                        dynamo=True,
+                        external_data=False,
+                        dynamic_shapes=({0: batch, 1: length},),
+                    )
+                else:
+                    torch.onnx.export(
+                        encoder,
+                        (example,),
+                        str(tmp),
+                        input_names=[INPUT_NAME],
+                        output_names=[OUTPUT_NAME],
+                        opset_version=opset,
+                        dynamo=False,
+                        dynamic_axes={
+                            INPUT_NAME: {0: "batch", 1: "length"},
+                            OUTPUT_NAME: {0: "batch"},
+                        },
+                    )
+            model = onnx.load(tmp)
+            if metadata:
+                for key, value in metadata.items():
+                    entry = model.metadata_props.add()
+                    entry.key, entry.value = str(key), str(value)
+                onnx.save(model, tmp)
+            onnx.checker.check_model(model, full_check=True)
     finally:
         encoder.to(device).train(was_training)
     return path

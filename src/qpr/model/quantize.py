@@ -19,21 +19,14 @@ faster, and int8 made its ONNX encoder slower (docs/serving.md).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
-# metadata_props key of a quantised encoder: the sha256 of the float32 file it came from,
-# so a bundle can tell that its query encoder belongs to its encoder.
-QUANTIZED_FROM = "quantized_from_sha256"
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+from qpr.artifacts import QUANTIZED_FROM
+from qpr.io import atomic_path, file_sha256
 
 
 class _DropPreprocessAdvice(logging.Filter):
@@ -47,8 +40,9 @@ class _DropPreprocessAdvice(logging.Filter):
 def quantize_query_encoder(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
     """Write `source` (a float32 ONNX encoder) to `target` with int8 MatMul weights.
 
-    The metadata (vocab_sha256, max_len, ...) is kept and QUANTIZED_FROM added. The file is
-    written beside `target` and renamed into place, so a reader never sees half of it.
+    The metadata (vocab_sha256, max_len, ...) is kept and `qpr.artifacts.QUANTIZED_FROM`
+    added. The file is written beside `target` and renamed into place (`qpr.io.atomic_path`),
+    so a reader never sees half of it.
     Returns `target`.
     """
     import onnx
@@ -57,30 +51,27 @@ def quantize_query_encoder(source: str | os.PathLike[str], target: str | os.Path
     source, target = Path(source), Path(target)
     if not source.is_file():
         raise FileNotFoundError(f"{source} not found: nothing to quantise")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    advice = _DropPreprocessAdvice()
-    logging.getLogger().addFilter(advice)
-    try:
-        quantize_dynamic(
-            source,
-            tmp,
-            op_types_to_quantize=["MatMul"],
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-        )
-    finally:
-        logging.getLogger().removeFilter(advice)
-    model = onnx.load(tmp)
-    quantized = sum(node.op_type == "MatMulInteger" for node in model.graph.node)
-    if quantized == 0:
-        tmp.unlink()
-        raise ValueError(f"{source} has no matrix product to quantise")
-    props = {p.key: p.value for p in model.metadata_props}
-    props[QUANTIZED_FROM] = file_sha256(source)
-    onnx.helper.set_model_props(model, props)
-    onnx.save(model, tmp)
-    os.replace(tmp, target)
+    with atomic_path(target) as tmp:
+        advice = _DropPreprocessAdvice()
+        logging.getLogger().addFilter(advice)
+        try:
+            quantize_dynamic(
+                source,
+                tmp,
+                op_types_to_quantize=["MatMul"],
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+            )
+        finally:
+            logging.getLogger().removeFilter(advice)
+        model = onnx.load(tmp)
+        quantized = sum(node.op_type == "MatMulInteger" for node in model.graph.node)
+        if quantized == 0:
+            raise ValueError(f"{source} has no matrix product to quantise")
+        props = {p.key: p.value for p in model.metadata_props}
+        props[QUANTIZED_FROM] = file_sha256(source)
+        onnx.helper.set_model_props(model, props)
+        onnx.save(model, tmp)
     return target
 
 

@@ -1,16 +1,20 @@
 """The MLflow model registry for QPR: register, promote, roll back, list (aliases only).
 
 Why one registered model holds the *whole* bundle: the encoder, its vocabulary, the FAISS
-index, the id map, the question table and the "no answer" threshold only make sense
-together (`qpr.retrieval.bundle.Bundle` refuses mixed files). A version is therefore one MLflow
-pyfunc whose artifacts hold all six files plus the evaluate stage's ``metrics.json``;
+index, the id map, the question table and the search config (the "no answer" threshold,
+the fusion) only make sense together (`qpr.retrieval.bundle.Bundle` refuses mixed files).
+A version is therefore one MLflow pyfunc whose artifacts hold all six files (and the
+optional ones the bundle has) plus the evaluate stage's ``metrics.json``;
 ``mlflow.pyfunc.load_model("models:/qpr@champion")`` gives a searchable model, and
 `download_bundle` gives the plain files to anything that loads them with `Bundle.load`
 (the search command, a service image). Layout CONTRACT other code relies on::
 
     download_artifacts("models:/<name>@<alias>")/artifacts/bundle/{vocab.json, encoder.onnx,
-        index/index.faiss, index/index.ids.npy, index/questions.parquet, threshold.json,
-        metrics.json}
+        index/index.faiss, index/index.ids.npy, index/questions.parquet, search.json,
+        metrics.json} (+ index/bm25.npz, index/query_encoder.onnx when the bundle has them;
+        versions registered before search.json hold threshold.json instead)
+
+The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version stores.
 
 Aliases (never the deprecated stages):
 
@@ -55,19 +59,10 @@ from mlflow.tracking import MlflowClient
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
+from qpr.artifacts import OPTIONAL_FILES, REQUIRED_FILES, SEARCH_FILE, search_config_file
 from qpr.errors import QPRError
-from qpr.retrieval.bundle import (
-    BM25_FILE,
-    ENCODER_FILE,
-    IDS_FILE,
-    INDEX_FILE,
-    QUERY_ENCODER_FILE,
-    QUESTIONS_FILE,
-    THRESHOLD_FILE,
-    VOCAB_FILE,
-    Bundle,
-    BundleError,
-)
+from qpr.io import json_text
+from qpr.retrieval.bundle import Bundle, BundleError
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -81,6 +76,7 @@ __all__ = [
     "QPRSearchModel",
     "RegistryError",
     "VersionInfo",
+    "bundle_files",
     "champion",
     "decide_promotion",
     "describe",
@@ -102,10 +98,6 @@ PREVIOUS_CHAMPION = "previous-champion"
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
 BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
 METRICS_FILE = "metrics.json"
-BUNDLE_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
-# Copied when present: BM25 for a bundle that fuses it in, the int8 query encoder of
-# index.query_encoder int8.
-OPTIONAL_BUNDLE_FILES = (BM25_FILE, QUERY_ENCODER_FILE)
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
 PREDICTION_COLUMNS = (
@@ -495,14 +487,21 @@ def _measures(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def bundle_files(models_dir: Path) -> list[Path]:
+    """The files (relative to `models_dir`) a version stores: `qpr.artifacts.REQUIRED_FILES`,
+    the search config as the bundle holds it (search.json, or an older bundle's
+    threshold.json, copied as is so its fingerprint stays), and the optional files present
+    (BM25 for a bundle that fuses it in, the int8 query encoder)."""
+    config = search_config_file(models_dir).relative_to(models_dir)
+    required = [config if rel == SEARCH_FILE else rel for rel in REQUIRED_FILES]
+    return [*required, *(rel for rel in OPTIONAL_FILES if (models_dir / rel).is_file())]
+
+
 def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:
-    optional = [rel for rel in OPTIONAL_BUNDLE_FILES if (models_dir / rel).is_file()]
-    for rel in (*BUNDLE_FILES, *optional):
+    for rel in bundle_files(models_dir):
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(models_dir / rel, target / rel)
-    (target / METRICS_FILE).write_text(
-        json.dumps(dict(metrics), indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
+    (target / METRICS_FILE).write_text(json_text(dict(metrics)), encoding="utf-8")
     return target
 
 

@@ -1,4 +1,5 @@
-"""The cluster stage: raw data → gated paraphrase clusters, splits, pairs and index questions.
+"""The cluster stage: raw data → gated paraphrase clusters, splits, pairs and index questions
+(built by `qpr.data.dataset.build_clusters`).
 
 Outputs (in `out_dir`, replaced atomically only after every gate passed, so a failed run
 leaves the previous outputs untouched and writes nothing downstream can pick up):
@@ -19,25 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from qpr.config import QualitySettings, Settings
-from qpr.data.clustering import clusters_from_logs, clusters_from_pairs
-from qpr.data.loaders import DropReport, clean_logs, read_logs, read_quora
-from qpr.data.splits import (
-    SPLITS,
-    apply_splits,
-    assign_splits,
-    filter_clusters,
-    positive_pairs,
-    shrink_small_clusters,
-)
-from qpr.quality.gate import gate
-from qpr.quality.suites import (
-    CLUSTER_ROW_IDS,
-    clean_log_expectations,
-    cluster_expectations,
-    cluster_gate_frames,
-    raw_log_expectations,
-)
+from qpr.config import Settings
+from qpr.data.dataset import build_clusters
+from qpr.data.ingest import coherence_threshold
+from qpr.data.loaders import DropReport
+from qpr.data.splits import SPLITS
 
 OUTPUT_FILES: tuple[str, ...] = ("questions.parquet", "clusters.parquet", "pairs.parquet")
 
@@ -48,120 +35,6 @@ class ClusterResult:
     metrics: dict[str, float | int]
     gate_reports: Path
     drop_report: DropReport
-
-
-def gate_raw_logs(raw: pd.DataFrame, quality: QualitySettings, report_dir: Path | None):
-    """The raw-log gate: a batch with more bad rows than the tolerance stops here."""
-    return gate(
-        "raw_logs",
-        {"logs": raw},
-        {
-            "logs": raw_log_expectations(
-                min_chars=quality.min_question_chars,
-                max_chars=quality.max_question_chars,
-                max_bad_fraction=quality.max_drop_fraction,
-            )
-        },
-        report_dir,
-    )
-
-
-def _load_logs(settings: Settings, report_dir: Path, log: Callable[[str], None]):
-    quality = settings.quality
-    raw = read_logs(settings.data.path)
-    log(f"read {len(raw):,} log rows from {settings.data.path}")
-    gate_raw_logs(raw, quality, report_dir)
-    clean, drops = clean_logs(
-        raw, min_chars=quality.min_question_chars, max_chars=quality.max_question_chars
-    )
-    log(drops.summary())
-    gate(
-        "clean_logs",
-        {"logs": clean},
-        {
-            "logs": clean_log_expectations(
-                min_chars=quality.min_question_chars, max_chars=quality.max_question_chars
-            )
-        },
-        report_dir,
-    )
-    questions, clusters, counts = clusters_from_logs(clean)
-    return questions, clusters, counts, drops
-
-
-def _load_quora(settings: Settings, log: Callable[[str], None]):
-    pairs, drops = read_quora(settings.data.path)
-    log(f"read {len(pairs):,} Quora pairs from {settings.data.path}; {drops.summary()}")
-    questions, clusters, counts = clusters_from_pairs(pairs)
-    return questions, clusters, counts, drops
-
-
-def coherence_threshold(settings: Settings) -> float:
-    """The coherence filter is for clusters mined from logs, where a generic answer gathers
-    unrelated questions (paper section 4.1.1). Quora clusters come from human duplicate
-    labels, and the paper's Quora protocol keeps them all (section 4.1.2)."""
-    return settings.cluster.coherence_threshold if settings.data.source == "logs" else 0.0
-
-
-def build_clusters(
-    settings: Settings, report_dir: Path, log: Callable[[str], None] = print
-) -> tuple[dict[str, pd.DataFrame], dict[str, float | int], DropReport]:
-    """Everything the stage computes, in memory: frames, metrics and the drop report."""
-    if settings.data.source == "logs":
-        questions, clusters, counts, drops = _load_logs(settings, report_dir, log)
-    else:
-        questions, clusters, counts, drops = _load_quora(settings, log)
-
-    params = settings.cluster
-    threshold = coherence_threshold(settings)
-    clusters = filter_clusters(
-        clusters, coherence_threshold=threshold, min_size=params.min_cluster_size
-    )
-    clusters = assign_splits(clusters, params.split.model_dump(), seed=settings.seed)
-    questions, leaked = apply_splits(questions, clusters)
-    questions, clusters, shrunk = shrink_small_clusters(
-        questions, clusters, min_size=params.min_cluster_size
-    )
-    pairs = positive_pairs(
-        questions, max_per_cluster=params.max_pairs_per_cluster, seed=settings.seed
-    )
-    kept = clusters[clusters["kept"]]
-    frames = {"questions": questions, "clusters": clusters, "pairs": pairs}
-
-    gate(
-        "clusters",
-        cluster_gate_frames(clusters, questions, pairs, params.split.model_dump()),
-        cluster_expectations(
-            coherence_threshold=threshold,
-            tolerance=settings.quality.split_ratio_tolerance,
-            ratios=params.split.model_dump(),
-            min_size=params.min_cluster_size,
-        ),
-        report_dir,
-        row_ids=CLUSTER_ROW_IDS,
-    )
-
-    metrics: dict[str, float | int] = {**drops.as_metrics(), **counts}
-    dropped = clusters[~clusters["kept"]]
-    metrics.update(
-        {
-            "clusters_total": len(clusters),
-            "clusters_kept": len(kept),
-            "clusters_dropped_incoherent": int((dropped["drop_reason"] == "incoherent").sum()),
-            "clusters_dropped_too_small": int(
-                dropped["drop_reason"].isin(["too_small", "too_small_after_leakage"]).sum()
-            ),
-            "questions_leakage_removed": leaked,
-            "clusters_shrunk_by_leakage": shrunk,
-            "index_size": len(questions),
-            "coherence_median_kept": float(kept["coherence"].median()) if len(kept) else 0.0,
-        }
-    )
-    for split in SPLITS:
-        metrics[f"clusters_{split}"] = int((kept["split"] == split).sum())
-        metrics[f"questions_{split}"] = int((questions["split"] == split).sum())
-        metrics[f"pairs_{split}"] = int((pairs["split"] == split).sum())
-    return frames, metrics, drops
 
 
 def plot_coherence(clusters: pd.DataFrame, threshold: float, path: Path) -> Path:

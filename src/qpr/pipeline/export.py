@@ -9,12 +9,13 @@ name in its metadata. It is moved into place only after the gate passed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qpr.artifacts import MAX_LEN_KEY, VOCAB_SHA256_KEY
 from qpr.config import Settings
+from qpr.io import atomic_path
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import load_trained_encoder, read_cluster_outputs
 from qpr.quality.checks import Check, require
@@ -56,24 +57,24 @@ def run_export(
         n=min(settings.export.sample, len(val)), random_state=settings.seed
     ).tolist()
 
-    staging = paths.encoder_onnx.with_name(paths.encoder_onnx.name + ".tmp")
-    export_onnx(
-        encoder,
-        staging,
-        opset=settings.export.opset,
-        metadata={
-            "vocab_sha256": vocab.checksum,
-            "max_len": str(max_len),
-            "encoder": getattr(encoder, "name", type(encoder).__name__),
-            "tokenizer": getattr(vocab, "kind", "vocabulary"),
-        },
-    )
-    batches = parity_batches(vocab, sample, max_len=max_len, seed=settings.seed)
-    parity = parity_check(encoder, staging, batches)
-    padded, _ = vocab.encode_batch(sample[:64], max_len=max_len)
-    padding = padding_invariance_check(staging, padded, extra=16)
-    tolerance = settings.export.parity_tolerance
-    try:
+    # Written beside models/encoder.onnx and renamed onto it only when the gate passed.
+    with atomic_path(paths.encoder_onnx) as staging:
+        export_onnx(
+            encoder,
+            staging,
+            opset=settings.export.opset,
+            metadata={
+                VOCAB_SHA256_KEY: vocab.checksum,
+                MAX_LEN_KEY: str(max_len),
+                "encoder": getattr(encoder, "name", type(encoder).__name__),
+                "tokenizer": getattr(vocab, "kind", "vocabulary"),
+            },
+        )
+        batches = parity_batches(vocab, sample, max_len=max_len, seed=settings.seed)
+        parity = parity_check(encoder, staging, batches)
+        padded, _ = vocab.encode_batch(sample[:64], max_len=max_len)
+        padding = padding_invariance_check(staging, padded, extra=16)
+        tolerance = settings.export.parity_tolerance
         require(
             "onnx_parity",
             [
@@ -88,10 +89,6 @@ def run_export(
             ],
             paths.gate_reports("export"),
         )
-    except Exception:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    Path(staging).replace(paths.encoder_onnx)
     metrics = {
         "parity_max_abs_diff": float(parity["max_abs_diff"]),
         "parity_mean_abs_diff": float(parity["mean_abs_diff"]),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE
 from qpr.errors import QPRError
 from qpr.paths import ProjectPaths
 
@@ -23,6 +24,40 @@ def read_cluster_outputs(paths: ProjectPaths) -> tuple[pd.DataFrame, pd.DataFram
         if not file.is_file():
             raise MissingInputError(f"{file} not found: run the cluster stage first")
     return pd.read_parquet(questions_file), pd.read_parquet(pairs_file)
+
+
+def require_exported_encoder(paths: ProjectPaths) -> Path:
+    """models/encoder.onnx, written by the export stage."""
+    if not paths.encoder_onnx.is_file():
+        raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
+    return paths.encoder_onnx
+
+
+def load_bm25(paths: ProjectPaths):
+    """models/index/bm25.npz, written by the index stage when index.lexical.enabled."""
+    from qpr.retrieval.bm25 import BM25Index
+
+    path = paths.models_dir / BM25_FILE
+    if not path.is_file():
+        raise MissingInputError(
+            f"{path} not found: index.lexical.enabled is true but the index stage ran without "
+            "it; run the index stage again"
+        )
+    return BM25Index.load(path)
+
+
+def load_index_bundle(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
+    """(faiss index searched at nprobe / ef_search, IdMap, questions frame) as the index
+    stage wrote them."""
+    from qpr.retrieval.dense import IdMap, load_index
+
+    index_path = paths.models_dir / INDEX_FILE
+    if not index_path.is_file():
+        raise MissingInputError(f"{index_path} not found: run the index stage first")
+    index = load_index(index_path, nprobe=nprobe, ef_search=ef_search)
+    ids = IdMap.load(paths.models_dir / IDS_FILE)
+    questions = pd.read_parquet(paths.models_dir / QUESTIONS_FILE)
+    return index, ids, questions
 
 
 def load_trained_encoder(checkpoint: Path):

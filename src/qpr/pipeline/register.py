@@ -35,14 +35,15 @@ def run_register(
     actor: str = ACTOR,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Register models/ + metrics.json, decide, promote or keep the champion.
+    """Register models/ + the evaluate stage's metrics, decide, promote or keep the champion.
 
     `tags` go on the version (the evaluate run's commit and data hash). Returns what
     metrics/register.json holds: the version, promoted (0/1), the challenger and champion
     measures (champion: null when there was none), the reason in words.
     """
     cfg = settings.registry
-    metrics_path = paths.root / "metrics.json"
+    # metrics/evaluate.json: metrics.json without its wall-clock figures (what DVC tracks).
+    metrics_path = paths.stage_metrics("evaluate")
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{metrics_path} not found: run the evaluate stage first")
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from qpr.io import write_text_atomic
 from qpr.quality.gate import GateFailed
 
 
@@ -48,9 +48,7 @@ def require(gate_name: str, checks: Sequence[Check], report_dir: Path | None) ->
             "success": all(c.passed for c in checks),
             "checks": [{**asdict(c), "passed": c.passed} for c in checks],
         }
-        tmp = report_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, report_path)
+        write_text_atomic(report_path, json.dumps(payload, indent=2, default=str) + "\n")
     failed = [c for c in checks if not c.passed]
     if failed:
         lines = [

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from qpr.errors import QPRError
+from qpr.io import write_bytes_atomic
 
 if TYPE_CHECKING:  # imported for type hints only: the real import is lazy (about 3-5 s)
     from great_expectations.data_context import AbstractDataContext
@@ -492,12 +492,6 @@ def _markdown(
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file + rename so a reader never sees half a report."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write so that a reader never sees half a report. A lone surrogate (undecodable bytes
+    read with surrogateescape) becomes a \\udcXX escape rather than an error."""
+    write_bytes_atomic(path, text.encode("utf-8", errors="backslashreplace"))

@@ -17,6 +17,7 @@ Raw vs clean log suites check the same things with different strictness:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -186,17 +187,44 @@ def cluster_expectations(
 
     ratios = dict(DEFAULT_SPLIT_RATIOS if ratios is None else ratios)
     expected_splits = sorted(s for s, r in ratios.items() if r > 0)
+    return {
+        "clusters": _kept_cluster_expectations(gxe, coherence_threshold, min_size, max_size),
+        "questions": _question_expectations(gxe),
+        "split_questions": [
+            *_exist(gxe, "norm_key", "split"),
+            gxe.ExpectColumnValuesToBeUnique(
+                column="norm_key",
+                description="a question in two splits leaks test data into training",
+            ),
+            gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
+        ],
+        "split_shares": [
+            *_exist(gxe, "split", "share", "expected", "deviation"),
+            gxe.ExpectColumnValuesToBeBetween(
+                column="deviation",
+                max_value=tolerance,
+                description="split shares (by cluster) must stay near the configured ratios",
+            ),
+        ],
+        "pairs": _pair_expectations(gxe, expected_splits),
+    }
 
-    def exist(*columns: str) -> list[Expectation]:
-        return [gxe.ExpectColumnToExist(column=c) for c in columns]
 
-    def int64(*columns: str) -> list[Expectation]:
-        return [gxe.ExpectColumnValuesToBeOfType(column=c, type_="int64") for c in columns]
+def _exist(gxe: ModuleType, *columns: str) -> list[Expectation]:
+    return [gxe.ExpectColumnToExist(column=c) for c in columns]
 
-    clusters: list[Expectation] = [
+
+def _int64(gxe: ModuleType, *columns: str) -> list[Expectation]:
+    return [gxe.ExpectColumnValuesToBeOfType(column=c, type_="int64") for c in columns]
+
+
+def _kept_cluster_expectations(
+    gxe: ModuleType, coherence_threshold: float, min_size: int, max_size: int | None
+) -> list[Expectation]:
+    return [
         gxe.ExpectTableRowCountToBeBetween(min_value=1, description="no cluster survived"),
-        *exist("cluster_id", "size", "coherence", "kept", "split"),
-        *int64("cluster_id", "size"),
+        *_exist(gxe, "cluster_id", "size", "coherence", "kept", "split"),
+        *_int64(gxe, "cluster_id", "size"),
         gxe.ExpectColumnValuesToBeUnique(column="cluster_id"),
         gxe.ExpectColumnValuesToBeBetween(
             column="size",
@@ -216,10 +244,13 @@ def cluster_expectations(
         ),
         gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
     ]
-    questions: list[Expectation] = [
+
+
+def _question_expectations(gxe: ModuleType) -> list[Expectation]:
+    return [
         gxe.ExpectTableRowCountToBeBetween(min_value=1),
-        *exist("question_id", "text", "norm_key", "cluster_id", "split"),
-        *int64("question_id", "cluster_id"),
+        *_exist(gxe, "question_id", "text", "norm_key", "cluster_id", "split"),
+        *_int64(gxe, "question_id", "cluster_id"),
         gxe.ExpectColumnValuesToBeUnique(column="question_id"),
         gxe.ExpectColumnValuesToNotBeNull(column="text"),
         gxe.ExpectColumnValuesToNotBeNull(column="norm_key"),
@@ -228,26 +259,13 @@ def cluster_expectations(
         ),
         gxe.ExpectColumnValuesToBeInSet(column="split", value_set=[*SPLITS, "none"]),
     ]
-    split_questions: list[Expectation] = [
-        *exist("norm_key", "split"),
-        gxe.ExpectColumnValuesToBeUnique(
-            column="norm_key",
-            description="a question in two splits leaks test data into training",
-        ),
-        gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
-    ]
-    split_shares: list[Expectation] = [
-        *exist("split", "share", "expected", "deviation"),
-        gxe.ExpectColumnValuesToBeBetween(
-            column="deviation",
-            max_value=tolerance,
-            description="split shares (by cluster) must stay near the configured ratios",
-        ),
-    ]
-    pairs: list[Expectation] = [
+
+
+def _pair_expectations(gxe: ModuleType, expected_splits: list[str]) -> list[Expectation]:
+    return [
         gxe.ExpectTableRowCountToBeBetween(min_value=1, description="no positive pairs"),
-        *exist("q1_id", "q2_id", "cluster_id", "split"),
-        *int64("q1_id", "q2_id"),
+        *_exist(gxe, "q1_id", "q2_id", "cluster_id", "split"),
+        *_int64(gxe, "q1_id", "q2_id"),
         gxe.ExpectColumnValuesToNotBeNull(column="q1_id"),
         gxe.ExpectColumnValuesToNotBeNull(column="q2_id"),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(
@@ -266,13 +284,6 @@ def cluster_expectations(
             description="every split with a non-zero ratio needs positive pairs",
         ),
     ]
-    return {
-        "clusters": clusters,
-        "questions": questions,
-        "split_questions": split_questions,
-        "split_shares": split_shares,
-        "pairs": pairs,
-    }
 
 
 def training_pair_expectations(*, min_pairs: int = 2) -> list[Expectation]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from qpr.retrieval.maxscore import top_k
+from qpr.io import write_atomic
+from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
 from qpr.text.words import check_stemmer, tokenize
 
 FORMAT = "qpr-bm25/1"
@@ -139,6 +139,11 @@ class BM25Index:
             out[filled] = np.maximum.reduceat(self.weights, self.indptr[filled])
         return out
 
+    @functools.cached_property
+    def postings(self) -> Postings:
+        """The weights both ways, as `qpr.retrieval.maxscore.top_k` reads them."""
+        return Postings(self.indptr, self.rows, self.weights, *self.by_document)
+
     def search(
         self, text: str, k: int, *, exclude_row: int = -1, worth_pruning: int = WORTH_PRUNING
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -158,27 +163,13 @@ class BM25Index:
         counts = Counter(self.query_terms(text).tolist())
         if not counts:
             return out_s, out_r
-        terms = np.fromiter(counts.keys(), np.int64, len(counts))
-        repeats = np.fromiter(counts.values(), np.int64, len(counts))
-        bounds = self.upper_bounds[terms].astype(np.float64) * repeats
-        order = np.argsort(-bounds, kind="stable")
-        # left[j]: the most the terms j, j+1, ... can still add to one document's score.
-        left = np.append(np.cumsum(bounds[order][::-1])[::-1], 0.0)
-        doc_indptr, doc_terms, doc_weights = self.by_document
         scores, rows, _pruned_at = top_k(
-            self.indptr,
-            self.rows,
-            self.weights,
-            doc_indptr,
-            doc_terms,
-            doc_weights,
-            terms[order],
-            repeats[order].astype(np.float32),
-            left,
+            self.postings,
+            Query.of(counts, self.upper_bounds),
             k,
-            exclude_row,
-            worth_pruning,
-            *_scratch(self.num_docs, len(self.terms)),
+            thread_scratch(self.num_docs, len(self.terms)),
+            exclude_row=exclude_row,
+            worth_pruning=worth_pruning,
         )
         out_s[: scores.size] = scores
         out_r[: rows.size] = rows
@@ -197,17 +188,16 @@ class BM25Index:
             "stemmer": self.stemmer,
             "terms": sorted(self.terms, key=self.terms.__getitem__),
         }
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(
-                fh,
+        return write_atomic(
+            path,
+            lambda handle: np.savez(
+                handle,
                 header=np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8),
                 indptr=self.indptr,
                 rows=self.rows,
                 weights=self.weights,
-            )
-        os.replace(tmp, path)
-        return path
+            ),
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BM25Index:
@@ -241,24 +231,6 @@ class BM25Index:
             header["b"],
             stemmer,
         )
-
-
-_SCRATCH = threading.local()
-
-
-def _scratch(num_docs: int, num_terms: int) -> tuple[np.ndarray, ...]:
-    """This thread's work arrays for `qpr.retrieval.maxscore.top_k` (acc, state, touched, position;
-    top_k leaves them as it found them, so they are allocated once per thread and size)."""
-    arrays = getattr(_SCRATCH, "arrays", None)
-    if arrays is None or arrays[0].size != num_docs or arrays[3].size != num_terms:
-        arrays = (
-            np.zeros(num_docs, np.float32),
-            np.zeros(num_docs, np.uint8),
-            np.zeros(num_docs, np.int32),
-            np.full(num_terms, -1, np.int32),
-        )
-        _SCRATCH.arrays = arrays
-    return arrays
 
 
 def lexical_search(

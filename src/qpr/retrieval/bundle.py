@@ -1,24 +1,8 @@
 """The trained model as the search command and the search service load it: no torch.
 
-A bundle is the ``models/`` directory the pipeline writes:
-
-=========================  ===============================================================
-``vocab.json``             the tokenizer (`qpr.text.load_tokenizer`): a hashed
-                           `qpr.text.vocab.Vocabulary` (CNN) or a
-                           `qpr.text.wordpiece.WordPieceTokenizer` (transformer)
-``encoder.onnx``           the encoder; metadata_props ``vocab_sha256`` and ``max_len``
-``index/index.faiss``      FAISS index, L2 metric (`qpr.retrieval.dense.save_index`)
-``index/index.ids.npy``    row → question id (`qpr.retrieval.dense.IdMap`)
-``index/questions.parquet``  question_id, text, cluster_id of every indexed question
-``threshold.json``         choices made on the validation split: the "no answer" distance
-                           threshold (null = none chosen) and ``fusion`` (null = dense
-                           ranking alone, else the dense weight α and the candidates)
-``index/bm25.npz``         BM25 weights of the index rows (`qpr.retrieval.bm25.BM25Index`);
-                           present, and required, when threshold.json has a fusion
-``index/query_encoder.onnx``  optional (index.query_encoder int8): the encoder with int8
-                           matrix products (`qpr.model.quantize`); queries go through it, against
-                           the float32 vectors ``encoder.onnx`` gave the index
-=========================  ===============================================================
+A bundle is the ``models/`` directory the pipeline writes; its files and its search
+config are defined once, in `qpr.artifacts` (vocabulary, encoder, FAISS index, id map,
+question table, ``search.json``, and optionally BM25 weights and an int8 query encoder).
 
 `Bundle.load` refuses a directory whose files do not belong together (`BundleError` naming
 the file): a vocabulary other than the one the encoder was trained with, an index built by
@@ -29,10 +13,10 @@ Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runti
 loaded with ``fold_encoder``, the CNN's lookup tables, `qpr.retrieval.folded`) → one FAISS
 search; with fusion also BM25 over the question's words (on a worker thread, started before
 the encoder runs, so it overlaps encoding and the FAISS search on a second core), the two
-candidate lists fused (`qpr.retrieval.bm25.fuse`) and the distances of the kept rows computed from
-the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a transformer
-bundle) tokenizers; torch and transformers are never imported (a service image need not
-ship them, and importing torch costs seconds and ~0.5 GB).
+candidate lists fused (`qpr.retrieval.fusion`) and the distances of the kept rows computed
+from the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a
+transformer bundle) tokenizers; torch and transformers are never imported (a service image
+need not ship them, and importing torch costs seconds and ~0.5 GB).
 
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
@@ -43,15 +27,13 @@ A loaded bundle is immutable; `search` may be called from several threads at onc
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,8 +43,27 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+from qpr.artifacts import (
+    BM25_FILE,
+    ENCODER_FILE,
+    IDS_FILE,
+    INDEX_FILE,
+    INPUT_NAME,
+    MAX_LEN_KEY,
+    OUTPUT_NAME,
+    QUANTIZED_FROM,
+    QUERY_ENCODER_FILE,
+    QUESTIONS_FILE,
+    REQUIRED_FILES,
+    SEARCH_FILE,
+    VOCAB_FILE,
+    VOCAB_SHA256_KEY,
+    SearchConfig,
+    SearchConfigError,
+    search_config_file,
+)
 from qpr.errors import QPRError
+from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, lexical_search
 from qpr.retrieval.dense import (
     IdMap,
@@ -82,30 +83,13 @@ if TYPE_CHECKING:
     from qpr.text.wordpiece import WordPieceTokenizer
 
 __all__ = [
-    "BM25_FILE",
-    "ENCODER_FILE",
-    "IDS_FILE",
-    "INDEX_FILE",
-    "QUESTIONS_FILE",
-    "THRESHOLD_FILE",
-    "VOCAB_FILE",
     "Bundle",
     "BundleError",
     "Hit",
+    "IndexedQuestions",
+    "QueryEncoder",
     "SearchResult",
 ]
-
-# Paths relative to the models directory (the same layout as qpr.paths.ProjectPaths).
-VOCAB_FILE = Path("vocab.json")
-ENCODER_FILE = Path("encoder.onnx")
-INDEX_FILE = Path("index") / "index.faiss"
-IDS_FILE = IdMap.path_for(INDEX_FILE)
-QUESTIONS_FILE = Path("index") / "questions.parquet"
-THRESHOLD_FILE = Path("threshold.json")
-BM25_FILE = Path("index") / "bm25.npz"  # only in bundles that fuse BM25 in
-QUERY_ENCODER_FILE = Path("index") / "query_encoder.onnx"  # only with int8 queries
-# Order matters: it is the order the fingerprint hashes them in.
-_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, THRESHOLD_FILE)
 
 # Questions encoded per ONNX call in search_batch: large enough to amortise the call,
 # small enough that padding to the longest question of a chunk stays cheap.
@@ -125,8 +109,8 @@ class Hit:
         >= 0, smaller = closer; the unit of the "no answer" threshold.
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
-        per-query min-max scaling, in [0, 1] (qpr.retrieval.bm25.fuse); the distance then need
-        not grow with the rank. Neither is a calibrated probability.
+        per-query min-max scaling, in [0, 1] (qpr.retrieval.fusion.fuse); the distance then
+        need not grow with the rank. Neither is a calibrated probability.
     """
 
     question_id: int
@@ -145,8 +129,38 @@ class SearchResult:
     answered: bool
 
 
+@dataclass(frozen=True)
+class QueryEncoder:
+    """What turns a question into a vector: the tokenizer and the encoder that queries go
+    through (`qpr.artifacts.served_query_encoder`), checked to belong together.
+
+    path: the ONNX file queries go through; int8: it is the quantised query encoder.
+    folded: the CNN's lookup tables that replace the ONNX session, when loaded with them.
+    """
+
+    vocab: Vocabulary | WordPieceTokenizer
+    session: ort.InferenceSession
+    max_len: int
+    dim: int
+    path: Path
+    int8: bool = False
+    folded: FoldedCNN | None = None
+
+
+@dataclass(frozen=True)
+class IndexedQuestions:
+    """What a query is searched against: the FAISS index, each row's question (id, text,
+    cluster id), and the rows' BM25 weights when the bundle fuses BM25 in."""
+
+    index: faiss.Index
+    qids: np.ndarray
+    texts: list[str]
+    cluster_ids: np.ndarray
+    bm25: BM25Index | None = None
+
+
 class Bundle:
-    """Encoder + vocabulary + index + questions, loaded and checked together.
+    """Encoder + vocabulary + index + questions + search config, loaded and checked together.
 
     Build one with `Bundle.load`; the constructor takes already-validated parts.
     """
@@ -155,35 +169,27 @@ class Bundle:
         self,
         *,
         models_dir: Path,
-        vocab: Vocabulary | WordPieceTokenizer,
-        session: ort.InferenceSession,
-        index: faiss.Index,
-        qids: np.ndarray,
-        texts: list[str],
-        cluster_ids: np.ndarray,
-        threshold: float | None,
-        max_len: int,
+        encoder: QueryEncoder,
+        questions: IndexedQuestions,
+        config: SearchConfig,
         fingerprint: str,
-        bm25: BM25Index | None = None,
-        fusion: dict[str, float] | None = None,
-        folded: FoldedCNN | None = None,
-        int8_queries: bool = False,
     ) -> None:
         self._models_dir = models_dir
-        self._vocab = vocab
-        self._session = session
-        self._index = index
-        self._qids = qids
-        self._texts = texts
-        self._cluster_ids = cluster_ids
-        self._threshold = threshold
-        self._max_len = max_len
+        self._config = config
         self._fingerprint = fingerprint
-        self._bm25 = bm25
-        self._fusion = fusion
-        self._folded = folded
-        self._int8_queries = int8_queries
-        self._row_distances = RowDistances(index)
+        # Unpacked once: the search path reads plain attributes.
+        self._vocab = encoder.vocab
+        self._session = encoder.session
+        self._max_len = encoder.max_len
+        self._folded = encoder.folded
+        self._int8_queries = encoder.int8
+        self._index = questions.index
+        self._qids = questions.qids
+        self._texts = questions.texts
+        self._cluster_ids = questions.cluster_ids
+        self._bm25 = questions.bm25
+        self._threshold = config.threshold
+        self._row_distances = RowDistances(questions.index)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -204,11 +210,11 @@ class Bundle:
             for large search_batch calls. FAISS's OpenMP threads are left as the
             calling thread has them (libgomp keeps the limit per thread; the service
             sets it in each of its threads, `qpr.serve.openmp`).
-        nprobe: inverted lists visited per query for an IVF index; None keeps the value
-            stored in the index file (the one the index stage was built and gated with).
-            Ignored for indexes without inverted lists (Flat, HNSW).
-        ef_search: candidates kept per query for an HNSW index; None keeps the value
-            stored in the index file. Ignored for other indexes.
+        nprobe: inverted lists visited per query for an IVF index; None: the search
+            config's (`qpr.artifacts.SearchConfig`, which documents the precedence), else
+            the value stored in the index file. Ignored for indexes without inverted lists.
+        ef_search: candidates kept per query for an HNSW index; None as for nprobe.
+            Ignored for other indexes.
         fold_encoder: encode with the CNN's embedding folded into its convolution
             (`qpr.retrieval.folded`: 8x less time a question, w·V·C float32 more memory,
             0.7-1.0 s more to load for Quora's vocabulary), once the folded tables reproduced
@@ -221,140 +227,35 @@ class Bundle:
         Raises BundleError (naming the file) when a file is missing or unreadable, or the
         files do not belong together; ValueError for a bad argument.
         """
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        if nprobe is not None and nprobe < 1:
-            raise ValueError(f"nprobe must be >= 1, got {nprobe}")
-        if ef_search is not None and ef_search < 1:
-            raise ValueError(f"ef_search must be >= 1, got {ef_search}")
+        _check_arguments(threads, nprobe, ef_search)
         root = Path(models_dir)
-        paths = {rel: root / rel for rel in _FILES}
-        missing = [str(p) for p in paths.values() if not p.is_file()]
-        if missing:
-            raise BundleError(f"incomplete model bundle in {root}: missing {', '.join(missing)}")
-
-        threshold, fusion = _read_threshold(paths[THRESHOLD_FILE])
-        files = _FILES
-        if fusion is not None:
-            files = (*_FILES, BM25_FILE)
-            paths[BM25_FILE] = root / BM25_FILE
-            if not paths[BM25_FILE].is_file():
-                raise BundleError(
-                    f"{paths[THRESHOLD_FILE]} fuses BM25 in, but {paths[BM25_FILE]} is missing"
-                )
-        if (root / QUERY_ENCODER_FILE).is_file():
-            files = (*files, QUERY_ENCODER_FILE)
-            paths[QUERY_ENCODER_FILE] = root / QUERY_ENCODER_FILE
+        paths, config = _bundle_files(root)
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
-        digests = _file_digests(root, files)
-        fingerprint = _fingerprint(digests)
-
-        vocab_path = paths[VOCAB_FILE]
-        try:
-            vocab = load_tokenizer(vocab_path)
-        except VocabularyError as exc:
-            raise BundleError(str(exc)) from exc
-
-        onnx_path = paths[ENCODER_FILE]
-        int8_queries = QUERY_ENCODER_FILE in paths
-        if int8_queries:  # quantised from encoder.onnx, its metadata copied: open it alone
-            encoder_path = paths[QUERY_ENCODER_FILE]
-            session, metadata, dim = _query_encoder(
-                encoder_path, onnx_path, digests[ENCODER_FILE], threads
+        digests = {rel: file_sha256(path) for rel, path in paths.items()}
+        encoder = _load_encoder(paths, digests[ENCODER_FILE], threads)
+        served_nprobe, served_ef_search = config.depth()
+        index = _load_index(
+            paths[INDEX_FILE],
+            encoder,
+            nprobe=served_nprobe if nprobe is None else nprobe,
+            ef_search=served_ef_search if ef_search is None else ef_search,
+        )
+        questions = _load_questions(paths, index, config)
+        if fold_encoder and not encoder.int8:
+            encoder = replace(
+                encoder,
+                folded=_folded_encoder(paths[ENCODER_FILE], encoder.session, encoder.max_len),
             )
-        else:
-            encoder_path = onnx_path
-            session, metadata, dim = _open_encoder(onnx_path, threads, "encoder")
-        stored_sha = metadata.get("vocab_sha256")
-        if stored_sha is None:
-            raise BundleError(
-                f"{encoder_path}: metadata has no vocab_sha256 (not a pipeline export)"
-            )
-        if stored_sha != vocab.checksum:
-            raise BundleError(
-                f"{encoder_path} was trained with vocabulary {stored_sha[:12]}…, but "
-                f"{vocab_path} is {vocab.checksum[:12]}…: the two files come from different runs"
-            )
-        max_len = _parse_max_len(metadata.get("max_len"), encoder_path)
-        # A word-piece tokenizer truncates to its own max_len keeping [SEP]; a different
-        # encoder max_len would cut [SEP] off long questions here.
-        vocab_max_len = getattr(vocab, "max_len", None)
-        if vocab_max_len is not None and vocab_max_len != max_len:
-            raise BundleError(
-                f"{vocab_path} truncates to {vocab_max_len} word pieces but {encoder_path} was "
-                f"exported with max_len {max_len}"
-            )
-
-        if fusion is not None:  # the shallowest search keeping the fused recall
-            nprobe = fusion.get("nprobe") if nprobe is None else nprobe
-            ef_search = fusion.get("ef_search") if ef_search is None else ef_search
-        index_path = paths[INDEX_FILE]
-        try:
-            # nprobe / efSearch: False inside for indexes without lists / a graph
-            index = load_index(
-                index_path,
-                nprobe=None if nprobe is None else int(nprobe),
-                ef_search=None if ef_search is None else int(ef_search),
-            )
-        except RuntimeError as exc:
-            raise BundleError(f"cannot read FAISS index {index_path}: {exc}") from exc
-        if index.metric_type != faiss.METRIC_L2:
-            raise BundleError(
-                f"{index_path}: metric type {index.metric_type}, expected L2 "
-                "(distances and the threshold are squared euclidean distances)"
-            )
-        if index.d != dim:
-            raise BundleError(
-                f"{index_path} holds {index.d}-dimensional vectors but {encoder_path} outputs "
-                f"{dim} dimensions: the index was built by another encoder"
-            )
-
-        ids_path = paths[IDS_FILE]
-        try:
-            id_map = IdMap.load(ids_path)
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"cannot read id map {ids_path}: {exc}") from exc
-        if len(id_map) != index.ntotal:
-            raise BundleError(
-                f"{ids_path} maps {len(id_map)} rows but {index_path} holds {index.ntotal} vectors"
-            )
-
-        questions_path = paths[QUESTIONS_FILE]
-        texts, cluster_ids = _read_questions(questions_path, id_map, index.ntotal)
-        bm25 = None
-        if fusion is not None:
-            try:
-                bm25 = BM25Index.load(paths[BM25_FILE])
-            except ValueError as exc:
-                raise BundleError(str(exc)) from exc
-            if bm25.num_docs != index.ntotal:
-                raise BundleError(
-                    f"{paths[BM25_FILE]} weighs {bm25.num_docs} questions but {index_path} "
-                    f"holds {index.ntotal}: they come from different index runs"
-                )
-
-        folded = None
-        if fold_encoder and not int8_queries:
-            folded = _folded_encoder(onnx_path, session, max_len)
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
         return cls(
             models_dir=root,
-            vocab=vocab,
-            session=session,
-            index=index,
-            qids=id_map.qids,
-            texts=texts,
-            cluster_ids=cluster_ids,
-            threshold=threshold,
-            max_len=max_len,
-            fingerprint=fingerprint,
-            bm25=bm25,
-            fusion=fusion,
-            folded=folded,
-            int8_queries=int8_queries,
+            encoder=encoder,
+            questions=questions,
+            config=config,
+            fingerprint=_fingerprint(digests),
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -401,7 +302,12 @@ class Bundle:
         """{"dense_weight": α, "candidates": C, "dense_candidates": Cd, "nprobe": n or
         "ef_search": e} when BM25 is fused in (the last two absent from bundles written
         before candidates were scored exactly); None: dense only."""
-        return None if self._fusion is None else dict(self._fusion)
+        return self._config.fusion
+
+    @property
+    def search_config(self) -> SearchConfig:
+        """How this bundle is searched (search.json, or an older bundle's threshold.json)."""
+        return self._config
 
     @property
     def encoder_kernel(self) -> str:
@@ -413,8 +319,9 @@ class Bundle:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 over the bundle's files (six; one more with BM25, one more with an int8
-        query encoder): each file's path and sha256, in a fixed order.
+        """sha256 over the bundle's files (six, `qpr.artifacts.REQUIRED_FILES`; one more with
+        BM25, one more with an int8 query encoder): each file's path and sha256, in a fixed
+        order.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
@@ -459,9 +366,11 @@ class Bundle:
             return []
         sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
         k = min(k, self.size)
-        if self._bm25 is not None and self._fusion is not None:
-            candidates = min(max(k, int(self._fusion["candidates"])), self.size)
-            if len(questions) == 1 and "dense_candidates" in self._fusion:
+        if self._bm25 is not None:
+            lexical_candidates = self._config.lexical_candidates
+            assert lexical_candidates is not None  # a fused config has them
+            candidates = min(max(k, lexical_candidates), self.size)
+            if len(questions) == 1 and self._config.dense_candidates is not None:
                 return [self._fused_one(questions[0], sequences[0], candidates, k, limit)]
             lexical = _lexical_pool().submit(lexical_search, self._bm25, questions, candidates)
             vectors = self._embed(sequences)
@@ -519,9 +428,10 @@ class Bundle:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
         BM25 candidates come from `lexical`, a search already running."""
-        assert self._fusion is not None
-        weight = float(self._fusion["dense_weight"])
-        if "dense_candidates" not in self._fusion:  # bundles evaluated before exact scoring
+        config = self._config
+        assert config.dense_weight is not None
+        weight = config.dense_weight
+        if config.dense_candidates is None:  # bundles evaluated before exact scoring
             dense_distances, dense_rows = search(self._index, vectors, candidates)
             lexical_scores, lexical_rows = lexical.result()
             scores, rows = fuse(
@@ -529,7 +439,7 @@ class Bundle:
             )
             return distances_to(self._index, vectors, rows), rows, scores
         # Every candidate of both retrievers scored by its exact distance, as evaluated.
-        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        wanted = min(max(k, config.dense_candidates), self.size)
         _, dense_rows = search(self._index, vectors, wanted)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows)
@@ -545,16 +455,18 @@ class Bundle:
         once per bundle) and the kept hits' distances are read at the slots the fusion
         returns instead of being searched for again. BM25 reads the question's words on
         the worker thread too: the request thread goes straight to the encoder."""
-        assert self._bm25 is not None and self._fusion is not None
+        config = self._config
+        assert self._bm25 is not None and config.dense_candidates is not None
         lexical = _lexical_pool().submit(self._bm25.search, question, candidates)
         vector = self._embed([tokens])
-        wanted = min(max(k, int(self._fusion["dense_candidates"])), self.size)
+        wanted = min(max(k, config.dense_candidates), self.size)
         _, dense_rows = search(self._index, vector, wanted)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
         distances = self._row_distances(vector, union)
-        weight = float(self._fusion["dense_weight"])
+        weight = config.dense_weight
+        assert weight is not None
         scores, slots = fuse_union_one(-distances, union, lexical_scores, lexical_rows, weight, k)
         return self._result(
             question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
@@ -586,6 +498,127 @@ class Bundle:
 
 # ---------------------------------------------------------------- loading helpers
 
+
+def _check_arguments(threads: int, nprobe: int | None, ef_search: int | None) -> None:
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if nprobe is not None and nprobe < 1:
+        raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+    if ef_search is not None and ef_search < 1:
+        raise ValueError(f"ef_search must be >= 1, got {ef_search}")
+
+
+def _bundle_files(root: Path) -> tuple[dict[Path, Path], SearchConfig]:
+    """({relative path: path} of every file the bundle is loaded from, in fingerprint
+    order; its search config), or BundleError naming what is missing or unreadable."""
+    config_file = search_config_file(root)
+    required = [
+        config_file.relative_to(root) if rel == SEARCH_FILE else rel for rel in REQUIRED_FILES
+    ]
+    paths = {rel: root / rel for rel in required}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise BundleError(f"incomplete model bundle in {root}: missing {', '.join(missing)}")
+    try:
+        config = SearchConfig.read(root)
+    except SearchConfigError as exc:
+        raise BundleError(str(exc)) from exc
+    if config.fused:
+        paths[BM25_FILE] = root / BM25_FILE
+        if not paths[BM25_FILE].is_file():
+            raise BundleError(f"{config_file} fuses BM25 in, but {paths[BM25_FILE]} is missing")
+    if (root / QUERY_ENCODER_FILE).is_file():
+        paths[QUERY_ENCODER_FILE] = root / QUERY_ENCODER_FILE
+    return paths, config
+
+
+def _load_encoder(paths: Mapping[Path, Path], encoder_sha256: str, threads: int) -> QueryEncoder:
+    """The tokenizer and the encoder queries go through, checked against each other: the
+    encoder was exported with this vocabulary and truncates where the tokenizer does."""
+    vocab_path = paths[VOCAB_FILE]
+    try:
+        vocab = load_tokenizer(vocab_path)
+    except VocabularyError as exc:
+        raise BundleError(str(exc)) from exc
+    int8 = QUERY_ENCODER_FILE in paths
+    if int8:  # quantised from encoder.onnx, its metadata copied: open it alone
+        path = paths[QUERY_ENCODER_FILE]
+        session, metadata, dim = _query_encoder(path, paths[ENCODER_FILE], encoder_sha256, threads)
+    else:
+        path = paths[ENCODER_FILE]
+        session, metadata, dim = _open_encoder(path, threads, "encoder")
+    stored_sha = metadata.get(VOCAB_SHA256_KEY)
+    if stored_sha is None:
+        raise BundleError(f"{path}: metadata has no {VOCAB_SHA256_KEY} (not a pipeline export)")
+    if stored_sha != vocab.checksum:
+        raise BundleError(
+            f"{path} was trained with vocabulary {stored_sha[:12]}…, but "
+            f"{vocab_path} is {vocab.checksum[:12]}…: the two files come from different runs"
+        )
+    max_len = _parse_max_len(metadata.get(MAX_LEN_KEY), path)
+    # A word-piece tokenizer truncates to its own max_len keeping [SEP]; a different
+    # encoder max_len would cut [SEP] off long questions here.
+    vocab_max_len = getattr(vocab, "max_len", None)
+    if vocab_max_len is not None and vocab_max_len != max_len:
+        raise BundleError(
+            f"{vocab_path} truncates to {vocab_max_len} word pieces but {path} was "
+            f"exported with max_len {max_len}"
+        )
+    return QueryEncoder(vocab, session, max_len, dim, path, int8=int8)
+
+
+def _load_index(
+    path: Path, encoder: QueryEncoder, *, nprobe: int | None, ef_search: int | None
+) -> faiss.Index:
+    """The FAISS index searched at the given depth (None: the file's own), checked to be
+    an L2 index of the encoder's width."""
+    try:
+        # nprobe / efSearch: False inside for indexes without lists / a graph
+        index = load_index(path, nprobe=nprobe, ef_search=ef_search)
+    except RuntimeError as exc:
+        raise BundleError(f"cannot read FAISS index {path}: {exc}") from exc
+    if index.metric_type != faiss.METRIC_L2:
+        raise BundleError(
+            f"{path}: metric type {index.metric_type}, expected L2 "
+            "(distances and the threshold are squared euclidean distances)"
+        )
+    if index.d != encoder.dim:
+        raise BundleError(
+            f"{path} holds {index.d}-dimensional vectors but {encoder.path} outputs "
+            f"{encoder.dim} dimensions: the index was built by another encoder"
+        )
+    return index
+
+
+def _load_questions(
+    paths: Mapping[Path, Path], index: faiss.Index, config: SearchConfig
+) -> IndexedQuestions:
+    """Each index row's question id, text and cluster id, and BM25 when fused, checked
+    to describe the same rows as the index."""
+    ids_path, index_path = paths[IDS_FILE], paths[INDEX_FILE]
+    try:
+        id_map = IdMap.load(ids_path)
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"cannot read id map {ids_path}: {exc}") from exc
+    if len(id_map) != index.ntotal:
+        raise BundleError(
+            f"{ids_path} maps {len(id_map)} rows but {index_path} holds {index.ntotal} vectors"
+        )
+    texts, cluster_ids = _read_questions(paths[QUESTIONS_FILE], id_map, index.ntotal)
+    bm25 = None
+    if config.fused:
+        try:
+            bm25 = BM25Index.load(paths[BM25_FILE])
+        except ValueError as exc:
+            raise BundleError(str(exc)) from exc
+        if bm25.num_docs != index.ntotal:
+            raise BundleError(
+                f"{paths[BM25_FILE]} weighs {bm25.num_docs} questions but {index_path} "
+                f"holds {index.ntotal}: they come from different index runs"
+            )
+    return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25)
+
+
 # Folded tables sum in another order than ONNX Runtime's convolution: they differ by
 # rounding (relative ~1e-7 on the tests' encoders, 1.6e-6 on Quora's), not by 1e-4.
 _FOLDED_TOLERANCE = 1e-4
@@ -610,8 +643,6 @@ def _query_encoder(
 ) -> tuple[ort.InferenceSession, dict[str, str], int]:
     """`_open_encoder` for the int8 query encoder, once its metadata shows it was quantised
     from `encoder_path` (whose sha256 is given): then it carries that file's metadata."""
-    from qpr.model.quantize import QUANTIZED_FROM
-
     session, metadata, dim = _open_encoder(path, threads, "query encoder")
     if metadata.get(QUANTIZED_FROM) != encoder_sha256:
         raise BundleError(
@@ -679,20 +710,8 @@ def _signatures(paths: Iterable[Path]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _file_digests(root: Path, files: Sequence[Path]) -> dict[Path, str]:
-    """{relative path: sha256 hex} of each file, in the order given."""
-    digests = {}
-    for rel in files:
-        with open(root / rel, "rb") as fh:
-            digests[rel] = hashlib.file_digest(fh, "sha256").hexdigest()
-    return digests
-
-
 def _fingerprint(digests: dict[Path, str]) -> str:
-    outer = hashlib.sha256()
-    for rel, digest in digests.items():
-        outer.update(f"{rel.as_posix()}\t{digest}\n".encode())
-    return outer.hexdigest()
+    return text_sha256("".join(f"{rel.as_posix()}\t{digest}\n" for rel, digest in digests.items()))
 
 
 def _check_io(session: ort.InferenceSession, path: Path) -> None:
@@ -753,51 +772,3 @@ def _read_questions(path: Path, id_map: IdMap, ntotal: int) -> tuple[list[str], 
     cluster_ids = np.empty(ntotal, dtype=np.int64)
     cluster_ids[rows] = clusters_in
     return texts, cluster_ids
-
-
-def _read_threshold(path: Path) -> tuple[float | None, dict[str, float] | None]:
-    """(no-answer threshold or None, fusion {"dense_weight", "candidates"} or None)."""
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"cannot read threshold {path}: {exc}") from exc
-    if not isinstance(payload, dict) or "threshold" not in payload:
-        raise BundleError(f"{path}: expected an object with a 'threshold' key")
-    metric = payload.get("metric")
-    if metric != "l2":
-        raise BundleError(f"{path}: metric {metric!r}, the bundle's index uses 'l2'")
-    fusion = _read_fusion(path, payload.get("fusion"))
-    value = payload["threshold"]
-    if value is None:
-        return None, fusion
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BundleError(f"{path}: threshold {value!r} is not a finite number or null")
-    return float(value), fusion
-
-
-def _read_fusion(path: Path, fusion: object) -> dict[str, float] | None:
-    """None, or {"dense_weight", "candidates"} plus, from bundles that score every
-    candidate exactly, "dense_candidates" and "nprobe" or "ef_search" (absent: the
-    index's own)."""
-    if fusion is None:
-        return None
-    wrong = BundleError(
-        f"{path}: fusion must be null or {{dense_weight in [0, 1], candidates >= 1, "
-        f"optional dense_candidates, nprobe, ef_search >= 1}}, got {fusion!r}"
-    )
-    if not isinstance(fusion, dict):
-        raise wrong
-    weight = fusion.get("dense_weight")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
-        raise wrong
-    out: dict[str, float] = {"dense_weight": float(weight)}
-    for key in ("candidates", "dense_candidates", "nprobe", "ef_search"):
-        value = fusion.get(key)
-        if value is None and key != "candidates":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise wrong
-        out[key] = int(value)
-    if ("nprobe" in out or "ef_search" in out) and "dense_candidates" not in out:
-        raise wrong  # a depth was only ever chosen for exactly scored candidates
-    return out

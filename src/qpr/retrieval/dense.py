@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,9 +30,12 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from qpr.io import atomic_path, save_numpy_atomic
+
 __all__ = [
     "MIN_POINTS_PER_CENTROID",
     "IdMap",
+    "IndexConfig",
     "build_index",
     "drop_excluded",
     "ef_search_of",
@@ -320,47 +322,56 @@ def _as_matrix(x: np.ndarray, name: str, d: int | None = None) -> np.ndarray:
     return x
 
 
-def build_index(
-    vectors: np.ndarray,
-    factory: str = "IVF2000,Flat",
-    *,
-    nprobe: int,
-    metric: str = "l2",
-    seed: int,
-    use_gpu: bool | None = None,
-    ef_search: int = 256,
-    ef_construction: int = 200,
-    refine_k_factor: float = 8.0,
-    log: Callable[[str], None] = print,
-) -> faiss.Index:
-    """Train an index on ``vectors`` and add them all (row r = ``vectors[r]``).
+@dataclass(frozen=True)
+class IndexConfig:
+    """How `build_index` builds an index.
 
-    Parameters
-    ----------
-    vectors : float32 [N, D]. Must be finite.
     factory : a FAISS index_factory string ("IVF2000,Flat" as in the paper, "Flat",
-        "IVF256,PQ32", "HNSW32", ...). IVF nlist is lowered when N is too small to train
-        it, see `fit_factory`; the change is logged.
+        "IVF256,PQ32", "HNSW32", ...). IVF nlist is lowered when there are too few vectors
+        to train it, see `fit_factory`; the change is logged.
     nprobe : inverted lists visited per query (ignored, with a log line, for non-IVF).
     metric : "l2" (squared euclidean, lower = closer) or "ip" (inner product, higher =
         closer; normalise the vectors first for cosine).
-    seed : k-means seed for the coarse quantizer and PQ codebooks: same vectors, same
-        seed → same index.
     use_gpu : None = on GPU when faiss sees one; True = ask for it (falls back to CPU with
         a log line on faiss-cpu); False = CPU.
     ef_search, ef_construction : for HNSW indexes (ignored otherwise): candidates kept per
         query, and per insertion while building. A graph built with a larger
-        ef_construction reaches a given recall with a smaller (faster) ef_search. HNSW
-        vectors are added on one thread: FAISS's parallel insertion order, hence the
-        graph, differs from run to run, and a pipeline stage must give the same index
-        for the same inputs.
+        ef_construction reaches a given recall with a smaller (faster) ef_search.
     refine_k_factor : for ``...,RFlat`` indexes (ignored otherwise): candidates re-ranked
         with exact distances per wanted result, see `set_refine_k_factor`.
+    """
+
+    factory: str
+    nprobe: int
+    metric: str = "l2"
+    use_gpu: bool | None = None
+    ef_search: int = 256
+    ef_construction: int = 200
+    refine_k_factor: float = 8.0
+
+
+def build_index(
+    vectors: np.ndarray,
+    config: IndexConfig,
+    *,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> faiss.Index:
+    """Train an index on ``vectors`` (float32 [N, D], finite) as ``config`` says and add
+    them all (row r = ``vectors[r]``).
+
+    seed : k-means seed for the coarse quantizer and PQ codebooks: same vectors, same
+        seed → same index. HNSW vectors are added on one thread: FAISS's parallel insertion
+        order, hence the graph, differs from run to run, and a pipeline stage must give the
+        same index for the same inputs.
     log : where progress lines go.
 
     Returns the trained, filled index: a GPU index when built on GPU (`save_index`
     stores it as a CPU index), else a CPU index.
     """
+    factory, nprobe, metric = config.factory, config.nprobe, config.metric
+    use_gpu, ef_search = config.use_gpu, config.ef_search
+    ef_construction, refine_k_factor = config.ef_construction, config.refine_k_factor
     vectors = _as_matrix(vectors, "vectors")
     n, d = vectors.shape
     if n == 0:
@@ -446,15 +457,8 @@ def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
     a half-written index.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        faiss.write_index(_to_cpu(index), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        faiss.write_index(_to_cpu(index), str(tmp))
     return path
 
 
@@ -539,11 +543,8 @@ class IdMap:
         return p.with_name(f"{p.stem}.ids.npy")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:  # a file object: np.save would append ".npy" to a str
-            np.save(f, self.qids, allow_pickle=False)
-        return path
+        """Write the ids to ``path`` atomically (a plain int64 .npy)."""
+        return save_numpy_atomic(path, self.qids)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> IdMap:

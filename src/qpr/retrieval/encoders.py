@@ -8,13 +8,14 @@ float32 [batch, D] (`qpr.artifacts.INPUT_NAME` / `OUTPUT_NAME`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
-from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+from qpr.artifacts import INPUT_NAME, MAX_LEN_KEY, OUTPUT_NAME
 from qpr.text.vocab import pad_sequences
 
 if TYPE_CHECKING:
@@ -44,6 +45,12 @@ def run_session(session: ort.InferenceSession, token_ids: np.ndarray) -> np.ndar
     """float32 [batch, D] embeddings of int64 [batch, length] token ids."""
     ids = np.ascontiguousarray(token_ids, dtype=np.int64)
     return session.run([OUTPUT_NAME], {INPUT_NAME: ids})[0]
+
+
+def onnx_max_len(session: ort.InferenceSession) -> int:
+    """max_len the encoder was trained with, from the ONNX metadata the export stage wrote
+    (`qpr.artifacts.MAX_LEN_KEY`)."""
+    return int(session.get_modelmeta().custom_metadata_map[MAX_LEN_KEY])
 
 
 def embedding_dim(session: ort.InferenceSession) -> int:
@@ -84,3 +91,35 @@ def encode(
         token_ids, _ = pad_sequences([sequences[i] for i in idx], max_len=max_len)
         out[idx] = run_session(session, token_ids)
     return out
+
+
+CORPUS_CHUNK = 20_000  # questions per progress line of encode_corpus
+
+
+def encode_corpus(
+    session: ort.InferenceSession,
+    vocab: Vocabulary | WordPieceTokenizer,
+    texts: list[str],
+    *,
+    batch_size: int,
+    log: Callable[[str], None] = print,
+) -> np.ndarray:
+    """float32 [N, D] vectors of a whole corpus at the encoder's own max_len (its ONNX
+    metadata), encoded in chunks so a person sees progress on large corpora."""
+    max_len = onnx_max_len(session)
+    parts: list[np.ndarray] = []
+    started = time.perf_counter()
+    for start in range(0, len(texts), CORPUS_CHUNK):
+        parts.append(
+            encode(
+                session,
+                vocab,
+                texts[start : start + CORPUS_CHUNK],
+                batch_size=batch_size,
+                max_len=max_len,
+            )
+        )
+        done = min(start + CORPUS_CHUNK, len(texts))
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        log(f"encoded {done:,} / {len(texts):,} questions ({rate:,.0f}/s)")
+    return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)

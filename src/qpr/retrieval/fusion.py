@@ -18,9 +18,10 @@ def candidate_union(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndar
     """Each query's distinct candidates from both retrievers: int64 [Q, Cd + Cl], ascending,
     -1 (empty) slots last. dense_rows int64 [Q, Cd], lexical_rows int64 [Q, Cl].
 
-    Every row of the union is then scored by its exact distance (`qpr.retrieval.dense.distances_to`),
-    so a BM25 candidate the approximate index did not return still gets its dense share
-    in `fuse`, and the dense side only has to add the few candidates BM25 missed.
+    Every row of the union is then scored by its exact distance
+    (`qpr.retrieval.dense.distances_to`), so a BM25 candidate the approximate index did not
+    return still gets its dense share in `fuse`, and the dense side only has to add the few
+    candidates BM25 missed.
     """
     dense_rows = np.asarray(dense_rows, np.int64)
     lexical_rows = np.asarray(lexical_rows, np.int64)

@@ -52,7 +52,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import qpr
 from qpr.retrieval.bundle import Bundle, SearchResult
-from qpr.serve.metrics import CONTENT_TYPE, Registry
+from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
@@ -121,7 +121,7 @@ class _Guard:
     its size (Content-Length) or not (chunked), and the app sees one complete body.
     """
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, telemetry: _Telemetry) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, telemetry: Telemetry) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.telemetry = telemetry
@@ -225,65 +225,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # after the body: wait for the disconnect, as servers do
 
     return replay
-
-
-# ---------------------------------------------------------------- telemetry
-
-
-class _Telemetry:
-    """The service's metric families and the hooks that keep them current."""
-
-    def __init__(self) -> None:
-        self.registry = Registry()
-        self.requests = self.registry.counter(
-            "qpr_http_requests_total",
-            "HTTP requests by endpoint, method and status code.",
-            ("endpoint", "method", "status"),
-        )
-        self.latency = self.registry.histogram(
-            "qpr_http_request_duration_seconds",
-            "Time from request start to the end of the response, by endpoint.",
-            ("endpoint",),
-        )
-        self.questions = self.registry.counter(
-            "qpr_questions_total",
-            "Questions searched, by whether the top hit was within the no-answer threshold.",
-            ("answered",),
-        )
-        self.model_info = self.registry.gauge(
-            "qpr_model_info",
-            "The serving model (value 1); labels say which.",
-            ("name", "version", "alias", "fingerprint"),
-        )
-        self.model_loaded = self.registry.gauge(
-            "qpr_model_loaded_timestamp_seconds", "When the serving model was loaded."
-        )
-        self.model_questions = self.registry.gauge(
-            "qpr_model_index_questions", "Questions in the serving model's index."
-        )
-        self.ready = self.registry.gauge("qpr_ready", "1 when a model serves, else 0.")
-        self.reloads = self.registry.counter(
-            "qpr_model_reloads_total",
-            "Reload attempts by outcome (swapped, refused, error).",
-            ("outcome",),
-        )
-
-    def observe(self, endpoint: str, method: str, status: int, seconds: float) -> None:
-        self.requests.inc(endpoint, method, str(status))
-        self.latency.observe(seconds, endpoint)
-
-    def refresh_model(self, served: Served | None) -> None:
-        if served is None:
-            self.model_info.replace([])
-            self.ready.set(0)
-            return
-        info = served.info
-        self.model_info.replace(
-            [((info.name, info.version or "", info.alias or "", info.fingerprint), 1.0)]
-        )
-        self.model_loaded.set(info.loaded_at)
-        self.model_questions.set(info.questions)
-        self.ready.set(1)
 
 
 # ---------------------------------------------------------------- request bodies
@@ -409,12 +350,23 @@ def _model_brief(served: Served) -> dict[str, Any]:
 
 @dataclass
 class _ServiceState:
+    """Everything the endpoints read, built once per app (`app.state.service`)."""
+
     settings: ServeSettings
+    source: BundleSource
     holder: ModelHolder
     reloader: Reloader
-    telemetry: _Telemetry
+    telemetry: Telemetry
+    openmp: OpenMPThreads
     git_commit: str | None
     started_at: float
+
+    def serving(self) -> Served:
+        """The serving model, read once: a request uses it to the end. 503 when none."""
+        served = self.holder.current
+        if served is None:
+            raise ApiError(503, "not_ready", "no model is loaded yet; see /version")
+        return served
 
 
 def source_from_settings(settings: ServeSettings) -> BundleSource:
@@ -461,7 +413,28 @@ def create_app(
         threads, nprobe and ef_search); tests substitute their own.
     """
     settings = settings or ServeSettings.from_env()
-    source = source or source_from_settings(settings)
+    state = _service_state(source or source_from_settings(settings), settings, load)
+    app = FastAPI(
+        title="QPR search",
+        version=qpr.__version__,
+        description="Question paraphrase retrieval: the known questions that ask the same thing.",
+        lifespan=_lifespan(state),
+        docs_url=None,  # Swagger UI loads its assets from a CDN; /openapi.json stays
+        redoc_url=None,
+    )
+    app.state.service = state
+    _add_error_handlers(app)
+    _add_search_routes(app, state)
+    _add_status_routes(app, state)
+    guarded: Any = _Guard
+    app.add_middleware(guarded, max_body_bytes=settings.max_body_bytes, telemetry=state.telemetry)
+    return app
+
+
+def _service_state(
+    source: BundleSource, settings: ServeSettings, load: Callable[[Path], Bundle] | None
+) -> _ServiceState:
+    """The holder, the reloader that fills it and the telemetry that watches both."""
     # libgomp keeps the limit per thread: each thread that searches sets it (see
     # qpr.serve.openmp); qpr.serve.settings says why 1. The caller's thread only builds
     # the app, so it is left as it is.
@@ -477,7 +450,7 @@ def create_app(
             fold_encoder=settings.fold_encoder,
         )
 
-    telemetry = _Telemetry()
+    telemetry = Telemetry()
     holder = ModelHolder()
     reloader = Reloader(
         source,
@@ -486,40 +459,42 @@ def create_app(
         canaries=settings.canaries,
         warmup_k=settings.default_k,
         poll_seconds=settings.poll_seconds,
-        on_event=lambda outcome, message: telemetry.reloads.inc(outcome),
+        on_event=lambda outcome, message: telemetry.reloads.labels(outcome).inc(),
     )
-    telemetry.registry.on_collect(lambda: telemetry.refresh_model(holder.current))
-    state = _ServiceState(
+    telemetry.watch_model(lambda: holder.current)
+    return _ServiceState(
         settings=settings,
+        source=source,
         holder=holder,
         reloader=reloader,
         telemetry=telemetry,
+        openmp=openmp,
         git_commit=_git_commit(),
         started_at=time.time(),
     )
 
+
+def _lifespan(
+    state: _ServiceState,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Load the model before taking requests, poll for new ones while serving."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(reloader.check)
-        if holder.current is None:
-            log.error("no model could be loaded from %s; not ready", source.description)
-        reloader.start()
+        await run_in_threadpool(state.reloader.check)
+        if state.holder.current is None:
+            log.error("no model could be loaded from %s; not ready", state.source.description)
+        state.reloader.start()
         try:
             yield
         finally:
-            reloader.stop()
+            state.reloader.stop()
 
-    app = FastAPI(
-        title="QPR search",
-        version=qpr.__version__,
-        description="Question paraphrase retrieval: the known questions that ask the same thing.",
-        lifespan=lifespan,
-        docs_url=None,  # Swagger UI loads its assets from a CDN; /openapi.json stays
-        redoc_url=None,
-    )
-    app.state.service = state
+    return lifespan
 
-    # ---- error handlers: every refusal has the same JSON shape and the request id
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal has the same JSON shape and the request id."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -549,14 +524,10 @@ def create_app(
         body = _error_body("invalid_request", summary, _request_id(request), details)
         return Response(body, status_code=422, media_type="application/json")
 
-    def serving() -> Served:
-        served = holder.current  # read once: the request uses this model to the end
-        if served is None:
-            raise ApiError(503, "not_ready", "no model is loaded yet; see /version")
-        return served
 
-    # ---- endpoints
-
+def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
+    """POST /search and /search/batch."""
+    settings, telemetry, openmp = state.settings, state.telemetry, state.openmp
     search_schema = {"requestBody": _body_schema(_SearchBody, _SEARCH_EXAMPLE)}
     batch_schema = {"requestBody": _body_schema(_BatchBody, _BATCH_EXAMPLE)}
 
@@ -567,14 +538,14 @@ def create_app(
         _check_question(body.question, settings)
         k = _check_k(body.k, settings)
         threshold = _check_threshold(body.threshold)
-        served = serving()
+        served = state.serving()
         try:
             result = await run_in_threadpool(
                 openmp.call, served.bundle.search, body.question, k, threshold=threshold
             )
         except ValueError as exc:  # e.g. only punctuation: no words to search with
             raise ApiError(422, "invalid_question", str(exc)) from None
-        telemetry.questions.inc("true" if result.answered else "false")
+        telemetry.questions.labels("true" if result.answered else "false").inc()
         return _respond(
             {
                 "query": result.query,
@@ -601,7 +572,7 @@ def create_app(
             _check_question(question, settings, where=f"questions[{i}]")
         k = _check_k(body.k, settings)
         threshold = _check_threshold(body.threshold)
-        served = serving()
+        served = state.serving()
         try:
             results = await run_in_threadpool(
                 openmp.call, served.bundle.search_batch, body.questions, k, threshold=threshold
@@ -610,9 +581,9 @@ def create_app(
             raise ApiError(422, "invalid_question", str(exc)) from None
         answered = sum(r.answered for r in results)
         if answered:
-            telemetry.questions.inc("true", amount=answered)
+            telemetry.questions.labels("true").inc(answered)
         if len(results) - answered:
-            telemetry.questions.inc("false", amount=len(results) - answered)
+            telemetry.questions.labels("false").inc(len(results) - answered)
         return _respond(
             {
                 "results": [
@@ -622,6 +593,11 @@ def create_app(
                 "model": _model_brief(served),
             }
         )
+
+
+def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
+    """GET /healthz, /readyz, /version, /metrics."""
+    settings, holder, reloader = state.settings, state.holder, state.reloader
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -669,11 +645,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text format."""
-        return Response(telemetry.registry.render(), media_type=CONTENT_TYPE)
-
-    guarded: Any = _Guard
-    app.add_middleware(guarded, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
-    return app
+        return Response(state.telemetry.render(), media_type=CONTENT_TYPE)
 
 
 def _body_schema(model: type[BaseModel], example: str) -> dict[str, Any]:

@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from qpr.artifacts import QUESTIONS_FILE
 from qpr.errors import QPRError
-from qpr.retrieval.bundle import QUESTIONS_FILE, Bundle, BundleError
+from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.serve.sources import BundleSource, Candidate, SourceError
 
 __all__ = [

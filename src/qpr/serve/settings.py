@@ -19,9 +19,10 @@ variable                           default    meaning
 ``QPR_SERVE_FAISS_THREADS``        1          FAISS OpenMP threads per searching thread
 ``QPR_SERVE_FOLD_ENCODER``         true       encode with the CNN folded into lookup tables
                                               (`qpr.retrieval.folded`; more memory, 8x faster)
-``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the value
-                                              chosen for fused searches (threshold.json),
-                                              else the one stored in the index file
+``QPR_SERVE_NPROBE``               (stored)   IVF lists probed per query; empty = the
+                                              bundle's (`qpr.artifacts.SearchConfig`)
+``QPR_SERVE_EF_SEARCH``            (stored)   HNSW candidates kept per query; empty: as
+                                              QPR_SERVE_NPROBE
 ``QPR_SERVE_CANARIES``             5          indexed questions a new bundle must retrieve
                                               first before it may serve
 ``QPR_SERVE_ACCESS_LOG``           false      one log line per request (uvicorn's)
@@ -29,6 +30,13 @@ variable                           default    meaning
 ``QPR_SERVE_REGISTRY_NAME``        (none)     serve the MLflow registered model of this name
 ``QPR_SERVE_ALIAS``                champion   ... at this alias
 =================================  =========  ==============================================
+
+Why parsed here and not by pydantic-settings: compared input by input
+(`benchmarks/library_choices.py`, docs/results/library_choices.md), an idiomatic
+`BaseSettings` treats about one input in five differently (a blank value is an error, not
+unset; "70.0", "t" and lower-case names are accepted; values are not stripped; plain
+construction reads the environment). Making it behave the same takes validators doing the
+parsing written here, so the saving goes.
 
 Why one FAISS thread: the service searches one question per call, where FAISS parallelises
 over queries, so more threads only add OpenMP start-up cost; with several requests in
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +96,7 @@ class ServeSettings:
                 raise SettingsError(f"{name} must be >= 1, got {value}")
         if self.default_k > self.max_k:
             raise SettingsError(f"default_k={self.default_k} is above max_k={self.max_k}")
-        if self.poll_seconds < 0:
+        if not self.poll_seconds >= 0:  # NaN too
             raise SettingsError(f"poll_seconds must be >= 0 (0 = never), got {self.poll_seconds}")
         if self.nprobe is not None and self.nprobe < 1:
             raise SettingsError(f"nprobe must be >= 1, got {self.nprobe}")
@@ -102,6 +111,7 @@ class ServeSettings:
         options; None values are ignored). SettingsError names a bad variable."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        given: dict[str, str] = {}  # field -> "VARIABLE='value'", for the error messages
         for field in dataclasses.fields(cls):
             key = ENV_PREFIX + field.name.upper()
             raw = env.get(key)
@@ -112,11 +122,23 @@ class ServeSettings:
                 values[field.name] = parse(raw.strip())
             except ValueError:
                 raise SettingsError(f"{key}={raw!r} is not a valid {what}") from None
-        values.update({k: v for k, v in overrides.items() if v is not None})
+            given[field.name] = f"{key}={raw!r}"
+        chosen = {k: v for k, v in overrides.items() if v is not None}
+        values.update(chosen)
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except SettingsError as err:  # out of range: say which variable set it
+            named = [
+                where
+                for name, where in given.items()
+                if name not in chosen and re.search(rf"\b{name}\b", str(err))
+            ]
+            if not named:
+                raise
+            raise SettingsError(f"{err} ({', '.join(named)})") from None
 
     def replace(self, **changes: Any) -> ServeSettings:
         return dataclasses.replace(self, **changes)

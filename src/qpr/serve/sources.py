@@ -5,9 +5,9 @@ runs every few seconds) and *give me its files* (`materialize`, expensive: only 
 answer changed). The reloader (`qpr.serve.reload`) drives both.
 
 - `LocalSource`: a ``models/`` directory as the pipeline writes it. The cheap check is a
-  stat signature (inode, size, mtime of the six bundle files): the pipeline replaces files
-  by rename, so any rewrite changes it. Content identity is then the bundle fingerprint
-  (sha256 of the files), computed by `Bundle.load`. Meant for development and for images
+  stat signature (inode, size, mtime of the bundle's files, `qpr.artifacts`): the pipeline
+  replaces files by rename, so any rewrite changes it. Content identity is then the bundle
+  fingerprint (sha256 of the files), computed by `Bundle.load`. Meant for development and for images
   that bake a bundle in; while a `dvc repro` rewrites the directory stage by stage, the
   intermediate mixes are refused by the load checks and the canaries (see docs/serving.md).
 - `RegistrySource`: the MLflow registry's alias (default ``champion``) of a registered
@@ -30,18 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from qpr.artifacts import LEGACY_SEARCH_FILE, OPTIONAL_FILES, REQUIRED_FILES
 from qpr.errors import QPRError
-from qpr.retrieval.bundle import (
-    BM25_FILE,
-    ENCODER_FILE,
-    IDS_FILE,
-    INDEX_FILE,
-    QUERY_ENCODER_FILE,
-    QUESTIONS_FILE,
-    THRESHOLD_FILE,
-    VOCAB_FILE,
-    BundleError,
-)
+from qpr.retrieval.bundle import BundleError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -63,17 +54,9 @@ BUNDLE_SUBDIR = Path("artifacts") / "bundle"
 # without them is served all the same, only without the integrity check / commit.
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"
 TAG_GIT_COMMIT = "qpr.git_commit"
-# The files whose stat signature tells a local bundle changed (all that Bundle.load reads).
-_WATCHED = (
-    VOCAB_FILE,
-    ENCODER_FILE,
-    INDEX_FILE,
-    IDS_FILE,
-    QUESTIONS_FILE,
-    THRESHOLD_FILE,
-    BM25_FILE,
-    QUERY_ENCODER_FILE,
-)
+# The files whose stat signature tells a local bundle changed (all that Bundle.load may
+# read: an older bundle's search config is its threshold.json).
+_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES)
 
 
 class SourceError(QPRError, RuntimeError):

@@ -14,10 +14,8 @@ numpy only: the search service loads the vocabulary without torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -28,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from qpr.errors import QPRError
+from qpr.io import json_sha256, write_text_atomic
 from qpr.text.normalize import NORMALIZER_VERSION, tokenize
 
 PAD_ID = 0
@@ -43,23 +42,6 @@ class VocabularyError(QPRError, ValueError):
 def stable_hash(word: str) -> int:
     """CRC-32 of the UTF-8 bytes: identical across processes, platforms and Python versions."""
     return zlib.crc32(word.encode("utf-8"))
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a synced temp file and a rename: a crash never
-    leaves half a file, and a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def pad_sequences(
@@ -235,5 +217,4 @@ class Vocabulary:
 
 
 def _checksum(payload: dict[str, Any]) -> str:
-    canonical = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return json_sha256(payload)

@@ -18,7 +18,6 @@ truncates with ``max_seq_length = max_len``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -29,8 +28,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from qpr.io import json_sha256, write_text_atomic
 from qpr.text.pretrained import package_model_dir
-from qpr.text.vocab import PAD_ID, VocabularyError, pad_sequences, write_text_atomic
+from qpr.text.vocab import PAD_ID, VocabularyError, pad_sequences
 
 FORMAT = "qpr-wordpiece"
 FORMAT_VERSION = 1
@@ -39,8 +39,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def _checksum(payload: dict[str, Any]) -> str:
-    canonical = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return json_sha256(payload)
 
 
 def _package_version(package: str) -> str | None:

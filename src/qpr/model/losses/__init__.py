@@ -7,7 +7,7 @@ A loss with the class attribute `needs_labels = True` (the margin-softmax ones) 
 classifier over the training clusters instead: forward(anchors, positives, labels) with
 labels int [N] the dense class index (0..C-1) of each pair's cluster, and it must be built
 with num_classes = C, the number of distinct clusters among the pairs trained on
-(qpr.training.loop.num_training_classes). Its class vectors are parameters of the loss.
+(qpr.training.pairs.num_training_classes). Its class vectors are parameters of the loss.
 
 A loss with `needs_teacher = True` (SDML with a teacher prior) is called as
 forward(anchors, positives, teacher_anchors, teacher_positives), the last two a fixed

@@ -1,0 +1,250 @@
+"""Fusion tuning: how the served search mixes the dense ranking with BM25, chosen on the
+validation split.
+
+- `choose_dense_weight`: the fusion weight α with the best validation P@1, over an exact
+  dense search (α is the model's, not the index's);
+- `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
+  target recall of that exact ranking.
+
+Candidates are scored as `qpr.retrieval.bundle.Bundle.search` scores them per question,
+so what is measured here is what the service serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from qpr.evaluation.queries import QuerySet, SystemResult, score_system
+
+
+@dataclass(frozen=True)
+class HybridCandidates:
+    """One split's candidates from both retrievers, before fusion."""
+
+    queries: QuerySet
+    query_rows: np.ndarray  # int64 [Q] each query's own index row (left out of its results)
+    vectors: np.ndarray  # float32 [Q, D] query embeddings
+    dense_sims: np.ndarray  # float32 [Q, C] minus the exact L2 distance of every candidate
+    dense_rows: np.ndarray  # int64 [Q, C] both retrievers' candidates (candidate_union)
+    lexical_scores: np.ndarray  # float32 [Q, Cl] BM25
+    lexical_rows: np.ndarray  # int64 [Q, Cl]
+    seconds: float
+
+
+def hybrid_candidates(
+    index,
+    queries: QuerySet,
+    query_rows: np.ndarray,
+    vectors: np.ndarray,
+    lexical_scores: np.ndarray,
+    lexical_rows: np.ndarray,
+    dense_candidates: int,
+    seconds: float = 0.0,
+) -> HybridCandidates:
+    """The served candidates: the index's top `dense_candidates` and BM25's, each scored
+    by its exact distance (what `Bundle.search` does per question). `index` may be an
+    exact twin (`qpr.retrieval.dense.exact_twin`): the reference the served nprobe is
+    chosen against.
+    """
+    from qpr.retrieval.dense import distances_to, search
+    from qpr.retrieval.fusion import candidate_union
+
+    started = time.perf_counter()
+    _, dense_rows = search(index, vectors, dense_candidates, exclude=query_rows)
+    rows = candidate_union(dense_rows, lexical_rows)
+    sims = -distances_to(index, vectors, rows)
+    return HybridCandidates(
+        queries,
+        query_rows,
+        vectors,
+        sims,
+        rows,
+        lexical_scores,
+        lexical_rows,
+        seconds + time.perf_counter() - started,
+    )
+
+
+def fused_result(
+    candidates: HybridCandidates, dense_weight: float, index, row_to_qid: np.ndarray, k: int
+) -> SystemResult:
+    """The served ranking: fusion at α = dense_weight; top1 is the rank-1 question's L2
+    distance (the unit of the no-answer threshold), whichever retriever found it."""
+    from qpr.retrieval.dense import distances_to
+    from qpr.retrieval.fusion import fuse_union
+
+    started = time.perf_counter()
+    scores, rows = fuse_union(
+        candidates.dense_sims,
+        candidates.dense_rows,
+        candidates.lexical_scores,
+        candidates.lexical_rows,
+        dense_weight,
+        k,
+    )
+    result = score_system(
+        "model",
+        candidates.queries,
+        rows,
+        scores,
+        row_to_qid,
+        higher_is_better=True,
+        seconds=candidates.seconds + time.perf_counter() - started,
+    )
+    top1 = distances_to(index, candidates.vectors, rows[:, :1])[:, 0].astype(np.float64)
+    return replace(result, top1=top1)
+
+
+def choose_dense_weight(
+    val: HybridCandidates,
+    weights: Sequence[float],
+    index,
+    row_to_qid: np.ndarray,
+    k: int,
+    plot: Path,
+) -> dict:
+    """The α of `weights` with the best validation success@1 (ties: the larger α, the
+    ranking closer to the dense one); the curve is plotted."""
+    by_weight: dict[str, float] = {}
+    for weight in sorted(set(weights)):
+        by_weight[str(weight)] = fused_result(val, weight, index, row_to_qid, k).summary[
+            "success_1"
+        ]
+    best = max(by_weight.items(), key=lambda item: (item[1], float(item[0])))
+    plot_fusion_curve(by_weight, float(best[0]), plot)
+    return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
+
+
+# How deep a fused search may go, tried from the shallowest up: inverted lists probed
+# (IVF, qpr.retrieval.dense.set_nprobe) or graph candidates kept (HNSW,
+# qpr.retrieval.dense.set_ef_search).
+# Steps of about 1.5x: a search's cost grows with its depth, so doubling would often
+# serve up to twice the lists the target needs.
+SERVED_DEPTHS = {
+    "nprobe": (
+        *(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768),
+        *(1024, 1536, 2048, 3072, 4096, 6144, 8192),
+    ),
+    "ef_search": (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
+}
+
+
+def choose_served_depth(
+    index,
+    exact: HybridCandidates,
+    dense_weight: float,
+    dense_candidates: int,
+    k: int,
+    target: float,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The shallowest search (fewest IVF lists, or fewest HNSW candidates kept) whose
+    fused top k keeps `target` of the top k fused from an exact dense search (`exact`: the
+    validation candidates from the index's exact twin, `hybrid_candidates(exact_twin(index),
+    ...)`).
+
+    A fused ranking takes only a few candidates from the index and scores every candidate
+    exactly, so it needs a far shallower search than the dense ranking alone. Depths are
+    tried from SERVED_DEPTHS below the index's own, then its own; the first to reach the
+    target is chosen (the index's own when none does: `reached` is False), and the index is
+    left set to it. Returns {"nprobe", "ef_search" (the one chosen, the other None),
+    "recall", "target", "reached", "by_nprobe" / "by_ef_search" (recall per depth tried)};
+    a Flat index gets its recall measured as it stands, both depths None.
+    """
+    import faiss
+
+    from qpr.retrieval.dense import (
+        ef_search_of,
+        nlist_of,
+        recall_against,
+        set_ef_search,
+        set_nprobe,
+    )
+    from qpr.retrieval.fusion import fuse_union
+
+    def fused_rows(candidates: HybridCandidates) -> np.ndarray:
+        return fuse_union(
+            candidates.dense_sims,
+            candidates.dense_rows,
+            candidates.lexical_scores,
+            candidates.lexical_rows,
+            dense_weight,
+            k,
+        )[1]
+
+    def served_at(searched) -> float:
+        candidates = hybrid_candidates(
+            searched,
+            exact.queries,
+            exact.query_rows,
+            exact.vectors,
+            exact.lexical_scores,
+            exact.lexical_rows,
+            dense_candidates,
+        )
+        return recall_against(fused_rows(candidates), reference)
+
+    reference = fused_rows(exact)
+    out: dict = {"nprobe": None, "ef_search": None, "by_nprobe": {}, "by_ef_search": {}}
+    if nlist_of(index) is not None:
+        knob, own, set_depth = "nprobe", int(faiss.extract_index_ivf(index).nprobe), set_nprobe
+    elif ef_search_of(index) is not None:
+        knob, own, set_depth = "ef_search", int(ef_search_of(index)), set_ef_search
+    else:
+        recall = served_at(index)
+        return {**out, "recall": recall, "target": target, "reached": recall >= target}
+    tried: dict[str, float] = {}
+    chosen = own
+    for depth in [d for d in SERVED_DEPTHS[knob] if d < own] + [own]:
+        set_depth(index, depth)
+        tried[str(depth)] = served_at(index)
+        log(f"served recall@{k} of the fusion at {knob} {depth}: {tried[str(depth)]:.4f}")
+        if tried[str(depth)] >= target:
+            chosen = depth
+            break
+    set_depth(index, chosen)
+    recall = tried[str(chosen)]
+    return {
+        **out,
+        knob: chosen,
+        f"by_{knob}": tried,
+        "recall": recall,
+        "target": target,
+        "reached": recall >= target,
+    }
+
+
+def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: Path) -> Path:
+    """Validation P@1 against α; without fusion (empty by_weight) a figure that says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    if by_weight and chosen is not None:
+        ax.plot([float(w) for w in by_weight], list(by_weight.values()), marker="o")
+        ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen α = {chosen:g}")
+        ax.legend()
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            "index.lexical.enabled is false:\nthe dense ranking alone is served",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
+    ax.set_xlabel("dense weight α (0 = BM25 alone, 1 = dense alone)")
+    ax.set_ylabel("validation P@1")
+    ax.set_title("Fusion of the dense ranking with BM25")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,16 @@
+"""Keeping a trained model in service: the model registry, and retraining on fresh logs.
+
+registry.py           register, promote, roll back (MLflow aliases)
+cycle.py              one retraining cycle: its steps, commit point and rollback
+layout.py             where a retraining run works, its lock, its errors
+incoming.py           new log files: discover, validate, quarantine, archive, the ledger
+merge.py              new log rows into the daily files of data/, never a duplicate
+journal.py            the crash journal: snapshot before data/ changes, recovery after
+vcs.py                the run's git and DVC commands
+processes.py          running dvc/git, and stopping what a killed run left running
+registry_snapshot.py  the registry state a rollback puts back
+summary.py            the run's summary and its report in words
+
+Prefect stays out of this package (flows/retrain.py wires the cycle to it); MLflow is
+reached only through registry.py and registry_snapshot.py.
+"""

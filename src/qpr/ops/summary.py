@@ -1,0 +1,68 @@
+"""The summary of one retraining run: a JSON-able dict the cycle fills in step by step
+(written to ``<state_dir>/runs/<run>/summary.json`` and returned by the flow), and the
+short report a person reads in the flow log or the terminal.
+
+Outcomes: ``retrained``, ``nothing-new``, ``only-quarantined``, ``no-new-rows``,
+``failed``; with ``--recover-only``: ``recovered``, ``nothing-to-recover``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qpr.ops.incoming import Validation
+
+
+def new_summary(run: str) -> dict[str, Any]:
+    """The summary of run `run` before any step."""
+    return {"run": run, "outcome": "started", "quarantined": []}
+
+
+def quarantined_entry(validation: Validation, where: Path) -> dict[str, Any]:
+    """A quarantined file in the summary: its name, the first line of why, its folder."""
+    reason = validation.reason.strip()
+    first = reason.splitlines()[0] if reason else "failed"
+    return {"file": validation.file.name, "reason": first[:300], "folder": str(where)}
+
+
+def record_failure(summary: dict[str, Any], err: BaseException) -> None:
+    """Mark the run failed, with the first line of the error."""
+    first = (str(err).splitlines() or [""])[0]
+    summary["outcome"] = "failed"
+    summary["error"] = f"{type(err).__name__}: {first[:300]}"
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """The short report a person reads in the flow log or the terminal."""
+    lines = [f"retrain {summary['run']}: {summary['outcome']}"]
+    if summary.get("recovered"):
+        rec = summary["recovered"]
+        lines.append(f"  recovered crashed run {rec['run']} ({rec['action']})")
+    found = summary.get("files_found", [])
+    if found:
+        lines.append(
+            f"  files: {len(found)} found, {len(summary.get('files_valid', []))} valid, "
+            f"{len(summary['quarantined'])} quarantined, "
+            f"{len(summary.get('files_already_merged', []))} already merged"
+        )
+    for q in summary["quarantined"]:
+        lines.append(f"  quarantined {q['file']}: {q['reason']} (see {q['folder']})")
+    merge = summary.get("merge")
+    if merge:
+        lines.append(
+            f"  data: +{merge['rows_added']} rows ({merge['rows_duplicate']} duplicates, "
+            f"{merge['rows_unplaceable']} without a timestamp left out); days created "
+            f"{merge['days_created'] or '-'}, extended {merge['days_extended'] or '-'}"
+        )
+    if summary.get("data_md5_after"):
+        lines.append(f"  data.dvc: {summary['data_md5_before']} → {summary['data_md5_after']}")
+    reg = summary.get("register")
+    if reg:
+        verdict = "promoted to champion" if reg.get("promoted") else "champion kept"
+        lines.append(f"  model: version {reg.get('version')} {verdict}: {reg.get('reason')}")
+    for step in summary.get("steps", []):
+        lines.append(f"  {step}")
+    if summary.get("error"):
+        lines.append(f"  FAILED: {summary['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""qpr.ops.incoming: discovery, validation and quarantine of fresh log files, the ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from qpr.config import QualitySettings
+from qpr.ops.incoming import Ledger, discover, quarantine, validate
+
+from .factories import incoming_file, write_log_day
+
+
+def test_discover_skips_files_still_being_written(tmp_path: Path):
+    for name in ("b.jsonl", "a.csv", ".hidden.jsonl", "c.jsonl.tmp", "d.part", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert [f.name for f in discover(tmp_path)] == ["a.csv", "b.jsonl"]
+    assert discover(tmp_path / "missing") == []
+
+
+def test_validation_passes_a_good_day_and_quarantines_bad_files(tmp_path: Path):
+    quality = QualitySettings()
+    good = incoming_file(write_log_day(tmp_path / "in"))
+    result = validate(good, quality, tmp_path / "reports" / "good")
+    assert result.ok and result.rows == 120
+
+    broken = tmp_path / "in" / "broken.jsonl"
+    rows = [json.loads(line) for line in good.path.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        if i % 3 == 0:
+            row["answer_id"] = "!! not an id"
+    broken.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = validate(incoming_file(broken), quality, tmp_path / "reports" / "broken")
+    assert not bad.ok and "raw_logs" in bad.reason
+
+    folder = quarantine(bad, tmp_path / "quarantine", "20261015T030000Z")
+    assert not broken.exists()
+    assert (folder / "broken.jsonl").read_bytes() == "".join(
+        json.dumps(r) + "\n" for r in rows
+    ).encode()
+    report = json.loads((folder / "raw_logs.json").read_text())
+    assert report["success"] is False
+    assert "answer_id" in (folder / "REASON.txt").read_text()
+
+    not_a_log = tmp_path / "in" / "notes.csv"
+    not_a_log.write_text("a,b\n1,2\n")
+    result = validate(incoming_file(not_a_log), quality, tmp_path / "reports" / "notes")
+    assert not result.ok and "missing column" in result.reason
+    assert json.loads((tmp_path / "reports" / "notes" / "raw_logs.json").read_text())["message"]
+
+
+def test_ledger(tmp_path: Path):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append([{"sha256": "x", "outcome": "merged"}, {"sha256": "y", "outcome": "quarantined"}])
+    assert ledger.merged_hashes() == {"x"}

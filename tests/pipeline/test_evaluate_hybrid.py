@@ -1,0 +1,93 @@
+"""Index and evaluate stages with BM25 fused in, and without: what each writes, what the
+service then serves, and that the served ranking is the one the stage measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qpr.artifacts import SearchConfig
+from qpr.config import settings_from_dict
+from qpr.paths import ProjectPaths
+from tests.conftest import run_stages, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
+
+    settings = settings_from_dict(
+        tiny_overrides(tmp_path, index={"self_check_sample": 100, "threads": 1, "lexical": lexical})
+    )
+    return ProjectPaths(tmp_path), run_stages(settings, tmp_path)
+
+
+def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
+    from qpr.retrieval.bm25 import BM25Index, lexical_search
+    from qpr.retrieval.bundle import Bundle
+    from qpr.retrieval.dense import IdMap, distances_to, load_index, search
+    from qpr.retrieval.encoders import encode, load_session
+    from qpr.retrieval.fusion import candidate_union, fuse
+    from qpr.text import load_tokenizer
+
+    paths, metrics = _pipeline(tmp_path, enabled=True, candidates=30)
+    fusion = metrics["fusion"]
+    assert set(fusion["val_success_1"]) == {str(w / 10) for w in range(11)}
+    # α = 1 (the dense ranking) is among those tried, so fusion never loses on validation
+    assert fusion["val_success_1"]["1.0"] == pytest.approx(fusion["dense_val"]["success_1"])
+    assert fusion["val_success_1"][str(fusion["dense_weight"])] == max(
+        fusion["val_success_1"].values()
+    )
+    assert "dense" not in metrics["baselines"]
+    # α = 0: the bundle's own BM25 alone, reported beside the plain bm25 baseline
+    assert fusion["val_success_1"]["0.0"] == pytest.approx(fusion["lexical_val"]["success_1"])
+    assert metrics["baselines"]["lexical"]["success_1"] == fusion["lexical_test"]["success_1"]
+    assert fusion["lexical"] == {"stemmer": "english", "k1": 0.9, "b": 0.75}
+    assert (paths.evaluation_dir / "test.lexical.run").is_file()
+    assert BM25Index.load(paths.index_dir / "bm25.npz").stemmer == "english"
+    assert (paths.index_dir / "bm25.npz").is_file()
+    stored = SearchConfig.read(paths.models_dir).fusion
+    served = fusion["served"]
+    assert stored == {
+        "dense_weight": fusion["dense_weight"],
+        "candidates": 30,
+        "dense_candidates": 20,
+        "nprobe": served["nprobe"],
+    }
+    # the fewest lists tried that keep the served recall, or the index's own when none does
+    tried = [int(p) for p in served["by_nprobe"]]
+    assert served["nprobe"] == tried[-1] and tried == sorted(tried)
+    assert all(r < served["target"] for r in list(served["by_nprobe"].values())[:-1])
+    assert served["reached"] == (served["recall"] >= served["target"])
+
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.fusion == stored
+    assert bundle.nprobe == served["nprobe"]
+    # New questions through the stage's functions (dense candidates, BM25 candidates, every
+    # one scored exactly, fuse at the stored α) rank exactly as the service does.
+    # inflected words: both sides must stem them alike
+    new = ["how can i resetting my accounts passwords quickly", "where are invoices for orders"]
+    vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
+    index = load_index(paths.index_dir / "index.faiss", nprobe=served["nprobe"])
+    _, rows = search(index, vectors, 10)
+    lex_scores, lex_rows = lexical_search(BM25Index.load(paths.index_dir / "bm25.npz"), new, 30)
+    rows = candidate_union(rows, lex_rows)
+    distances = distances_to(index, vectors, rows)
+    _, fused_rows = fuse(-distances, rows, lex_scores, lex_rows, fusion["dense_weight"], 10)
+    row_qids = IdMap.load(paths.index_dir / "index.ids.npy").qids
+    for question, expected in zip(new, fused_rows, strict=True):
+        served = [h.question_id for h in bundle.search(question, k=10).hits]
+        assert served == [int(row_qids[r]) for r in expected if r >= 0]
+
+
+def test_without_lexical_the_dense_ranking_is_served(tmp_path: Path) -> None:
+    from qpr.retrieval.bundle import Bundle
+
+    paths, metrics = _pipeline(tmp_path, enabled=False)
+    assert "fusion" not in metrics
+    assert not (paths.index_dir / "bm25.npz").exists()
+    assert SearchConfig.read(paths.models_dir).fusion is None
+    assert sorted(p.name for p in paths.evaluation_dir.glob("val.*.run")) == ["val.model.run"]
+    assert Bundle.load(paths.models_dir).fusion is None
+    assert (paths.plots_dir / "evaluate" / "fusion.png").is_file()  # says fusion is off

@@ -1,0 +1,206 @@
+"""BM25 weights against hand-computed values and bm25s; MaxScore's pruned search against
+the exhaustive one; the words BM25 reads; the index file."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qpr.evaluation.baselines import bm25_search
+from qpr.retrieval.bm25 import BM25Index, describe_bm25, lexical_search
+from qpr.text.words import tokenize
+
+DOCS = ["reset router password", "router", "bake bread"]
+
+
+def test_bm25_weights_hand_computed() -> None:
+    index = BM25Index.build(DOCS)
+    # N = 3, lengths 3, 1, 2 → avgdl 2. "router": df 2 → idf = ln(1 + 1.5/2.5) = ln 1.6.
+    idf = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))
+    # doc 0: tf 1, |d| 3 → 1 / (1 + 1.5·(0.25 + 0.75·3/2)) = 1 / 3.0625
+    w0 = idf * 1 / (1 + 1.5 * (0.25 + 0.75 * 1.5))
+    # doc 1: tf 1, |d| 1 → 1 / (1 + 1.5·(0.25 + 0.375)) = 1 / 1.9375
+    w1 = idf * 1 / (1 + 1.5 * (0.25 + 0.75 * 0.5))
+    scores, rows = index.search("Router?", 5)
+    assert rows.tolist() == [1, 0, -1, -1, -1]  # the short document first; bread never
+    assert scores[:2].tolist() == pytest.approx([w1, w0], rel=1e-6)
+    assert np.isneginf(scores[2:]).all()
+
+
+def test_repeated_query_words_count_each_time() -> None:
+    index = BM25Index.build(DOCS)
+    once, _ = index.search("router", 1)
+    twice, _ = index.search("router router", 1)
+    assert twice[0] == pytest.approx(2 * once[0])
+
+
+def test_unknown_and_stop_words_find_nothing() -> None:
+    index = BM25Index.build(DOCS)
+    scores, rows = index.search("what is the", 3)  # stop words only
+    assert (rows == -1).all() and np.isneginf(scores).all()
+    assert (index.search("zebra", 2)[1] == -1).all()
+    with pytest.raises(ValueError, match="k must be"):
+        index.search("router", 0)
+
+
+def test_exclude_row_and_ties_break_by_row() -> None:
+    index = BM25Index.build(["apple pie", "apple pie", "apple pie"])
+    assert index.search("apple", 3)[1].tolist() == [0, 1, 2]
+    assert index.search("apple", 3, exclude_row=1)[1].tolist() == [0, 2, -1]
+
+
+def test_same_scores_and_ranking_as_bm25s() -> None:
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    docs = [" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(300)]
+    queries = [" ".join(rng.choice(words, size=3)) for _ in range(25)]
+    exclude = rng.integers(-1, 300, size=25)
+    ref_scores, ref_rows = bm25_search(docs, queries, 10, exclude_rows=exclude)
+    scores, rows = lexical_search(BM25Index.build(docs), queries, 10, exclude_rows=exclude)
+    assert np.array_equal(rows, ref_rows)
+    finite = np.isfinite(ref_scores)
+    assert np.allclose(scores[finite], ref_scores[finite], rtol=1e-5)
+
+
+def _exhaustive(index: BM25Index, text: str, k: int, exclude_row: int) -> list[int]:
+    """Every document scored, best k by (score desc, row): what pruning must reproduce."""
+    acc = np.zeros(index.num_docs, np.float64)
+    for t in index.query_terms(text):
+        a, z = index.indptr[t], index.indptr[t + 1]
+        acc[index.rows[a:z]] += index.weights[a:z]
+    if exclude_row >= 0:
+        acc[exclude_row] = 0.0
+    docs = np.flatnonzero(acc > 0)
+    return docs[np.lexsort((docs, -acc[docs]))][:k].tolist()
+
+
+def test_upper_bounds_are_each_terms_largest_weight() -> None:
+    index = BM25Index.build([*DOCS, "stone"])
+    for term, t in index.terms.items():
+        a, z = index.indptr[t], index.indptr[t + 1]
+        assert index.upper_bounds[t] == index.weights[a:z].max(), term
+
+
+def test_pruned_search_returns_the_exhaustive_top_k() -> None:
+    # Zipf-like words: a few in most documents (like "how", "what"), most rare.
+    rng = np.random.default_rng(3)
+    vocab = [f"w{i}" for i in range(400)]
+    p = 1.0 / np.arange(1, 401)
+    docs = [
+        " ".join(rng.choice(vocab, size=rng.integers(2, 10), p=p / p.sum())) for _ in range(3000)
+    ]
+    index = BM25Index.build(docs)
+    for _i in range(300):
+        query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p / p.sum()))
+        query += " " + vocab[int(rng.integers(100, 400))]  # one rare word, as most questions
+        for k in (1, 5, 20):
+            exclude = int(rng.integers(-1, 3000))
+            # small corpus: its long lists are worth pruning from 50 postings on
+            scores, rows = index.search(query, k, exclude_row=exclude, worth_pruning=50)
+            want = _exhaustive(index, query, k, exclude)
+            assert rows[: len(want)].tolist() == want, (query, k, exclude)
+            assert (rows[len(want) :] == -1).all()
+            unpruned = index.search(query, k, exclude_row=exclude, worth_pruning=10**9)
+            assert np.array_equal(rows, unpruned[1]) and np.array_equal(scores, unpruned[0])
+
+
+def test_stemming_reduces_inflections_after_removing_stop_words() -> None:
+    assert tokenize(["Losing the weights QUICKLY?"], stemmer="english") == [
+        ["lose", "weight", "quick"]
+    ]
+    assert tokenize(["Losing the weights"]) == [["losing", "weights"]]  # default: as written
+    with pytest.raises(ValueError, match="unknown stemmer 'klingon'"):
+        tokenize(["a"], stemmer="klingon")
+
+
+def test_a_stemmed_index_matches_other_inflections_and_says_so(tmp_path: Path) -> None:
+    docs = ["losing weights fast", "weight of a car", "fast cars"]
+    plain = BM25Index.build(docs)
+    stemmed = BM25Index.build(docs, stemmer="english", k1=0.9)
+    # "lose weight": no word in common with document 0 as written; both stems with stems.
+    assert plain.search("how to lose weight", 3)[1].tolist() == [1, -1, -1]
+    assert stemmed.search("how to lose weight", 3)[1].tolist()[:2] == [0, 1]
+    again = BM25Index.load(stemmed.save(tmp_path / "bm25.npz"))
+    assert again.settings == {"stemmer": "english", "k1": 0.9, "b": 0.75}
+    assert describe_bm25(again.settings) == "english stems, k1 0.9, b 0.75"
+    assert describe_bm25({}) == "words as written, k1 1.5, b 0.75"  # older files and rows
+    assert np.array_equal(again.search("losses", 3)[1], stemmed.search("losses", 3)[1])
+    with pytest.raises(ValueError, match="k1 >= 0"):
+        BM25Index.build(docs, b=2.0)
+
+
+def test_stemmed_scores_and_ranking_as_bm25s_with_a_pystemmer() -> None:
+    import bm25s
+    import Stemmer
+
+    rng = np.random.default_rng(1)
+    words = ["run", "runs", "running", "ran", "walk", "walks", "walked", "car", "cars", "fly"]
+    docs = [" ".join(rng.choice(words, size=rng.integers(1, 7))) for _ in range(200)]
+    queries = [" ".join(rng.choice(words, size=2)) for _ in range(20)]
+    stemmer = Stemmer.Stemmer("english")
+    retriever = bm25s.BM25(k1=0.9, b=0.75)
+    retriever.index(
+        bm25s.tokenize(docs, stopwords="en", stemmer=stemmer, show_progress=False),
+        show_progress=False,
+    )
+    ours = BM25Index.build(docs, k1=0.9, b=0.75, stemmer="english")
+    for query in queries:
+        rows, scores = retriever.retrieve(
+            bm25s.tokenize([query], stopwords="en", stemmer=stemmer, show_progress=False),
+            k=200,
+            show_progress=False,
+        )
+        want = np.zeros(200, np.float32)
+        want[rows[0]] = scores[0]
+        got_scores, got_rows = ours.search(query, 200)
+        found = got_rows >= 0
+        assert np.allclose(got_scores[found], want[got_rows[found]], rtol=1e-5)
+        assert found.sum() == (want > 0).sum()
+
+
+def test_searches_from_several_threads_agree() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(2)
+    words = [f"word{i}ing" for i in range(50)] + [f"word{i}s" for i in range(50)]
+    docs = [" ".join(rng.choice(words, size=5)) for _ in range(500)]
+    index = BM25Index.build(docs, stemmer="english")
+    queries = [" ".join(rng.choice(words, size=3)) for _ in range(200)]
+    alone = [index.search(q, 5)[1].tolist() for q in queries]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda q: index.search(q, 5)[1].tolist(), queries))
+    assert together == alone
+    # each thread stems with its own PyStemmer object (one must not be shared)
+    from qpr.text.words import _stem_words
+
+    owners: list[object] = []
+
+    def own_stemmer() -> None:
+        owners.append(_stem_words("english").__self__)
+
+    threads = [threading.Thread(target=own_stemmer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    here = _stem_words("english").__self__
+    assert owners[0] is not owners[1] and all(o is not here for o in owners)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:
+    index = BM25Index.build(DOCS)
+    path = index.save(tmp_path / "bm25.npz")
+    again = BM25Index.load(path)
+    assert again.terms == index.terms and again.num_docs == 3
+    assert np.array_equal(again.search("router", 2)[1], index.search("router", 2)[1])
+    (tmp_path / "junk.npz").write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match=r"junk\.npz"):
+        BM25Index.load(tmp_path / "junk.npz")
+
+
+def test_tokenize_lowercases_and_drops_stop_words_and_single_letters() -> None:
+    assert tokenize(["How do I reset the Router?"]) == [["how", "do", "reset", "router"]]

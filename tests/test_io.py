@@ -1,0 +1,90 @@
+"""qpr.io: atomic writes, digests and the keyed vector cache."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qpr.io import (
+    VectorCache,
+    atomic_path,
+    digest,
+    file_sha256,
+    json_text,
+    save_numpy_atomic,
+    texts_digest,
+    write_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = write_text_atomic(tmp_path / "a.txt", "old")
+
+    def crash(handle) -> None:
+        handle.write(b"half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(target, crash)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_atomic_path_renames_only_when_the_block_succeeds(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "index.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"new")
+        assert not target.exists()
+    assert target.read_bytes() == b"new"
+
+
+def test_written_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    atomic = write_text_atomic(tmp_path / "atomic", "x")
+    assert stat.S_IMODE(os.stat(atomic).st_mode) == stat.S_IMODE(os.stat(plain).st_mode)
+
+
+def test_json_is_sorted_indented_and_ends_with_a_newline(tmp_path: Path) -> None:
+    path = write_json_atomic(tmp_path / "m.json", {"b": 1, "a": {"d": 2.5, "c": None}})
+    assert path.read_text() == '{\n  "a": {\n    "c": null,\n    "d": 2.5\n  },\n  "b": 1\n}\n'
+    assert json_text({"a": 1}) == '{\n  "a": 1\n}\n'
+
+
+def test_numpy_round_trip(tmp_path: Path) -> None:
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(np.load(save_numpy_atomic(tmp_path / "v.npy", array)), array)
+
+
+def test_digests_follow_content_and_order(tmp_path: Path) -> None:
+    a = write_text_atomic(tmp_path / "a", "one")
+    assert file_sha256(a) == "7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"
+    assert texts_digest(["ab", "c"]) != texts_digest(["a", "bc"])  # the separator counts
+    key = digest(a, 64, ["x", "y"])
+    assert key == digest(a, 64, ["x", "y"]) and len(key) == 32
+    assert key != digest(a, 64, ["y", "x"])
+    assert key != digest(a, 65, ["x", "y"])
+    write_text_atomic(a, "two")
+    assert key != digest(a, 64, ["x", "y"])
+
+
+def test_vector_cache_stores_by_key_and_keeps_one_when_asked(tmp_path: Path) -> None:
+    cache = VectorCache(tmp_path / "c", keep_one=True)
+    assert cache.get("k1") is None
+    cache.put("k1", np.ones((2, 3), np.float32), {"model": "m"})
+    vectors, info = cache.get("k1")
+    np.testing.assert_array_equal(vectors, np.ones((2, 3), np.float32))
+    assert info == {"model": "m"}
+    cache.put("k2", np.zeros((1, 3), np.float32))
+    assert cache.get("k1") is None
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["k2.npy"]
+    many = VectorCache(tmp_path / "m")
+    many.put("a", np.ones((1, 1), np.float32))
+    many.put("b", np.ones((1, 1), np.float32))
+    assert many.get("a") is not None and many.get("b", mmap=True) is not None
