@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from qpr.config import Settings, load_settings
+from qpr.config import Settings, flatten, load_settings
 from qpr.environment import project_root
 from qpr.errors import QPRError
 from qpr.io import split_timings, write_json_atomic
@@ -196,16 +196,13 @@ STAGES: dict[str, Stage] = {
 }
 
 
-def _numbers(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Nested metrics → flat numeric ones for MLflow ("baselines.bm25.success_1")."""
-    flat: dict[str, float] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_numbers(value, name + "."))
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            flat[name] = float(value)
-    return flat
+    return {
+        name: float(value)
+        for name, value in flatten(metrics).items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 def write_metrics(path: Path, metrics: Mapping[str, Any]) -> Path:

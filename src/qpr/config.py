@@ -6,6 +6,7 @@ params.yaml or in `dvc exp run -S key=value` fails before any work starts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal
@@ -286,19 +287,20 @@ class Settings(_Section):
 
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (`cluster.split.train`), as logged to MLflow."""
-        return _flatten(self.model_dump(mode="json"))
+        return flatten(self.model_dump(mode="json"))
 
 
 class SettingsError(QPRError, ValueError):
     """params.yaml (or an override) does not describe a valid configuration."""
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as one level of dotted keys ("index.lexical.k1")."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, dotted + "."))
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, dotted + "."))
         else:
             flat[dotted] = value
     return flat

@@ -1,0 +1,151 @@
+"""Bundle.search side by side: two checkouts (or two bundles) timed alternately in one run.
+
+Why: a refactoring must not slow the query path, and this machine is shared and noisy, so
+two figures are only comparable when taken in the same run, interleaved. Each "side" is a
+Python interpreter (a checkout's .venv/bin/python, which imports that checkout's qpr) and
+a bundle directory. Every round runs each side once, in turn, as a fresh process: load the
+bundle, warm up on 50 questions, then time `Bundle.search(question, k=10)` one question at
+a time. The result names each side's p50 and p99 per round, their medians over the rounds,
+the ratio of medians, and whether every side returned the same top 10 for every question.
+
+    .venv/bin/python benchmarks/search_ab.py \\
+        --side old=/tmp/old/.venv/bin/python:/tmp/old/models \\
+        --side new=.venv/bin/python:/tmp/old/models \\
+        --questions questions.txt --rounds 5
+
+Writes docs/results/search_ab.{json,md} (or --out DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import describe
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+# Runs inside each side's interpreter, so it must work with any checkout's qpr: the bundle
+# module moved from qpr.serve.bundle to qpr.retrieval.bundle.
+PROBE = r"""
+import hashlib, json, sys, time
+import numpy as np
+try:
+    from qpr.retrieval.bundle import Bundle
+except ImportError:
+    from qpr.serve.bundle import Bundle
+models, questions_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+questions = [line.strip() for line in open(questions_file, encoding="utf-8") if line.strip()][:n]
+bundle = Bundle.load(models)
+for q in questions[:50]:
+    bundle.search(q, k=10)
+times, tops = [], []
+for q in questions:
+    start = time.perf_counter()
+    result = bundle.search(q, k=10)
+    times.append(time.perf_counter() - start)
+    tops.append([hit.question_id for hit in result.hits])
+print(json.dumps({
+    "p50_ms": float(np.median(times) * 1e3),
+    "p99_ms": float(np.percentile(times, 99) * 1e3),
+    "questions": len(questions),
+    "top10_sha256": hashlib.sha256(json.dumps(tops).encode()).hexdigest(),
+}))
+"""
+
+
+def run_side(python: str, models: str, questions: Path, n: int) -> dict:
+    done = subprocess.run(
+        [python, "-c", PROBE, models, str(questions), str(n)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{python} on {models} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_side(text: str) -> tuple[str, str, str]:
+    name, _, rest = text.partition("=")
+    python, _, models = rest.partition(":")
+    if not (name and python and models):
+        raise argparse.ArgumentTypeError(f"--side NAME=PYTHON:MODELS, got {text!r}")
+    return name, python, models
+
+
+def _per_round(name: str, side: dict) -> str:
+    return name + " " + ", ".join(f"{r['p50_ms']:.3f}" for r in side["rounds"])
+
+
+def markdown(report: dict) -> str:
+    sides = report["sides"]
+    first = next(iter(sides))
+    lines = [
+        "# Bundle.search side by side",
+        "",
+        *([report["about"], ""] if report.get("about") else []),
+        f"Machine: {report['machine']['cpu_model']}, {report['machine']['cpus_usable']} cores. "
+        f"{report['rounds']} rounds; each round runs every side "
+        f"once, in turn, as a fresh process: {report['questions']} questions, one at a time, "
+        "k 10, after 50 warm-up searches.",
+        "",
+        f"| side | interpreter | bundle | p50 ms (median of rounds) | p99 ms | p50 / {first} |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for name, side in sides.items():
+        lines.append(
+            f"| {name} | `{side['python']}` | `{side['models']}` | {side['p50_ms']:.3f} | "
+            f"{side['p99_ms']:.3f} | {side['p50_ms'] / sides[first]['p50_ms']:.3f} |"
+        )
+    same = "the same" if report["same_top10"] else "NOT the same"
+    lines += ["", f"Every side returned {same} top 10 for every question.", ""]
+    lines += [
+        "Per round p50 ms: "
+        + "; ".join(_per_round(name, side) for name, side in sides.items())
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", action="append", type=parse_side, required=True)
+    parser.add_argument("--questions", type=Path, required=True, help="one question a line")
+    parser.add_argument("--n", type=int, default=2000, help="questions timed per run")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--about", default="", help="what the sides and bundles are, in words")
+    args = parser.parse_args(argv)
+    sides = {name: {"python": py, "models": models, "rounds": []} for name, py, models in args.side}
+    for round_ in range(1, args.rounds + 1):
+        for name, side in sides.items():
+            result = run_side(side["python"], side["models"], args.questions, args.n)
+            side["rounds"].append(result)
+            print(f"round {round_}/{args.rounds} {name}: p50 {result['p50_ms']:.3f} ms", flush=True)
+    for side in sides.values():
+        side["p50_ms"] = statistics.median(r["p50_ms"] for r in side["rounds"])
+        side["p99_ms"] = statistics.median(r["p99_ms"] for r in side["rounds"])
+    digests = {r["top10_sha256"] for side in sides.values() for r in side["rounds"]}
+    machine = describe(Path(__file__).resolve().parents[1], {})
+    report = {
+        "machine": machine,
+        "rounds": args.rounds,
+        "questions": args.n,
+        "same_top10": len(digests) == 1,
+        "about": args.about,
+        "sides": sides,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "search_ab.json").write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    (args.out / "search_ab.md").write_text(markdown(report), "utf-8")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
