@@ -1295,12 +1295,6 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def versions() -> dict[str, str]:
     out = {}
     for name in ("prometheus-client", "pydantic-settings", "pydantic", "bm25s", "numba", "numpy"):
@@ -1315,6 +1309,8 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from qpr.io import write_text_atomic
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(CASES), help="cases to run (comma separated)")
     parser.add_argument("--quick", action="store_true", help="smoke run (fewer, shorter blocks)")
@@ -1351,8 +1347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine,
         "plan": dataclasses.asdict(plan),
     }
-    write_atomic(json_path, json.dumps(report, indent=2, default=str) + "\n")
-    write_atomic(out / f"{NAME}.md", render_markdown(report))
+    write_text_atomic(json_path, json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(out / f"{NAME}.md", render_markdown(report))
     say(f"wrote {json_path} and {NAME}.md in {time.perf_counter() - started:.0f} s")
     return 0
 

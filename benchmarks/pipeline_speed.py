@@ -69,6 +69,7 @@ from tqdm import tqdm
 from qpr.data.clustering import components
 from qpr.data.loaders import clean_logs, read_logs, read_quora
 from qpr.data.synth import GENERIC_ANSWER_IDS, SynthSpec, write_logs
+from qpr.io import write_text_atomic
 from qpr.model.cnn import CNNEncoder
 from qpr.model.losses import SDMLLoss, TripletLoss
 from qpr.model.onnx import export_onnx
@@ -1047,13 +1048,6 @@ def growth_text(growth: dict[str, Any], sizes: list[int]) -> list[str]:
     ]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    # *.tmp in docs/results is git-ignored; the rename means no reader sees half a file.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
@@ -1165,8 +1159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "faiss_growth": growth,
         "measurements": [item.as_dict() for item in results.items.values()],
     }
-    write_atomic(out / f"{NAME}.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    write_atomic(out / f"{NAME}.md", render_markdown(report, results, sizes))
+    write_text_atomic(out / f"{NAME}.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(out / f"{NAME}.md", render_markdown(report, results, sizes))
     say(f"wrote {out / (NAME + '.json')} and {out / (NAME + '.md')} ({wall / 60:.1f} min)")
     return 0
 

@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import describe
 
+from qpr.io import write_text_atomic
+
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 # Runs inside each side's interpreter, so it must work with any checkout's qpr: the bundle
@@ -142,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         "sides": sides,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "search_ab.json").write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    (args.out / "search_ab.md").write_text(markdown(report), "utf-8")
+    write_text_atomic(args.out / "search_ab.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(args.out / "search_ab.md", markdown(report))
     print(markdown(report))
 
 

@@ -1426,9 +1426,10 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")  # *.tmp in docs/results is git-ignored
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    # qpr is imported inside functions here, as everywhere in this benchmark.
+    from qpr.io import write_text_atomic
+
+    write_text_atomic(path, text)
 
 
 # --------------------------------------------------------------------------------------
