@@ -9,7 +9,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help install install-gpu data run repro metrics test test-fast lint format lock clean \
+.PHONY: help install install-gpu data run repro metrics experiments test test-fast lint format lock clean \
         bench-quora bench-serve bench-embedding \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
@@ -43,6 +43,9 @@ repro: install ## dvc repro only
 
 metrics: install ## Print the metrics of the last run
 	$(BIN)/qpr metrics
+
+experiments: install ## Compare DVC experiments: headline metrics and the params that differ
+	$(BIN)/dvc exp show --only-changed --drop 'models/|metrics/|artifacts/|data'
 
 test: install ## Every test except those needing a GPU
 	$(BIN)/python -m pytest -m "not gpu" -q
