@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,4 +69,36 @@ def tiny_paraphrases() -> TinyParaphrases:
         train_clusters=np.asarray(clusters, dtype=np.int64),
         val=ValidationSet(val_texts, np.asarray(val_clusters, dtype=np.int64), seed=1),
         vocab=vocab,
+    )
+
+
+def train_tiny(
+    data: TinyParaphrases, out_dir: Path, *, encoder: Any, loss: Any, **knobs: Any
+) -> Any:
+    """train_encoder on the tiny paraphrases with the tests' small TrainConfig, `knobs`
+    overriding it; on_epoch and on_progress, when given, are passed through."""
+    from qpr.training.loop import train_encoder
+    from qpr.training.pairs import TrainData
+    from qpr.training.train_config import TrainConfig
+
+    settings: dict[str, Any] = {
+        "lr": 3e-3,
+        "batch_size": 32,
+        "max_epochs": 4,
+        "patience": 10,
+        "max_len": 16,
+        "seed": 0,
+        "progress": False,
+        "threads": 1,
+        **knobs,
+    }
+    callbacks = {k: settings.pop(k) for k in ("on_epoch", "on_progress") if k in settings}
+    return train_encoder(
+        TrainConfig(**settings),
+        TrainData(data.train_q1, data.train_q2, data.train_clusters, data.val),
+        encoder=encoder,
+        loss=loss,
+        vocab=data.vocab,
+        out_dir=out_dir,
+        **callbacks,
     )

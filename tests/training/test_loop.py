@@ -20,10 +20,10 @@ from qpr.training.checkpoint import (
     seed_everything,
 )
 from qpr.training.embed import encode_texts
-from qpr.training.loop import TrainResult, train_encoder
-from qpr.training.pairs import TrainData
+from qpr.training.loop import TrainResult
 from qpr.training.train_config import TrainConfig, resolve_device
 from qpr.training.validation import ValidationSet, mean_reciprocal_rank, roc_auc
+from tests.paraphrases import train_tiny
 
 MAX_LEN = 16
 
@@ -34,26 +34,13 @@ def _encoder(vocab_size: int) -> CNNEncoder:
 
 
 def _train(data, out_dir: Path, *, loss: str = "sdml", **kwargs: Any) -> TrainResult:
-    settings: dict[str, Any] = {
-        "lr": 3e-3,
-        "batch_size": 32,
-        "max_epochs": 4,
-        "patience": 10,
-        "max_len": MAX_LEN,
-        "seed": 0,
-        "progress": False,
-        "threads": 1,
-        **kwargs,
-    }
-    on_epoch = settings.pop("on_epoch", None)
-    return train_encoder(
-        TrainConfig(**settings),
-        TrainData(data.train_q1, data.train_q2, data.train_clusters, data.val),
+    kwargs.setdefault("max_len", MAX_LEN)
+    return train_tiny(
+        data,
+        out_dir,
         encoder=_encoder(data.vocab.size),
         loss=build_loss(loss, **({"seed": 1} if loss == "triplet" else {})),
-        vocab=data.vocab,
-        out_dir=out_dir,
-        on_epoch=on_epoch,
+        **kwargs,
     )
 
 

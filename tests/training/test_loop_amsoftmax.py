@@ -14,9 +14,9 @@ from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
 from qpr.training.checkpoint import load_checkpoint, load_encoder, seed_everything
 from qpr.training.embed import encode_texts
-from qpr.training.loop import TrainResult, train_encoder
-from qpr.training.pairs import TrainData, num_training_classes
-from qpr.training.train_config import TrainConfig
+from qpr.training.loop import TrainResult
+from qpr.training.pairs import num_training_classes
+from tests.paraphrases import train_tiny
 
 MAX_LEN = 16
 DIM = 32
@@ -33,26 +33,12 @@ def _train(data, out_dir: Path, *, num_classes: int | None = None, **kwargs: Any
         )
     # The paper's m and s; the class vectors get their own seeded initial values too.
     loss = build_loss("amsoftmax", num_classes=num_classes, dim=DIM, margin=0.35, scale=30.0)
-    settings: dict[str, Any] = {
-        "lr": 3e-3,
-        "batch_size": 32,
-        "max_epochs": 10,
-        "patience": 20,
-        "max_len": MAX_LEN,
-        "seed": 0,
-        "progress": False,
-        "threads": 1,
-        **kwargs,
-    }
-    on_epoch = settings.pop("on_epoch", None)
-    return train_encoder(
-        TrainConfig(**settings),
-        TrainData(data.train_q1, data.train_q2, data.train_clusters, data.val),
+    return train_tiny(
+        data,
+        out_dir,
         encoder=encoder,
         loss=loss,
-        vocab=data.vocab,
-        out_dir=out_dir,
-        on_epoch=on_epoch,
+        **{"max_len": MAX_LEN, "max_epochs": 10, "patience": 20, **kwargs},
     )
 
 

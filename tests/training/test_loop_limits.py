@@ -12,9 +12,9 @@ import torch
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
 from qpr.training.checkpoint import TrainingStateError, load_checkpoint, seed_everything
-from qpr.training.loop import TrainResult, train_encoder
-from qpr.training.pairs import TrainData, num_training_classes, select_training_pairs
-from qpr.training.train_config import TrainConfig
+from qpr.training.loop import TrainResult
+from qpr.training.pairs import num_training_classes, select_training_pairs
+from tests.paraphrases import train_tiny
 
 # Far below one batch's time: the first epoch is cut after its first batch.
 TINY_BUDGET_S = 1e-6
@@ -22,26 +22,12 @@ TINY_BUDGET_S = 1e-6
 
 def _train(data, out_dir: Path, **kwargs: Any) -> TrainResult:
     seed_everything(0)
-    settings: dict[str, Any] = {
-        "lr": 3e-3,
-        "batch_size": 32,
-        "max_epochs": 3,
-        "patience": 10,
-        "max_len": 16,
-        "seed": 0,
-        "progress": False,
-        "threads": 1,
-        **kwargs,
-    }
-    callbacks = {k: settings.pop(k) for k in ("on_epoch", "on_progress") if k in settings}
-    return train_encoder(
-        TrainConfig(**settings),
-        TrainData(data.train_q1, data.train_q2, data.train_clusters, data.val),
+    return train_tiny(
+        data,
+        out_dir,
         encoder=CNNEncoder(data.vocab.size, embedding_dim=32, channels=32, output_dim=32),
         loss=build_loss("sdml"),
-        vocab=data.vocab,
-        out_dir=out_dir,
-        **callbacks,
+        **{"max_epochs": 3, **kwargs},
     )
 
 
