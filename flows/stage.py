@@ -112,10 +112,9 @@ def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 
 @dataclass(frozen=True)
 class Headline:
-    """One headline column: the stage's metric at dotted `key`, divided by `per` (a unit)."""
+    """One headline column: the stage's metric at dotted `key`, as it is."""
 
     key: str
-    per: float = 1.0
 
 
 # What `dvc exp show` and `dvc metrics diff` print (dvc.yaml declares only these files as
@@ -218,7 +217,7 @@ def headline_numbers(metrics: Mapping[str, Any], columns: Mapping[str, Headline]
         for part in headline.key.split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            numbers[column] = value / headline.per
+            numbers[column] = value
     return numbers
 
 
