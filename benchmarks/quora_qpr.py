@@ -471,7 +471,7 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             "row's: that row's checkpoints are reused when they still match the settings "
             "(else it is trained again, same settings and seed). Candidates: BM25's and "
             "the index's top max(k, N), every one scored by its exact distance, at the "
-            "nprobe chosen for served recall@20 >= 0.98 (README, *Hybrid search*); rows "
+            "nprobe chosen for served recall@20 >= 0.98 (docs/pipeline.md, *Hybrid search*); rows "
             "measured before that took 100 per side, each with its own side's score:",
             "",
             "| row | trained like | BM25 words | candidates | α | val P@1 fused | "

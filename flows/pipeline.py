@@ -10,12 +10,11 @@ what changed; this flow reruns everything.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from prefect import flow
 
-from flows.stage import EXPECTED_ERRORS, STAGES, stage_flow
+from flows.stage import STAGES, run_cli, stage_flow
 
 
 @flow(name="pipeline", log_prints=True)
@@ -28,11 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__)
     parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
     args = parser.parse_args(argv)
-    try:
-        pipeline_flow(params=args.params)
-    except EXPECTED_ERRORS as err:
-        print(f"\nERROR: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
+    run_cli(pipeline_flow, params=args.params)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from flows.stage import EXPECTED_ERRORS, settings_and_paths
+from flows.stage import run_cli, settings_and_paths
 from qpr.io import write_json_atomic
 from qpr.ops import cycle as ops
 from qpr.ops.journal import Journal
@@ -205,14 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         "--recover-only", action="store_true", help="roll back or finish a crashed run, then stop"
     )
     args = parser.parse_args(argv)
-    try:
-        if args.serve:
-            serve(args.params)
-            return
-        retrain_flow(params=args.params, recover_only=args.recover_only)
-    except EXPECTED_ERRORS as err:
-        print(f"\nERROR: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
+    if args.serve:
+        run_cli(serve, args.params)
+    else:
+        run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
 
 
 if __name__ == "__main__":

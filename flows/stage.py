@@ -10,7 +10,6 @@ Prefect logger, their MLflow run, their metrics file and their artifacts.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -96,10 +95,13 @@ def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
     from qpr.pipeline.register import run_register
 
-    metrics_path = paths.stage_metrics("evaluate")
-    metrics = json.loads(metrics_path.read_text("utf-8")) if metrics_path.is_file() else {}
-    tags = tracking.evaluate_provenance(settings.mlflow.experiment, metrics)
-    result = run_register(settings, paths, tags=tags, log=log)
+    experiment = settings.mlflow.experiment
+    result = run_register(
+        settings,
+        paths,
+        provenance=lambda metrics: tracking.evaluate_provenance(experiment, metrics),
+        log=log,
+    )
     mlflow.set_tags(
         {
             "qpr.registered_model": result["name"],
@@ -110,22 +112,16 @@ def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
     return result
 
 
-@dataclass(frozen=True)
-class Headline:
-    """One headline column: the stage's metric at dotted `key`, as it is."""
-
-    key: str
-
-
 # What `dvc exp show` and `dvc metrics diff` print (dvc.yaml declares only these files as
 # metrics): a handful of columns. The paper's P@N is trec_eval's success@N. Wall-clock
 # figures (train minutes, query ms) are not among them: see split_timings.
-TRAIN_HEADLINE = {"train_epochs": Headline("epochs"), "best_epoch": Headline("best_epoch")}
+# Each maps a column to the stage metric's dotted key.
+TRAIN_HEADLINE = {"train_epochs": "epochs", "best_epoch": "best_epoch"}
 EVALUATE_HEADLINE = {
-    "test_p1": Headline("success_1"),
-    "test_p10": Headline("success_10"),
-    "test_mrr": Headline("recip_rank"),
-    "val_mrr": Headline("val.recip_rank"),
+    "test_p1": "success_1",
+    "test_p10": "success_10",
+    "test_mrr": "recip_rank",
+    "val_mrr": "val.recip_rank",
 }
 
 
@@ -139,7 +135,7 @@ class Stage:
     # Also written whole (timings included) to this file, outside DVC (evaluate: metrics.json).
     full_metrics: Callable[[ProjectPaths], Path] | None = None
     artifacts: Callable[[ProjectPaths], Mapping[str, Path]] = field(default=lambda _: {})
-    headline: Mapping[str, Headline] = field(default_factory=dict)  # metrics/headline/NAME.json
+    headline: Mapping[str, str] = field(default_factory=dict)  # metrics/headline/NAME.json
 
 
 STAGES: dict[str, Stage] = {
@@ -209,12 +205,12 @@ def write_metrics(path: Path, metrics: Mapping[str, Any]) -> Path:
     return write_json_atomic(path, dict(metrics))
 
 
-def headline_numbers(metrics: Mapping[str, Any], columns: Mapping[str, Headline]) -> dict:
+def headline_numbers(metrics: Mapping[str, Any], columns: Mapping[str, str]) -> dict:
     """The headline columns found in `metrics` (a missing one is left out, not invented)."""
     numbers = {}
-    for column, headline in columns.items():
+    for column, key in columns.items():
         value: Any = metrics
-        for part in headline.key.split("."):
+        for part in key.split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
         if isinstance(value, int | float) and not isinstance(value, bool):
             numbers[column] = value
@@ -270,17 +266,23 @@ def stage_flow(name: str) -> Flow:
     return flow(name=name, log_prints=True, description=stage.description)(run)
 
 
+def run_cli(work: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a flow from the command line: an error a person can act on is one line on
+    stderr and exit 1, not a stack trace."""
+    try:
+        return work(*args, **kwargs)
+    except EXPECTED_ERRORS as err:
+        print(f"\nERROR: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m flows.stage NAME`: what a DVC stage runs; exit 1 with the reason."""
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__)
     parser.add_argument("stage", choices=list(STAGES))
     parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
     args = parser.parse_args(argv)
-    try:
-        stage_flow(args.stage)(params=args.params)
-    except EXPECTED_ERRORS as err:
-        print(f"\nERROR: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
+    run_cli(stage_flow(args.stage), params=args.params)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,6 @@ def _fail(message: str) -> None:
 def _run_flow(module: str, *args: str) -> int:
     """Run `python -m module args` (a Prefect flow of flows/) in the project's environment;
     the library never imports flows/. Returns the exit code; the flow prints its errors."""
-    import subprocess
-    import sys
-
     environment.apply()
     return subprocess.run([sys.executable, "-m", module, *args], check=False).returncode
 
@@ -75,24 +72,18 @@ def _run_stage(stage: str, params: Path) -> dict:
     if _run_flow("flows.stage", stage, "--params", str(params.resolve())) != 0:
         raise typer.Exit(1)
     paths = ProjectPaths(params.resolve().parent)
-    if stage == "evaluate":
-        return json.loads((paths.root / "metrics.json").read_text(encoding="utf-8"))
     return _with_timings(paths.stage_metrics(stage), paths.stage_timings(stage))
 
 
 def _with_timings(metrics_file: Path, timings_file: Path) -> dict:
     """A stage's metrics with its wall-clock figures put back (they are kept apart, outside
     DVC, because they differ on every run)."""
-
-    def merge(into: dict, extra: dict) -> dict:
-        for key, value in extra.items():
-            into[key] = merge(into.get(key, {}), value) if isinstance(value, dict) else value
-        return into
+    from qpr.io import join_timings
 
     metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
-    if timings_file.is_file():
-        merge(metrics, json.loads(timings_file.read_text(encoding="utf-8")))
-    return metrics
+    if not timings_file.is_file():
+        return metrics
+    return join_timings(metrics, json.loads(timings_file.read_text(encoding="utf-8")))
 
 
 @data_app.command("synth")

@@ -142,7 +142,7 @@ class LexicalSettings(_Section):
     enabled: bool = True
     candidates: int = Field(100, ge=1)  # BM25's top candidates taken before fusion
     # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
-    # scored by its exact distance (qpr.retrieval.bm25.candidate_union), so few are needed.
+    # scored by its exact distance (qpr.retrieval.fusion.candidate_union), so few are needed.
     dense_candidates: int = Field(20, ge=1)
     # Fused searches go as deep as the fewest IVF lists (HNSW candidates) whose served top k
     # (evaluate.k) keeps this share of an exact dense search's results, on validation.
@@ -156,14 +156,7 @@ class LexicalSettings(_Section):
     @field_validator("stemmer")
     @classmethod
     def _known_stemmer(cls, value: str | None) -> str | None:
-        # PyStemmer itself, not qpr.text.words: settings import nothing else of qpr.
-        import Stemmer
-
-        if value is not None and value not in Stemmer.algorithms():
-            raise ValueError(
-                f"unknown stemmer {value!r}; Snowball has {', '.join(Stemmer.algorithms())}"
-            )
-        return value
+        return check_stemmer(value)
 
     @field_validator("dense_weights")
     @classmethod
@@ -288,6 +281,20 @@ class Settings(_Section):
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (`cluster.split.train`), as logged to MLflow."""
         return flatten(self.model_dump(mode="json"))
+
+
+def check_stemmer(name: str | None) -> str | None:
+    """``name`` when it is None or one of PyStemmer's Snowball algorithms, else ValueError.
+    Here, on the ground floor, because settings validate it and import nothing above."""
+    if name is None:
+        return None
+    import Stemmer
+
+    if name not in Stemmer.algorithms():
+        raise ValueError(
+            f"unknown stemmer {name!r}; Snowball has {', '.join(Stemmer.algorithms())}"
+        )
+    return name
 
 
 class SettingsError(QPRError, ValueError):

@@ -167,6 +167,15 @@ def split_timings(metrics: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     return stable, timings
 
 
+def join_timings(stable: Mapping[str, Any], timings: Mapping[str, Any]) -> dict[str, Any]:
+    """split_timings undone: the metrics with their wall-clock figures put back."""
+    joined = dict(stable)
+    for key, value in timings.items():
+        inner = joined.get(key, {})
+        joined[key] = join_timings(inner, value) if isinstance(value, Mapping) else value
+    return joined
+
+
 def is_timing(key: str) -> bool:
     """Whether a metric or column name holds a wall-clock figure."""
     return key.endswith(TIMING_SUFFIXES)

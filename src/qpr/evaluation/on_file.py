@@ -494,14 +494,7 @@ def _build_index(
     factory = "Flat" if exact else settings.index.factory
     index = build_index(
         vectors,
-        IndexConfig(
-            factory,
-            nprobe=settings.index.nprobe,
-            use_gpu=settings.index.use_gpu,
-            ef_search=settings.index.ef_search,
-            ef_construction=settings.index.ef_construction,
-            refine_k_factor=settings.index.refine_k_factor,
-        ),
+        IndexConfig.from_settings(settings.index, factory=factory),
         seed=settings.seed,
         log=log,
     )

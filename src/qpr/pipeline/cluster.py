@@ -26,8 +26,6 @@ from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport
 from qpr.data.splits import SPLITS
 
-OUTPUT_FILES: tuple[str, ...] = ("questions.parquet", "clusters.parquet", "pairs.parquet")
-
 
 @dataclass(frozen=True)
 class ClusterResult:

@@ -58,8 +58,9 @@ def run_index(
     texts = questions["text"].tolist()
     vectors, encode_seconds, reused = _question_vectors(paths, session, vocab, texts, cfg, log)
 
+    finite = bool(np.isfinite(vectors).all())  # one pass over N x D: the build and gate share it
     started = time.perf_counter()
-    index = _build(vectors, settings, log)
+    index = _build(vectors if finite else np.nan_to_num(vectors), settings, log)
     build_seconds = time.perf_counter() - started
     self_rate = self_retrieval_rate(
         index, vectors, sample=min(cfg.self_check_sample, len(vectors)), seed=settings.seed
@@ -67,7 +68,7 @@ def run_index(
     staging = paths.index_dir.with_name(paths.index_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    checks = _index_checks(index, vectors, len(questions), self_rate, cfg)
+    checks = _index_checks(index, vectors, finite, self_rate, cfg, questions=len(questions))
     query_metrics: dict[str, float] = {}
     try:  # a failure leaves no half-written staging folder behind
         if cfg.query_encoder == "int8":
@@ -144,34 +145,30 @@ def _question_vectors(
 
 
 def _build(vectors: np.ndarray, settings: Settings, log: Callable[[str], None]) -> Any:
-    """The FAISS index params describe, over `vectors` (non-finite values zeroed: the gate
-    then fails on them, with its report)."""
+    """The FAISS index params describe, over `vectors` (non-finite values already zeroed:
+    the gate then fails on them, with its report)."""
     from qpr.retrieval.dense import IndexConfig, build_index
 
-    cfg = settings.index
-    finite = bool(np.isfinite(vectors).all())
     return build_index(
-        vectors if finite else np.nan_to_num(vectors),
-        IndexConfig(
-            cfg.factory,
-            nprobe=cfg.nprobe,
-            use_gpu=cfg.use_gpu,
-            ef_search=cfg.ef_search,
-            ef_construction=cfg.ef_construction,
-            refine_k_factor=cfg.refine_k_factor,
-        ),
+        vectors,
+        IndexConfig.from_settings(settings.index),
         seed=settings.seed,
         log=log,
     )
 
 
 def _index_checks(
-    index: Any, vectors: np.ndarray, questions: int, self_rate: float, cfg: IndexSettings
+    index: Any,
+    vectors: np.ndarray,
+    finite: bool,
+    self_rate: float,
+    cfg: IndexSettings,
+    *,
+    questions: int,
 ) -> list[Check]:
     """The gate on the index: one finite, non-zero vector per question, and sampled
     questions retrieving themselves first."""
     norms = np.linalg.norm(vectors, axis=1)
-    finite = bool(np.isfinite(vectors).all())
     return [
         Check("vectors_equal_questions", index.ntotal, "==", questions),
         Check("all_vectors_finite", float(finite), "==", 1.0),

@@ -31,13 +31,14 @@ def run_register(
     settings: Settings,
     paths: ProjectPaths,
     *,
-    tags: Mapping[str, str] = (),
+    provenance: Callable[[Mapping[str, Any]], Mapping[str, str]] = lambda _: {},
     actor: str = ACTOR,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Register models/ + the evaluate stage's metrics, decide, promote or keep the champion.
 
-    `tags` go on the version (the evaluate run's commit and data hash). Returns what
+    `provenance(metrics)` gives tags for the version (the evaluate run's commit and data
+    hash: the flow finds them in MLflow). Returns what
     metrics/register.json holds: the version, promoted (0/1), the challenger and champion
     measures (champion: null when there was none), the reason in words.
     """
@@ -51,7 +52,7 @@ def run_register(
 
     before = {v.version for v in _versions(cfg.name)}
     version = registry.register_bundle(
-        paths.models_dir, metrics, name=cfg.name, metric=cfg.metric, tags=dict(tags)
+        paths.models_dir, metrics, name=cfg.name, metric=cfg.metric, tags=dict(provenance(metrics))
     )
     new = version.version not in before
     log(

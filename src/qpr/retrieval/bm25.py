@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from qpr.config import check_stemmer
 from qpr.io import write_atomic
 from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
-from qpr.text.words import check_stemmer, tokenize
+from qpr.text.words import tokenize
 
 FORMAT = "qpr-bm25/1"
 

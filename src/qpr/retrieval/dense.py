@@ -30,6 +30,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from qpr.config import IndexSettings
 from qpr.io import atomic_path, save_numpy_atomic
 
 __all__ = [
@@ -348,6 +349,18 @@ class IndexConfig:
     ef_search: int = 256
     ef_construction: int = 200
     refine_k_factor: float = 8.0
+
+    @classmethod
+    def from_settings(cls, index: IndexSettings, *, factory: str | None = None) -> IndexConfig:
+        """params.yaml's index section; `factory` replaces its factory (e.g. "Flat")."""
+        return cls(
+            factory or index.factory,
+            nprobe=index.nprobe,
+            use_gpu=index.use_gpu,
+            ef_search=index.ef_search,
+            ef_construction=index.ef_construction,
+            refine_k_factor=index.refine_k_factor,
+        )
 
 
 def build_index(

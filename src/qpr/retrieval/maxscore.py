@@ -253,7 +253,7 @@ def _top_k(
 @numba.njit(nogil=True, cache=True)
 def union_one(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndarray:
     """Distinct rows of both int64 [Cd], [Cl] (-1 = empty): int64 [Cd + Cl], ascending,
-    -1 slots last (one question's `qpr.retrieval.bm25.candidate_union`)."""
+    -1 slots last (one question's `qpr.retrieval.fusion.candidate_union`)."""
     both = np.concatenate((dense_rows, lexical_rows))
     both = np.sort(both[both >= 0])
     out = np.full(dense_rows.size + lexical_rows.size, -1, np.int64)
@@ -275,7 +275,7 @@ def fuse_one(
     lexical_weight: np.float32,
     k: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One question's fusion over its candidate union (`qpr.retrieval.bm25.fuse_union`'s
+    """One question's fusion over its candidate union (`qpr.retrieval.fusion.fuse_union`'s
     arithmetic, float32): (scores float32 [<= k], slots int64 [<= k]) best first, ties by
     row, slots indexing `union`; slots [-1] when a lexical row is missing from the union.
 

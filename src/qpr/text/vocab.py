@@ -170,13 +170,13 @@ class Vocabulary:
     @property
     def checksum(self) -> str:
         """sha256 of the canonical JSON of the content (ties checkpoints to a vocabulary)."""
-        return _checksum(self._payload())
+        return json_sha256(self._payload())
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write JSON atomically (temp file + rename: a crash never leaves half a file)."""
         path = Path(path)
         payload = self._payload()
-        payload["sha256"] = _checksum(payload)
+        payload["sha256"] = json_sha256(payload)
         return write_text_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1))
 
     @classmethod
@@ -195,7 +195,7 @@ class Vocabulary:
                 f"this code reads version {FORMAT_VERSION}"
             )
         stored = payload.pop("sha256", None)
-        actual = _checksum(payload)
+        actual = json_sha256(payload)
         if stored != actual:
             raise VocabularyError(
                 f"{path}: checksum mismatch (stored {stored}, content {actual}); "
@@ -214,7 +214,3 @@ class Vocabulary:
             max_words=int(payload["max_words"]),
             min_count=int(payload["min_count"]),
         )
-
-
-def _checksum(payload: dict[str, Any]) -> str:
-    return json_sha256(payload)

@@ -38,10 +38,6 @@ KIND = "wordpiece"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _checksum(payload: dict[str, Any]) -> str:
-    return json_sha256(payload)
-
-
 def _package_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package.replace("_", "-"))
@@ -91,7 +87,7 @@ class WordPieceTokenizer:
         self._cls, self._sep = int(ids["[CLS]"]), int(ids["[SEP]"])
         self.max_len = int(max_len)
         self.source = str(source)
-        self._checksum = _checksum(self._payload())
+        self._checksum = json_sha256(self._payload())
 
     # -- construction ---------------------------------------------------------------------
 
@@ -180,7 +176,7 @@ class WordPieceTokenizer:
                 f"this code reads version {FORMAT_VERSION}"
             )
         content = {k: v for k, v in payload.items() if k != "sha256"}
-        stored, actual = payload.get("sha256"), _checksum(content)
+        stored, actual = payload.get("sha256"), json_sha256(content)
         if stored != actual:
             raise VocabularyError(
                 f"{where}: checksum mismatch (stored {stored}, content {actual}); "

@@ -10,6 +10,8 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 
+from qpr.config import check_stemmer
+
 # bm25s's default token pattern: words of 2+ word characters, lower-cased.
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
@@ -32,19 +34,6 @@ def _stopword_set(stopwords: str | Iterable[str] | None) -> frozenset[str]:
 
 
 _STEMMERS = threading.local()
-
-
-def check_stemmer(name: str | None) -> str | None:
-    """``name`` when it is None or one of PyStemmer's Snowball algorithms, else ValueError."""
-    if name is None:
-        return None
-    import Stemmer
-
-    if name not in Stemmer.algorithms():
-        raise ValueError(
-            f"unknown stemmer {name!r}; Snowball has {', '.join(Stemmer.algorithms())}"
-        )
-    return name
 
 
 def _stem_words(name: str) -> Callable[[list[str]], list[str]]:

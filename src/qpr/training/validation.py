@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from qpr.text.vocab import Vocabulary
 from qpr.training.embed import embed_token_ids
 
 
@@ -121,22 +120,6 @@ def mean_reciprocal_rank(
     return float(values.mean()) if values.numel() else float("nan")
 
 
-def evaluate_encoder(
-    encoder: nn.Module,
-    vocab: Vocabulary,
-    val: ValidationSet,
-    *,
-    max_len: int,
-    batch_size: int = 512,
-    device: str | torch.device = "cpu",
-) -> dict[str, float]:
-    """{"val_auc", "val_mrr"} of an encoder on a validation set."""
-    token_ids, lengths = vocab.encode_batch(val.texts, max_len=max_len)
-    return evaluate_token_ids(
-        encoder, token_ids, lengths, val, batch_size=batch_size, device=device
-    )
-
-
 def evaluate_token_ids(
     encoder: nn.Module,
     token_ids: np.ndarray,
@@ -146,7 +129,7 @@ def evaluate_token_ids(
     batch_size: int,
     device: str | torch.device,
 ) -> dict[str, float]:
-    """evaluate_encoder on val.texts already tokenised (the loop tokenises them once)."""
+    """{"val_auc", "val_mrr"} of an encoder on val.texts, tokenised once by the caller."""
     emb = embed_token_ids(encoder, token_ids, lengths, batch_size=batch_size, device=device)
     assert val.positive_pairs is not None and val.negative_pairs is not None
 
