@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help install install-gpu data run repro metrics experiments test test-fast lint format lock clean \
-        bench-quora bench-serve bench-embedding \
+        bench-quora bench-serve bench-embedding bench-scale \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
@@ -78,6 +78,12 @@ bench-serve: install ## Search latency, recall vs exact and throughput on the Qu
 
 bench-embedding: install ## Embedding-size study (seed 001): quality vs memory and time
 	$(BIN)/python benchmarks/embedding_size.py
+
+# make bench-scale SCALE_WORK=/big/disk SIZES=quora,1M: 40 GB of scratch for every size
+SCALE_WORK ?= /tmp/qpr-scale
+SIZES ?= quora,1M,3M,10M
+bench-scale: install ## Cost against N: 134k, 1M, 3M, 10M questions (about 2 h; resumable)
+	$(BIN)/python benchmarks/scale.py --work $(SCALE_WORK) --sizes $(SIZES) $(if $(ENGINE),--engine $(ENGINE))
 
 # Docker: not part of `make test` (needs root or a Docker engine, and minutes). Without a
 # Docker engine the build uses podman/buildah on a debootstrap base (docker/build.sh).

@@ -81,9 +81,10 @@ def _export(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, A
 
 
 def _index(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from flows.engine import mapper
     from qpr.pipeline.index import run_index
 
-    return run_index(settings, paths, log=log)
+    return run_index(settings, paths, engine=mapper(settings.engine, log=log), log=log)
 
 
 def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:

@@ -85,3 +85,19 @@ def test_metrics_shows_the_fused_model_beside_its_encoder_alone(tmp_path):
     assert any("model" in line and "0.7500" in line for line in lines)
     text = " ".join(result.output.split())  # the console wraps long lines
     assert "fused at α 0.3, chosen on validation: both fused" in text
+
+
+def test_data_scale_writes_shards_the_loader_reads(tmp_path):
+    out = tmp_path / "scale"
+    made = runner.invoke(
+        app, ["data", "scale", "--questions", "3k", "--out", str(out), "--shard-rows", "1000"]
+    )
+    assert made.exit_code == 0, made.output
+    assert "3,000 questions in 3 shards" in made.output
+    checked = runner.invoke(app, ["data", "check", str(out)])
+    assert checked.exit_code == 0, checked.output
+
+
+def test_data_scale_refuses_a_bad_count(tmp_path):
+    result = runner.invoke(app, ["data", "scale", "--questions", "lots", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "not a count" in result.output

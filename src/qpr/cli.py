@@ -134,6 +134,29 @@ def data_synth(
     console.print(f"wrote {len(files)} daily files, {rows:,} rows, to {out}")
 
 
+@data_app.command("scale")
+def data_scale(
+    questions: Annotated[str, typer.Option(help="Questions to write: 1M, 3M, 10M, 250k, ...")],
+    out: Annotated[Path, typer.Option(help="Directory for the Parquet shards.")],
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 13,
+    shard_rows: Annotated[int, typer.Option(help="Questions a shard.")] = 500_000,
+) -> None:
+    """Write synthetic QA logs of any size, with real questions' word statistics (Parquet
+    shards, `qpr.data.scale`). Deterministic by seed; a killed run resumes at the first
+    shard not yet written. docs/scale.md compares them with Quora."""
+    from qpr.data.scale import ScaleSpec, parse_count, write_scale_corpus
+
+    try:
+        spec = ScaleSpec(parse_count(questions), seed=seed, shard_rows=shard_rows)
+        files = write_scale_corpus(spec, out, log=lambda line: console.print(line))
+    except ValueError as exc:
+        _fail(str(exc))
+    size = sum(f.stat().st_size for f in files) / 1e6
+    console.print(
+        f"wrote {spec.questions:,} questions in {len(files)} shards ({size:,.0f} MB) to {out}"
+    )
+
+
 @data_app.command("check")
 def data_check(
     path: Annotated[Path, typer.Argument(help="A log file or a directory of log files.")],

@@ -9,7 +9,6 @@ import numpy as np
 
 
 def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings) -> None:
-    from qpr.io import digest
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
     from qpr.pipeline.export import run_export
@@ -27,10 +26,15 @@ def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings
     run_export(settings, paths, log=quiet)
     first = run_index(settings, paths, log=quiet)
     assert first["vectors_reused"] == 0
-    cached = sorted(p.name for p in paths.index_cache_dir.iterdir())
+    vectors = paths.index_cache_dir / "vectors"
+    cached = sorted(vectors.glob("*.npy"))
+    assert [p.name.split("-")[0] for p in cached] == ["questions"]
     texts = read_cluster_outputs(paths)[0]["text"].tolist()
-    key = digest(paths.encoder_onnx, paths.vocab, texts)
-    assert cached == [f"{key}.json", f"{key}.npy"]
+    assert np.load(cached[0]).shape[0] == len(texts)
+    assert sorted(p.name for p in paths.index_cache_dir.iterdir()) == [
+        "encode_seconds.json",
+        "vectors",
+    ]  # the question shards and BM25 counts are gone once the stage is done
 
     # Another index (exact search, BM25 on): the same vectors, not encoded again.
     other = settings.model_copy(
@@ -66,6 +70,39 @@ def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings
         paths.encoder_onnx.write_bytes(original)
     assert third["vectors_reused"] == 0
     assert not any("reused" in line for line in lines)
-    assert len(list(paths.index_cache_dir.glob("*.npy"))) == 1
-    assert not (paths.index_cache_dir / f"{key}.npy").exists()
-    assert np.isfinite(np.load(next(paths.index_cache_dir.glob("*.npy")))).all()
+    now = sorted(vectors.glob("*.npy"))
+    assert len(now) == 1 and now != cached  # one encoding kept: the new one
+    assert np.isfinite(np.load(now[0])).all()
+
+
+def test_shards_build_the_index_of_the_whole(tmp_path: Path, tiny_settings) -> None:
+    """Questions in shards of 300: the same BM25 and index as one shard of all of them."""
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
+    from qpr.retrieval.dense import load_index, search
+
+    quiet = lambda _: None  # noqa: E731
+    paths = ProjectPaths(tmp_path)
+    run_cluster(
+        tiny_settings, out_dir=paths.cluster_dir, report_dir=tmp_path / "reports", log=quiet
+    )
+    run_train(tiny_settings, paths, progress=False, log=quiet)
+    run_export(tiny_settings, paths, log=quiet)
+    whole = run_index(tiny_settings, paths, log=quiet)
+    kept = {p.name: p.read_bytes() for p in paths.index_dir.iterdir()}
+    sharded = tiny_settings.model_copy(
+        update={"index": tiny_settings.index.model_copy(update={"shard_rows": 300})}
+    )
+    parts = run_index(sharded, paths, log=quiet)
+    assert parts["questions"] == whole["questions"] > 300
+    assert (paths.index_dir / "bm25.npz").read_bytes() == kept["bm25.npz"]
+    a = load_index(paths.index_dir / "index.faiss", nprobe=8)
+    probe = np.random.default_rng(1).standard_normal((20, a.d)).astype(np.float32)
+    b_path = tmp_path / "whole.faiss"
+    b_path.write_bytes(kept["index.faiss"])
+    b = load_index(b_path, nprobe=8)
+    for x, y in zip(search(a, probe, 5), search(b, probe, 5), strict=True):
+        np.testing.assert_array_equal(x, y)

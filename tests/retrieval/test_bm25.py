@@ -204,3 +204,37 @@ def test_save_load_round_trip_and_bad_files(tmp_path: Path) -> None:
 
 def test_tokenize_lowercases_and_drops_stop_words_and_single_letters() -> None:
     assert tokenize(["How do I reset the Router?"]) == [["how", "do", "reset", "router"]]
+
+
+def test_shards_merged_with_global_statistics_equal_one_build() -> None:
+    from qpr.retrieval.bm25 import count_terms
+
+    texts = [
+        f"how do i {w} my {o} today"
+        for w in ("fix", "sell", "paint")
+        for o in ("car", "bike", "house", "boat")
+    ]
+    texts += ["", "the a of", "why why why is the sky blue"]
+    whole = BM25Index.build(texts, k1=1.2, b=0.7, stemmer="english")
+    parts = [count_terms(texts[i : i + 4], stemmer="english") for i in range(0, len(texts), 4)]
+    merged = BM25Index.from_counts(parts, k1=1.2, b=0.7)
+    assert merged.terms == whole.terms and merged.num_docs == whole.num_docs
+    np.testing.assert_array_equal(merged.indptr, whole.indptr)
+    np.testing.assert_array_equal(merged.rows, whole.rows)
+    np.testing.assert_array_equal(merged.weights, whole.weights)
+
+
+def test_shards_of_two_stemmers_are_refused() -> None:
+    from qpr.retrieval.bm25 import count_terms
+
+    with pytest.raises(ValueError, match="different stemmers"):
+        BM25Index.from_counts([count_terms(["a cat"], stemmer="english"), count_terms(["dogs"])])
+
+
+def test_term_counts_round_trip(tmp_path) -> None:
+    from qpr.retrieval.bm25 import TermCounts, count_terms
+
+    counts = count_terms(["losing the game", "he loses games"], stemmer="english")
+    again = TermCounts.load(counts.save(tmp_path / "c.npz"))
+    assert again.terms == counts.terms and again.stemmer == "english"
+    np.testing.assert_array_equal(again.tf, counts.tf)

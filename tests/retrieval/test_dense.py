@@ -449,3 +449,43 @@ def test_per_query_scan_is_set_on_fast_scan_indexes_and_finds_the_same_rows(tmp_
     ivf.implem = 0
     loaded = load_index(save_index(index, tmp_path / "fs.faiss"), nprobe=6)
     assert faiss.downcast_index(faiss.extract_index_ivf(loaded)).implem == 11
+
+
+def test_vector_shards_build_the_same_index_as_the_whole(tmp_path) -> None:
+    from qpr.retrieval.dense import VectorShards, build_index_from_shards
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((3000, 16)).astype(np.float32)
+    paths = []
+    for i, part in enumerate(np.array_split(vectors, 4)):
+        paths.append(tmp_path / f"{i}.npy")
+        np.save(paths[-1], part)
+    shards = VectorShards(paths)
+    assert len(shards) == 3000 and shards.dim == 16
+    np.testing.assert_array_equal(shards.rows(np.array([2999, 0, 1500])), vectors[[2999, 0, 1500]])
+    config = IndexConfig("IVF16,PQ8x4fs,RFlat", nprobe=4, use_gpu=False)
+    quiet = lambda _: None  # noqa: E731
+    a = build_index_from_shards(shards, config, seed=5, log=quiet)
+    b = build_index(vectors, config, seed=5, log=quiet)
+    for x, y in zip(search(a, vectors[:50], 10), search(b, vectors[:50], 10), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert self_retrieval_rate(a, shards, 100, 5) == self_retrieval_rate(b, vectors, 100, 5)
+
+
+def test_vector_shards_refuse_mixed_widths(tmp_path) -> None:
+    from qpr.retrieval.dense import VectorShards
+
+    np.save(tmp_path / "a.npy", np.zeros((3, 4), np.float32))
+    np.save(tmp_path / "b.npy", np.zeros((3, 5), np.float32))
+    with pytest.raises(ValueError, match="one D"):
+        VectorShards([tmp_path / "a.npy", tmp_path / "b.npy"])
+
+
+def test_training_points_keep_small_corpora_whole_and_bound_large_ones() -> None:
+    from qpr.retrieval.dense import training_points
+
+    assert training_points(134_091, 1024) == 134_091  # Quora: every vector, as FAISS would
+    assert training_points(5_000, 148) == 5_000
+    assert training_points(10_000_000, 16_384) == 39 * 16_384  # the floor FAISS warns under
+    assert training_points(1_000_000, 4096) == 2**31 // 4096
+    assert training_points(10_000_000, 16) == 256 * 16  # FAISS's own subsample

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from qpr.artifacts import ENCODER_FILE, INPUT_NAME, OUTPUT_NAME
 from qpr.model import CNNEncoder
 from qpr.model.onnx import export_onnx
-from qpr.retrieval import bundle as bundle_module
+from qpr.retrieval import folded as folded_module
 from qpr.retrieval.bundle import Bundle
 from qpr.retrieval.encoders import load_session
 from qpr.retrieval.folded import FoldedCNN, fold_cnn
@@ -141,8 +141,8 @@ def test_a_folding_that_does_not_match_is_not_used(
             normalize=folded.normalize,
         )
 
-    monkeypatch.setattr(bundle_module, "fold_cnn", off_by_a_bit)
-    with caplog.at_level(logging.WARNING, logger="qpr.retrieval.bundle"):
+    monkeypatch.setattr(folded_module, "fold_cnn", off_by_a_bit)
+    with caplog.at_level(logging.WARNING, logger="qpr.retrieval.folded"):
         bundle = Bundle.load(bundle_dir, fold_encoder=True)
     assert bundle.encoder_kernel == "onnx"
     assert "off the ONNX model" in caplog.text and str(bundle_dir / ENCODER_FILE) in caplog.text

@@ -60,13 +60,16 @@ class DropReport:
 
 
 def log_files(path: Path) -> list[Path]:
-    """The log files at `path`: the file itself, or every log file in a directory, sorted."""
+    """The log files at `path`: the file itself, or every log file in a directory, sorted
+    (hidden files, such as a scale corpus' .manifest.json, are not logs)."""
     path = Path(path)
     if path.is_file():
         return [path]
     if path.is_dir():
         files = sorted(
-            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in LOG_SUFFIXES
+            p
+            for p in path.iterdir()
+            if p.is_file() and p.suffix.lower() in LOG_SUFFIXES and not p.name.startswith(".")
         )
         if not files:
             raise DataFormatError(f"no log files ({', '.join(LOG_SUFFIXES)}) in directory {path}")

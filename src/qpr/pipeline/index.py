@@ -13,14 +13,21 @@ questions' int8 and float32 vectors at cosine >= index.query_cosine_floor for 99
 (one outlier among 2,000 packaged-MiniLM questions was at 0.9797, the 1st percentile
 0.990), and their int8 query vectors retrieving them first as often as self_check_min asks.
 
-The vectors are kept in artifacts/index/<key>.npy (`qpr.io.VectorCache`), the key a
-digest of the ONNX file, the tokenizer file and the questions: a run that changes only the
+Encoding and BM25 counting run in shards of index.shard_rows questions, one task a shard on
+the engine params.yaml names (`qpr.retrieval.indexer`; Ray through `flows/engine.py`): the
+same files whichever engine ran them. A killed run resumes at the first shard not done.
+
+The vector shards are kept in artifacts/index/vectors/, named by a digest of the ONNX file,
+the tokenizer file, the kernel and the shard's questions: a run that changes only the
 index's settings (factory, nprobe, BM25) reuses them instead of encoding every question
-again (minutes for a transformer on Quora). One encoding is kept.
+again (minutes for a transformer on Quora). One encoding is kept. FAISS is trained on a
+sample and filled one shard at a time (`qpr.retrieval.dense.build_index_from_shards`), so
+no step holds every vector in memory.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -32,46 +39,55 @@ import pandas as pd
 
 from qpr.artifacts import BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
-from qpr.io import VectorCache, digest
+from qpr.io import write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import read_cluster_outputs, require_exported_encoder
 from qpr.quality.checks import Check, require
+from qpr.retrieval.indexer import Indexer, LexicalConfig, Mapper, local_map
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
+    from qpr.retrieval.dense import VectorShards
     from qpr.text.vocab import Vocabulary
     from qpr.text.wordpiece import WordPieceTokenizer
 
 
 def run_index(
-    settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
+    settings: Settings,
+    paths: ProjectPaths,
+    *,
+    engine: Mapper = local_map,
+    log: Callable[[str], None] = print,
 ) -> dict[str, float | int | str]:
-    """The whole stage; the index directory is swapped in only after the gate passed."""
+    """The whole stage; the index directory is swapped in only after the gate passed.
+    engine: runs the shard tasks (`qpr.retrieval.indexer.local_map`, or Ray's)."""
     from qpr.retrieval.dense import ef_search_of, nlist_of, self_retrieval_rate
-    from qpr.retrieval.encoders import load_session
 
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
     vocab = load_tokenizer(paths.vocab)
     cfg = settings.index
-    session = load_session(paths.encoder_onnx, threads=cfg.threads)
     texts = questions["text"].tolist()
-    vectors, encode_seconds, reused = _question_vectors(paths, session, vocab, texts, cfg, log)
-
-    finite = bool(np.isfinite(vectors).all())  # one pass over N x D: the build and gate share it
+    indexer = _indexer(settings, paths, engine)
+    shards = _question_shards(paths, texts, cfg.shard_rows)
+    vectors, encode_seconds, reused = _question_vectors(paths, indexer, shards, log)
+    finite, min_norm = _vector_stats(vectors)  # one pass: a NaN fails the gate, not the build
     started = time.perf_counter()
-    index = _build(vectors if finite else np.nan_to_num(vectors), settings, log)
+    index = _build(vectors, settings, log) if finite else None
     build_seconds = time.perf_counter() - started
-    self_rate = self_retrieval_rate(
-        index, vectors, sample=min(cfg.self_check_sample, len(vectors)), seed=settings.seed
+    sample = min(cfg.self_check_sample, len(vectors))
+    self_rate = (
+        self_retrieval_rate(index, vectors, sample=sample, seed=settings.seed) if index else 0.0
     )
     staging = paths.index_dir.with_name(paths.index_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    checks = _index_checks(index, vectors, finite, self_rate, cfg, questions=len(questions))
+    checks = _index_checks(
+        index.ntotal if index else 0, finite, min_norm, self_rate, cfg, questions=len(questions)
+    )
     query_metrics: dict[str, float] = {}
     try:  # a failure leaves no half-written staging folder behind
-        if cfg.query_encoder == "int8":
+        if cfg.query_encoder == "int8" and index is not None:
             query_metrics, int8_checks = _int8_queries(
                 settings, paths, staging, vocab, texts, vectors, index, log
             )
@@ -80,15 +96,18 @@ def run_index(
     except Exception:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    assert index is not None  # the gate passed: the vectors were finite
 
-    lexical_seconds = _write_index_files(staging, index, questions, cfg, log)
+    lexical_seconds = _write_index_files(staging, index, questions, indexer, shards, log)
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)
+    shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
+    shutil.rmtree(paths.index_cache_dir / "counts", ignore_errors=True)
 
     described = nlist_of(index)
     metrics = {
         "questions": len(questions),
-        "dim": int(vectors.shape[1]),
+        "dim": int(vectors.dim),
         "nlist": int(described) if described is not None else 0,
         "nprobe": cfg.nprobe,
         "ef_search": ef_search_of(index) or 0,
@@ -113,54 +132,94 @@ def run_index(
     return metrics
 
 
-def _question_vectors(
-    paths: ProjectPaths,
-    session: Any,
-    vocab: Vocabulary | WordPieceTokenizer,
-    texts: list[str],
-    cfg: IndexSettings,
-    log: Callable[[str], None],
-) -> tuple[np.ndarray, float, bool]:
-    """(vectors of `texts`, the seconds their encoding took, whether they were reused from
-    the cache: same encoder file, tokenizer file and questions)."""
-    from qpr.retrieval.encoders import encode_corpus
+def _indexer(settings: Settings, paths: ProjectPaths, engine: Mapper) -> Indexer:
+    from qpr.retrieval.dense import IndexConfig
 
-    cache = VectorCache(paths.index_cache_dir, keep_one=True)
-    key = digest(paths.encoder_onnx, paths.vocab, texts)
-    cached = cache.get(key)
-    if cached is not None and "encode_seconds" in cached[1]:
-        vectors, made = cached
-        encode_seconds = float(made["encode_seconds"])
-        log(
-            f"vectors of the {len(texts):,} questions reused from "
-            f"{cache.path(key)} (same encoder, tokenizer and questions; "
-            f"encoded in {encode_seconds:.1f} s)"
-        )
-        return vectors, encode_seconds, True
-    started = time.perf_counter()
-    vectors = encode_corpus(session, vocab, texts, batch_size=cfg.encode_batch_size, log=log)
-    encode_seconds = time.perf_counter() - started
-    cache.put(key, vectors, {"encode_seconds": encode_seconds})
-    return vectors, encode_seconds, False
-
-
-def _build(vectors: np.ndarray, settings: Settings, log: Callable[[str], None]) -> Any:
-    """The FAISS index params describe, over `vectors` (non-finite values already zeroed:
-    the gate then fails on them, with its report)."""
-    from qpr.retrieval.dense import IndexConfig, build_index
-
-    return build_index(
-        vectors,
-        IndexConfig.from_settings(settings.index),
+    cfg = settings.index
+    return Indexer(
+        config=IndexConfig.from_settings(cfg),
+        encoder=paths.encoder_onnx,
+        vocab=paths.vocab,
+        work_dir=paths.index_cache_dir,
+        lexical=LexicalConfig(
+            cfg.lexical.enabled, cfg.lexical.k1, cfg.lexical.b, cfg.lexical.stemmer
+        ),
+        engine=engine,
         seed=settings.seed,
-        log=log,
+        fold=cfg.batch_encoder == "folded",
+        threads=cfg.threads,
+        batch_size=cfg.encode_batch_size,
+    )
+
+
+def _question_shards(paths: ProjectPaths, texts: list[str], shard_rows: int) -> list[Path]:
+    """The index questions as Parquet shards of `shard_rows` (column "question"): what the
+    shard tasks read, on this machine or a cluster's."""
+    out = paths.index_cache_dir / "shards"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shards = []
+    for number, start in enumerate(range(0, max(len(texts), 1), shard_rows)):
+        path = out / f"questions-{number:05d}.parquet"
+        pd.DataFrame({"question": texts[start : start + shard_rows]}).to_parquet(path)
+        shards.append(path)
+    return shards
+
+
+def _question_vectors(
+    paths: ProjectPaths, indexer: Indexer, shards: list[Path], log: Callable[[str], None]
+) -> tuple[VectorShards, float, bool]:
+    """(the vector shards of the questions, the seconds their encoding took, whether they
+    were all there already: same encoder, tokenizer, kernel and questions). One encoding
+    is kept in artifacts/index/vectors/: the files of any other are removed."""
+    from qpr.retrieval.dense import VectorShards
+
+    expected = indexer.vector_files(shards)
+    reused = all(f.is_file() for f in expected)
+    timings_file = paths.index_cache_dir / "encode_seconds.json"
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    key = "+".join(f.name for f in expected)
+    if reused and key in timings:
+        log(
+            f"vectors of the {indexer.rows(expected):,} questions reused from "
+            f"{expected[0].parent} (same encoder, tokenizer and questions; encoded in "
+            f"{timings[key]:.1f} s)"
+        )
+        return VectorShards(expected), float(timings[key]), True
+    started = time.perf_counter()
+    files = indexer.encode(shards, log=log)
+    seconds = time.perf_counter() - started
+    for stale in set(files[0].parent.glob("*.npy")) - set(files):
+        stale.unlink()
+    write_json_atomic(timings_file, {key: seconds})
+    rows = indexer.rows(files)
+    log(f"encoded {rows:,} questions in {seconds:.1f} s ({rows / max(seconds, 1e-9):,.0f}/s)")
+    return VectorShards(files), seconds, False
+
+
+def _vector_stats(vectors: VectorShards) -> tuple[bool, float]:
+    """(every value finite, the smallest row norm), one shard in memory at a time."""
+    finite, smallest = True, np.inf
+    for chunk in vectors.chunks():
+        finite = finite and bool(np.isfinite(chunk).all())
+        if chunk.size:
+            smallest = min(smallest, float(np.linalg.norm(np.nan_to_num(chunk), axis=1).min()))
+    return finite, float(smallest) if np.isfinite(smallest) else 0.0
+
+
+def _build(vectors: VectorShards, settings: Settings, log: Callable[[str], None]) -> Any:
+    """The FAISS index params describe, over the vector shards."""
+    from qpr.retrieval.dense import IndexConfig, build_index_from_shards
+
+    return build_index_from_shards(
+        vectors, IndexConfig.from_settings(settings.index), seed=settings.seed, log=log
     )
 
 
 def _index_checks(
-    index: Any,
-    vectors: np.ndarray,
+    ntotal: int,
     finite: bool,
+    min_norm: float,
     self_rate: float,
     cfg: IndexSettings,
     *,
@@ -168,23 +227,16 @@ def _index_checks(
 ) -> list[Check]:
     """The gate on the index: one finite, non-zero vector per question, and sampled
     questions retrieving themselves first."""
-    norms = np.linalg.norm(vectors, axis=1)
     return [
-        Check("vectors_equal_questions", index.ntotal, "==", questions),
+        Check("vectors_equal_questions", ntotal, "==", questions),
         Check("all_vectors_finite", float(finite), "==", 1.0),
-        Check(
-            "min_vector_norm",
-            float(norms.min()) if len(norms) else 0.0,
-            ">",
-            0.0,
-            "a zero vector matches everything equally",
-        ),
+        Check("min_vector_norm", min_norm, ">", 0.0, "a zero vector matches everything equally"),
         Check(
             "self_retrieval_rate",
             self_rate,
             ">=",
             cfg.self_check_min,
-            f"{min(cfg.self_check_sample, len(vectors))} sampled questions",
+            f"{min(cfg.self_check_sample, questions)} sampled questions",
         ),
     ]
 
@@ -195,7 +247,7 @@ def _int8_queries(
     staging: Path,
     vocab: Vocabulary | WordPieceTokenizer,
     texts: list[str],
-    vectors: np.ndarray,
+    vectors: VectorShards,
     index: Any,
     log: Callable[[str], None],
 ) -> tuple[dict[str, float], list[Check]]:
@@ -210,7 +262,7 @@ def _int8_queries(
         staging / QUERY_ENCODER_FILE.name,
         vocab,
         [texts[r] for r in rows],
-        vectors[rows],
+        vectors.rows(rows),
         threads=cfg.threads,
         batch_size=cfg.encode_batch_size,
         log=log,
@@ -241,7 +293,8 @@ def _write_index_files(
     staging: Path,
     index: Any,
     questions: pd.DataFrame,
-    cfg: IndexSettings,
+    indexer: Indexer,
+    shards: list[Path],
     log: Callable[[str], None],
 ) -> float:
     """The index, its id map, the questions and (index.lexical.enabled) BM25 into
@@ -253,17 +306,12 @@ def _write_index_files(
     questions[["question_id", "text", "cluster_id"]].to_parquet(
         staging / QUESTIONS_FILE.name, index=False
     )
-    if not cfg.lexical.enabled:
+    if not indexer.lexical.enabled:
         return 0.0
-    from qpr.retrieval.bm25 import BM25Index, describe_bm25
+    from qpr.retrieval.bm25 import describe_bm25
 
     started = time.perf_counter()
-    bm25 = BM25Index.build(
-        questions["text"].tolist(),
-        k1=cfg.lexical.k1,
-        b=cfg.lexical.b,
-        stemmer=cfg.lexical.stemmer,
-    )
+    bm25 = indexer.bm25(shards, log=log)
     bm25.save(staging / BM25_FILE.name)
     lexical_seconds = time.perf_counter() - started
     log(

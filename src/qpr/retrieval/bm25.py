@@ -35,6 +35,7 @@ from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
 from qpr.text.words import tokenize
 
 FORMAT = "qpr-bm25/1"
+COUNTS_FORMAT = "qpr-bm25-counts/1"
 
 # Posting lists shorter than this are added in full: skipping them saves less than the
 # pruning check costs.
@@ -48,6 +49,74 @@ def describe_bm25(settings: Mapping[str, Any]) -> str:
     stemmer = settings.get("stemmer")
     words = f"{stemmer} stems" if stemmer else "words as written"
     return f"{words}, k1 {settings.get('k1', 1.5):g}, b {settings.get('b', 0.75):g}"
+
+
+def _save_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
+    """One .npz of `arrays` and a JSON `header`, written atomically."""
+    encoded = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
+    return write_atomic(path, lambda handle: np.savez(handle, header=encoded, **arrays))
+
+
+@dataclass(frozen=True)
+class TermCounts:
+    """One shard's term counts, the part of BM25 that needs no collection statistics: each
+    document's words counted (shards are counted apart, on any engine, then merged by
+    `BM25Index.from_counts`). Entries sorted by (term, row); rows local to the shard."""
+
+    terms: list[str]  # local term id → word, in order of first appearance
+    term: np.ndarray  # int32 [nnz]
+    row: np.ndarray  # int32 [nnz]
+    tf: np.ndarray  # int32 [nnz]
+    lengths: np.ndarray  # int32 [num_docs]: words a document has, repeats included
+    stemmer: str | None
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.lengths.size)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        header = {"format": COUNTS_FORMAT, "terms": self.terms, "stemmer": self.stemmer}
+        arrays = {"term": self.term, "row": self.row, "tf": self.tf, "lengths": self.lengths}
+        return _save_npz(Path(path), header, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TermCounts:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(bytes(data["header"]).decode("utf-8"))
+            if header.get("format") != COUNTS_FORMAT:
+                raise ValueError(f"{path}: not term counts of format {COUNTS_FORMAT!r}")
+            return cls(
+                header["terms"],
+                data["term"],
+                data["row"],
+                data["tf"],
+                data["lengths"],
+                header["stemmer"],
+            )
+
+
+def count_terms(texts: Sequence[str], *, stemmer: str | None = None) -> TermCounts:
+    """The BM25 words of each text (`qpr.text.words.tokenize`), counted."""
+    docs = tokenize(texts, stemmer=check_stemmer(stemmer))
+    terms: dict[str, int] = {}
+    doc_of, term_of = [], []
+    for row, words in enumerate(docs):
+        for word in words:
+            doc_of.append(row)
+            term_of.append(terms.setdefault(word, len(terms)))
+    n = len(docs)
+    lengths = np.fromiter((len(w) for w in docs), np.int32, n)
+    # (term, doc) pairs with their counts: sort once, run-length encode.
+    key = np.asarray(term_of, np.int64) * max(n, 1) + np.asarray(doc_of, np.int64)
+    key, tf = np.unique(key, return_counts=True)
+    return TermCounts(
+        list(terms),
+        (key // max(n, 1)).astype(np.int32),
+        (key % max(n, 1)).astype(np.int32),
+        tf.astype(np.int32),
+        lengths,
+        stemmer,
+    )
 
 
 @dataclass(frozen=True)
@@ -73,22 +142,43 @@ class BM25Index:
         b: float = 0.75,
         stemmer: str | None = None,
     ) -> BM25Index:
+        return cls.from_counts([count_terms(texts, stemmer=stemmer)], k1=k1, b=b)
+
+    @classmethod
+    def from_counts(
+        cls, parts: Sequence[TermCounts], *, k1: float = 1.5, b: float = 0.75
+    ) -> BM25Index:
+        """The index of the shards' documents one after the other, with the collection's
+        statistics (N, df, avgdl) taken over all of them: the same arrays as `build` over
+        the concatenated texts. Term ids follow first appearance, shard by shard."""
         if k1 < 0 or not 0.0 <= b <= 1.0:
             raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1 {k1}, b {b}")
-        docs = tokenize(texts, stemmer=check_stemmer(stemmer))
+        stemmers = {part.stemmer for part in parts}
+        if len(stemmers) > 1:
+            raise ValueError(
+                f"shards were counted with different stemmers: {sorted(map(str, stemmers))}"
+            )
+        stemmer = stemmers.pop() if stemmers else None
         terms: dict[str, int] = {}
-        doc_of, term_of = [], []
-        for row, words in enumerate(docs):
-            for word in words:
-                doc_of.append(row)
-                term_of.append(terms.setdefault(word, len(terms)))
-        n = len(docs)
-        lengths = np.fromiter((len(w) for w in docs), np.float64, n)
+        term_parts, row_parts, tf_parts, offset = [], [], [], 0
+        for part in parts:
+            local = np.asarray([terms.setdefault(t, len(terms)) for t in part.terms], np.int32)
+            term_parts.append(local[part.term] if part.term.size else part.term)
+            row_parts.append(part.row.astype(np.int64) + offset)
+            tf_parts.append(part.tf)
+            offset += part.num_docs
+        n = offset
+        lengths = (
+            np.concatenate([part.lengths for part in parts]).astype(np.float64)
+            if parts
+            else np.zeros(0, np.float64)
+        )
         avgdl = float(lengths.mean()) if n and lengths.sum() > 0 else 1.0
-        if not term_of:
+        term = np.concatenate(term_parts) if term_parts else np.zeros(0, np.int32)
+        if not term.size:
             return cls(
                 terms,
-                np.zeros(1, np.int64),
+                np.zeros(len(terms) + 1, np.int64),
                 np.zeros(0, np.int32),
                 np.zeros(0, np.float32),
                 n,
@@ -96,16 +186,20 @@ class BM25Index:
                 b,
                 stemmer,
             )
-        # (term, doc) pairs with their counts: sort once, run-length encode.
-        key = np.asarray(term_of, np.int64) * max(n, 1) + np.asarray(doc_of, np.int64)
-        key, tf = np.unique(key, return_counts=True)
-        term, row = key // max(n, 1), key % max(n, 1)
-        df = np.bincount(term, minlength=len(terms)).astype(np.float64)
+        # Each shard is sorted by (term, row) and shards hold ascending rows: a stable sort
+        # by term alone gives the global (term, row) order.
+        order = np.argsort(term, kind="stable")
+        term = term[order]
+        row = np.concatenate(row_parts)[order]
+        tf = np.concatenate(tf_parts)[order].astype(np.float64)
+        del order
+        counts = np.bincount(term, minlength=len(terms))
+        df = counts.astype(np.float64)
         idf = np.log1p((n - df + 0.5) / (df + 0.5))
         norm = k1 * (1.0 - b + b * lengths[row] / avgdl)
         weights = idf[term] * tf / (tf + norm)
         indptr = np.zeros(len(terms) + 1, np.int64)
-        np.cumsum(np.bincount(term, minlength=len(terms)), out=indptr[1:])
+        np.cumsum(counts, out=indptr[1:])
         return cls(
             terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b, stemmer
         )
@@ -189,16 +283,8 @@ class BM25Index:
             "stemmer": self.stemmer,
             "terms": sorted(self.terms, key=self.terms.__getitem__),
         }
-        return write_atomic(
-            path,
-            lambda handle: np.savez(
-                handle,
-                header=np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8),
-                indptr=self.indptr,
-                rows=self.rows,
-                weights=self.weights,
-            ),
-        )
+        arrays = {"indptr": self.indptr, "rows": self.rows, "weights": self.weights}
+        return _save_npz(path, header, arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BM25Index:

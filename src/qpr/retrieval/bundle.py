@@ -74,7 +74,7 @@ from qpr.retrieval.dense import (
     search,
 )
 from qpr.retrieval.encoders import embedding_dim, load_session
-from qpr.retrieval.folded import FoldedCNN, fold_cnn
+from qpr.retrieval.folded import FoldedCNN, checked_fold
 from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
@@ -246,7 +246,7 @@ class Bundle:
         if fold_encoder and not encoder.int8:
             encoder = replace(
                 encoder,
-                folded=_folded_encoder(paths[ENCODER_FILE], encoder.session, encoder.max_len),
+                folded=checked_fold(paths[ENCODER_FILE], encoder.session, encoder.max_len),
             )
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
@@ -619,11 +619,6 @@ def _load_questions(
     return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25)
 
 
-# Folded tables sum in another order than ONNX Runtime's convolution: they differ by
-# rounding (relative ~1e-7 on the tests' encoders, 1.6e-6 on Quora's), not by 1e-4.
-_FOLDED_TOLERANCE = 1e-4
-
-
 def _open_encoder(
     path: Path, threads: int, what: str
 ) -> tuple[ort.InferenceSession, dict[str, str], int]:
@@ -650,41 +645,6 @@ def _query_encoder(
             "different runs (run the index stage again)"
         )
     return session, metadata, dim
-
-
-def _folded_encoder(
-    onnx_path: Path, session: ort.InferenceSession, max_len: int
-) -> FoldedCNN | None:
-    """The folded CNN when the encoder is one and the tables reproduce the ONNX output on
-    probe questions (random word ids of 1 .. max_len tokens, one with padding inside).
-    The embedding has a row per vocabulary entry: Bundle.load has already matched the
-    vocabulary's checksum with the one the encoder was exported with."""
-    folded = fold_cnn(onnx_path)
-    if folded is None:
-        return None
-    rng = np.random.default_rng(0)
-    lengths = sorted({1, 2, 3, 7, max(1, max_len // 2), max_len})
-    probes = [rng.integers(1, folded.vocab_size, n).tolist() for n in lengths]
-    if max_len >= 3:
-        probes.append([1, 0, 1])  # padding inside: masked as the graph masks it
-    reference = np.vstack(
-        [session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([p], np.int64)})[0] for p in probes]
-    )
-    error = folded.matches(reference, probes)
-    if not error <= _FOLDED_TOLERANCE:
-        log.warning(
-            "%s: the folded encoder is %.2g off the ONNX model (relative); encoding with "
-            "ONNX Runtime",
-            onnx_path,
-            error,
-        )
-        return None
-    log.info(
-        "%s: encoding with the CNN folded into lookup tables (%.0f MB)",
-        onnx_path,
-        folded.nbytes / 1e6,
-    )
-    return folded
 
 
 _POOL: ThreadPoolExecutor | None = None

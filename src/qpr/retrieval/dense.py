@@ -23,7 +23,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +37,9 @@ __all__ = [
     "MIN_POINTS_PER_CENTROID",
     "IdMap",
     "IndexConfig",
+    "VectorShards",
     "build_index",
+    "build_index_from_shards",
     "drop_excluded",
     "ef_search_of",
     "exact_recall_at_k",
@@ -55,6 +57,7 @@ __all__ = [
     "set_ef_search",
     "set_nprobe",
     "set_refine_k_factor",
+    "training_points",
     "use_per_query_scan",
 ]
 
@@ -293,7 +296,7 @@ def refine_k_factor_of(index: faiss.Index) -> float | None:
     return float(refine.k_factor) if refine is not None else None
 
 
-def _seed_training(index: faiss.Index, seed: int) -> None:
+def seed_training(index: faiss.Index, seed: int) -> None:
     """Seed every k-means FAISS will run while training `index` (IVF and PQ codebooks).
 
     FAISS's default seed is already fixed (1234); setting it from params makes the
@@ -363,6 +366,51 @@ class IndexConfig:
         )
 
 
+class VectorShards:
+    """Vectors stored as .npy shards (row r of the whole = the r-th row of the shards read
+    in order), read one shard or a few rows at a time: what an index of millions is built
+    from without all its vectors in memory."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        if not paths:
+            raise ValueError("no vector shards")
+        self.paths = [Path(p) for p in paths]
+        shapes = [np.load(p, mmap_mode="r").shape for p in self.paths]
+        dims = {shape[1] for shape in shapes if len(shape) == 2}
+        if len(dims) != 1 or any(len(shape) != 2 for shape in shapes):
+            raise ValueError(f"vector shards must be float32 [n, D] of one D, got {shapes}")
+        self.dim = dims.pop()
+        self.starts = np.cumsum([0] + [shape[0] for shape in shapes])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """Each shard, float32 [n, D], one in memory at a time."""
+        for path in self.paths:
+            yield np.ascontiguousarray(np.load(path), dtype=np.float32)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """float32 [len(rows), D]: the vectors of `rows` (int64, any order)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.empty((rows.size, self.dim), np.float32)
+        shard = np.searchsorted(self.starts, rows, side="right") - 1
+        for s in np.unique(shard):
+            mine = shard == s
+            part = np.load(self.paths[s], mmap_mode="r")
+            out[mine] = part[rows[mine] - self.starts[s]]
+        return out
+
+    def sample(self, want: int, seed: int) -> np.ndarray:
+        """float32 [min(want, N), D]: every row in order when want >= N, else rows drawn
+        without replacement (seeded) and kept in row order."""
+        n = len(self)
+        if want >= n:
+            return np.concatenate(list(self.chunks()))
+        chosen = np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))
+        return self.rows(chosen)
+
+
 def build_index(
     vectors: np.ndarray,
     config: IndexConfig,
@@ -382,15 +430,74 @@ def build_index(
     Returns the trained, filled index: a GPU index when built on GPU (`save_index`
     stores it as a CPU index), else a CPU index.
     """
-    factory, nprobe, metric = config.factory, config.nprobe, config.metric
-    use_gpu, ef_search = config.use_gpu, config.ef_search
-    ef_construction, refine_k_factor = config.ef_construction, config.refine_k_factor
     vectors = _as_matrix(vectors, "vectors")
-    n, d = vectors.shape
-    if n == 0:
+    if vectors.shape[0] == 0:
         raise ValueError("cannot build an index from 0 vectors")
     if not np.isfinite(vectors).all():
         raise ValueError("vectors contain NaN or inf")
+    n, d = vectors.shape
+    return _built(config, n, d, lambda _nlist: vectors, lambda: iter([vectors]), seed, log)
+
+
+def build_index_from_shards(
+    shards: VectorShards,
+    config: IndexConfig,
+    *,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> faiss.Index:
+    """`build_index` over vectors in shards, one shard in memory at a time (plus the
+    training sample, `training_points`: every vector on corpora up to a few hundred
+    thousand, then the same index as `build_index` over them all). Each shard is checked
+    finite as it is added."""
+
+    def checked() -> Iterator[np.ndarray]:
+        for chunk in shards.chunks():
+            if not np.isfinite(chunk).all():
+                raise ValueError("vectors contain NaN or inf")
+            yield chunk
+
+    n = len(shards)
+    return _built(
+        config,
+        n,
+        shards.dim,
+        lambda nlist: shards.sample(n if nlist is None else training_points(n, nlist), seed),
+        checked,
+        seed,
+        log,
+    )
+
+
+# FAISS's k-means subsamples to 256 points a centroid (ClusteringParameters
+# max_points_per_centroid). A pass costs points × nlist × D: past 2^31 points·lists (80 s of
+# training for nlist 4,096 on 2 cores) a sharded build draws fewer, down to FAISS's floor of
+# 39 a list (16,384 lists at 10M questions: 639k points).
+TRAIN_BUDGET = 2**31
+
+
+def training_points(n: int, nlist: int) -> int:
+    """Vectors an IVF index of `nlist` lists over `n` is trained on, in a sharded build."""
+    budget = max(MIN_POINTS_PER_CENTROID * nlist, TRAIN_BUDGET // nlist)
+    return min(n, 256 * nlist, budget)
+
+
+def _built(
+    config: IndexConfig,
+    n: int,
+    d: int,
+    training: Callable[[int | None], np.ndarray],
+    chunks: Callable[[], Iterator[np.ndarray]],
+    seed: int,
+    log: Callable[[str], None],
+) -> faiss.Index:
+    """The index `config` describes, trained on `training(nlist)` (float32 [n', D]; nlist
+    None for an index without lists) and filled with `chunks()` in row order."""
+    factory, nprobe, metric = config.factory, config.nprobe, config.metric
+    use_gpu, ef_search = config.use_gpu, config.ef_search
+    ef_construction, refine_k_factor = config.ef_construction, config.refine_k_factor
+    if n == 0:
+        raise ValueError("cannot build an index from 0 vectors")
     if metric not in _METRICS:
         raise ValueError(f"metric must be one of {sorted(_METRICS)}, got {metric!r}")
 
@@ -398,7 +505,7 @@ def build_index(
     if note:
         log(note)
     index = faiss.index_factory(d, fitted, _METRICS[metric])
-    _seed_training(index, seed)
+    seed_training(index, seed)
 
     on_gpu = False
     if use_gpu is not False:
@@ -411,24 +518,28 @@ def build_index(
         elif use_gpu:
             log("GPU requested but faiss sees no GPU (faiss-cpu or no device): using CPU")
     if on_gpu:
-        _seed_training(index, seed)  # the GPU copy has its own clustering parameters
+        seed_training(index, seed)  # the GPU copy has its own clustering parameters
 
     graph = _hnsw(index)
     if graph is not None:
         graph.hnsw.efConstruction = int(ef_construction)
     started = time.perf_counter()
     if not index.is_trained:
-        index.train(vectors)
+        index.train(training(nlist_of(index)))
     trained = time.perf_counter()
+    threads = faiss.omp_get_max_threads()
     if graph is not None:
-        threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)
-        try:
-            _add_with_progress(index, vectors, log)
-        finally:
-            faiss.omp_set_num_threads(threads)
-    else:
-        index.add(vectors)
+    try:
+        for chunk in chunks():
+            if graph is not None:
+                _add_with_progress(index, chunk, log)
+            else:
+                index.add(chunk)
+            if n > chunk.shape[0]:
+                log(f"  added {index.ntotal:,} / {n:,} vectors")
+    finally:
+        faiss.omp_set_num_threads(threads)
     added = time.perf_counter()
     probing = set_nprobe(index, nprobe)
     use_per_query_scan(index)
@@ -765,7 +876,7 @@ def self_check_rows(n: int, sample: int, seed: int) -> np.ndarray:
 
 def self_retrieval_rate(
     index: faiss.Index,
-    vectors: np.ndarray,
+    vectors: np.ndarray | VectorShards,
     sample: int,
     seed: int,
     *,
@@ -773,7 +884,8 @@ def self_retrieval_rate(
 ) -> float:
     """Share of sampled rows whose own vector finds the row itself at rank 1.
 
-    vectors : float32 [N, D], the matrix the index was built from (row r = vectors[r]).
+    vectors : float32 [N, D], the matrix the index was built from (row r = vectors[r]),
+        or the shards it was built from.
     sample : rows drawn without replacement (all of them when sample >= N).
     queries : float32 [min(sample, N), D], the sampled rows' questions encoded as queries
         are (`self_check_rows` gives the rows; e.g. by the int8 query encoder, qpr.model.quantize);
@@ -784,13 +896,16 @@ def self_retrieval_rate(
     Flat/IVF-Flat with L2; lower values mean lossy codes (PQ), un-normalised vectors
     under "ip", or vectors that do not match the index.
     """
-    vectors = _as_matrix(vectors, "vectors", index.d)
-    n = vectors.shape[0]
+    if isinstance(vectors, VectorShards):
+        n, take = len(vectors), vectors.rows
+    else:
+        vectors = _as_matrix(vectors, "vectors", index.d)
+        n, take = vectors.shape[0], vectors.__getitem__
     if n != index.ntotal:
         raise ValueError(f"index holds {index.ntotal} vectors, got {n}")
     rows = self_check_rows(n, sample, seed)
     if queries is None:
-        queries = vectors[rows]
+        queries = take(rows)
     queries = _as_matrix(queries, "queries", index.d)
     if len(queries) != len(rows):
         raise ValueError(f"{len(rows)} sampled rows but {len(queries)} query vectors")
@@ -799,7 +914,7 @@ def self_retrieval_rate(
     ok = top1 == rows
     tie = ~ok & (top1 >= 0)
     if tie.any():
-        ok[tie] = (vectors[top1[tie]] == vectors[rows[tie]]).all(axis=1)
+        ok[tie] = (take(top1[tie]) == take(rows[tie])).all(axis=1)
     return float(ok.mean())
 
 

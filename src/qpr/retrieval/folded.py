@@ -25,13 +25,23 @@ tables float32 [w, V, C], vectors float32 [N, D].
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from qpr.artifacts import INPUT_NAME, OUTPUT_NAME
+
+log = logging.getLogger(__name__)
+
+# Folded tables sum in another order than ONNX Runtime's convolution: they differ by
+# rounding (relative ~1e-7 on the tests' encoders, 1.6e-6 on Quora's), not by 1e-4.
+FOLDED_TOLERANCE = 1e-4
 
 _CNN_NODES = {
     "Constant", "Equal", "Not", "Gather", "Unsqueeze", "Cast", "Mul", "Transpose", "Conv",
@@ -218,3 +228,36 @@ def fold_cnn(onnx_path: str | Path) -> FoldedCNN | None:
         projection_bias=projection_bias,
         normalize=normalize,
     )
+
+
+def checked_fold(onnx_path: Path, session: Any, max_len: int) -> FoldedCNN | None:
+    """The folded CNN when the encoder is one and the tables reproduce the ONNX output
+    (`session`, an ONNX Runtime session of `onnx_path`) on probe questions: random word ids
+    of 1 .. max_len tokens, one with padding inside. None (logged) otherwise. The caller
+    has matched the vocabulary with the one the encoder was exported with."""
+    folded = fold_cnn(onnx_path)
+    if folded is None:
+        return None
+    rng = np.random.default_rng(0)
+    lengths = sorted({1, 2, 3, 7, max(1, max_len // 2), max_len})
+    probes = [rng.integers(1, folded.vocab_size, n).tolist() for n in lengths]
+    if max_len >= 3:
+        probes.append([1, 0, 1])  # padding inside: masked as the graph masks it
+    reference = np.vstack(
+        [session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([p], np.int64)})[0] for p in probes]
+    )
+    error = folded.matches(reference, probes)
+    if not error <= FOLDED_TOLERANCE:
+        log.warning(
+            "%s: the folded encoder is %.2g off the ONNX model (relative); encoding with "
+            "ONNX Runtime",
+            onnx_path,
+            error,
+        )
+        return None
+    log.info(
+        "%s: encoding with the CNN folded into lookup tables (%.0f MB)",
+        onnx_path,
+        folded.nbytes / 1e6,
+    )
+    return folded

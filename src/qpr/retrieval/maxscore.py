@@ -37,6 +37,11 @@ import numpy as np
 __all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k", "union_one"]
 
 _SEEN, _ALIVE = 1, 2
+# A random read of one document's row costs about as much as reading this many postings
+# in order. On 1M synthetic questions (half the queries keep 25k documents alive, against
+# 400k postings left) choosing the cheaper way took the kernel's p50 from 3.0 to 2.0 ms and
+# its p99 from 23 to 9 ms (one run each, the machine busy with other work).
+_ROW_COST = 16
 
 
 class Postings(NamedTuple):
@@ -151,6 +156,67 @@ def _kth_best(acc: np.ndarray, docs: np.ndarray, k: int) -> np.float32:
 
 
 @numba.njit(nogil=True, cache=True)
+def _complete_alive(
+    indptr: np.ndarray,
+    rows: np.ndarray,
+    weights: np.ndarray,
+    doc_indptr: np.ndarray,
+    doc_terms: np.ndarray,
+    doc_weights: np.ndarray,
+    terms: np.ndarray,
+    repeats: np.ndarray,
+    pruned_at: int,
+    theta: np.float32,
+    still: float,
+    touched: np.ndarray,
+    acc: np.ndarray,
+    state: np.ndarray,
+    position: np.ndarray,
+) -> None:
+    """After pruning at term `pruned_at`: mark the touched documents that can still reach
+    θ alive and add the remaining terms' weights to their scores (in `acc`)."""
+    rest = terms.size - pruned_at
+    alive = 0
+    for i in range(touched.size):
+        d = touched[i]
+        if acc[d] + still >= theta:
+            state[d] = _ALIVE
+            alive += 1
+    remaining = 0
+    for i in range(rest):
+        remaining += indptr[terms[pruned_at + i] + 1] - indptr[terms[pruned_at + i]]
+    if alive * _ROW_COST > remaining:
+        # Many alive documents (a low θ on a large corpus): reading the remaining
+        # lists in order costs less than a random read of each document's row. Added
+        # term by term, the same order as below: the same float32 sums.
+        for i in range(rest):
+            times = repeats[pruned_at + i]
+            for p in range(indptr[terms[pruned_at + i]], indptr[terms[pruned_at + i] + 1]):
+                if state[rows[p]] == _ALIVE:
+                    acc[rows[p]] += weights[p] * times
+        rest = 0
+    # Each alive document gets the remaining terms' weights from its own (short) row,
+    # added in term order as the lists would.
+    for i in range(rest):
+        position[terms[pruned_at + i]] = i
+    found = np.zeros(rest, np.float32)
+    for i in range(touched.size if rest else 0):
+        d = touched[i]
+        if state[d] != _ALIVE:
+            continue
+        found[:] = 0.0
+        for p in range(doc_indptr[d], doc_indptr[d + 1]):
+            at = position[doc_terms[p]]
+            if at >= 0:
+                found[at] = doc_weights[p]
+        for at in range(rest):
+            if found[at] > 0:
+                acc[d] += found[at] * repeats[pruned_at + at]
+    for i in range(rest):
+        position[terms[pruned_at + i]] = -1
+
+
+@numba.njit(nogil=True, cache=True)
 def _top_k(
     indptr: np.ndarray,
     rows: np.ndarray,
@@ -197,27 +263,10 @@ def _top_k(
                     break
 
     if pruned_at >= 0:
-        # Only documents that can still reach θ matter; each gets the remaining terms'
-        # weights from its own (short) row, added in term order as the lists would.
-        rest = terms.size - pruned_at
-        for i in range(rest):
-            position[terms[pruned_at + i]] = i
-        found = np.zeros(rest, np.float32)
-        for i in range(n_touched):
-            d = touched[i]
-            if acc[d] + still < theta:
-                continue
-            state[d] = _ALIVE
-            found[:] = 0.0
-            for p in range(doc_indptr[d], doc_indptr[d + 1]):
-                at = position[doc_terms[p]]
-                if at >= 0:
-                    found[at] = doc_weights[p]
-            for at in range(rest):
-                if found[at] > 0:
-                    acc[d] += found[at] * repeats[pruned_at + at]
-        for i in range(rest):
-            position[terms[pruned_at + i]] = -1
+        _complete_alive(
+            indptr, rows, weights, doc_indptr, doc_terms, doc_weights, terms, repeats,
+            pruned_at, theta, still, touched[:n_touched], acc, state, position,
+        )  # fmt: skip
 
     # The result: the kept documents with a positive score, by (score desc, row asc).
     want = _SEEN if pruned_at < 0 else _ALIVE

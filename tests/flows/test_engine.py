@@ -1,0 +1,150 @@
+"""The engines: Ray tasks give the local engine's files, and a killed worker's task is rerun.
+
+The Ray tests start a two-node cluster on this machine (`ray.cluster_utils.Cluster`, one
+CPU a node), as a real cluster would spread the tasks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.engine import mapper, ray_map
+from qpr.artifacts import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
+from qpr.data.scale import ScaleSpec, write_scale_corpus
+from qpr.retrieval.indexer import CountTask, EncodeTask, count_shard, encode_shard, local_map
+from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+QUIET = lambda _: None  # noqa: E731
+
+
+def test_local_is_the_default_map() -> None:
+    assert mapper("local") is local_map
+    assert local_map(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine must be one of"):
+        mapper("spark")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes of one CPU each, on this machine."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": 128 * 1024**2},
+    )
+    cluster.add_node(num_cpus=1, object_store_memory=128 * 1024**2)
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    root = tmp_path_factory.mktemp("engine")
+    models = build_bundle(root / "models", QUESTIONS, QIDS)
+    spec = ScaleSpec(2_000, seed=9, shard_rows=500)
+    return models, write_scale_corpus(spec, root / "corpus", log=QUIET)
+
+
+def encode_tasks(models: Path, shards: list[Path], out: Path) -> list[EncodeTask]:
+    return [
+        EncodeTask(s, "question", models / ENCODER_FILE, models / VOCAB_FILE, out / f"{s.stem}.npy")
+        for s in shards
+    ]
+
+
+@pytest.mark.slow
+def test_ray_tasks_write_the_local_files(ray_cluster, work, tmp_path: Path) -> None:
+    models, shards = work
+    local = local_map(encode_shard, encode_tasks(models, shards, tmp_path / "local"))
+    remote = ray_map(encode_shard, encode_tasks(models, shards, tmp_path / "ray"), log=QUIET)
+    assert [p.read_bytes() for p in remote] == [p.read_bytes() for p in local]
+    counts = [CountTask(s, "question", "english", tmp_path / f"{s.stem}.npz") for s in shards]
+    assert ray_map(count_shard, counts, log=QUIET) == [c.out for c in counts]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_and_the_result_is_exact(
+    ray_cluster, work, tmp_path: Path
+) -> None:
+    models, shards = work
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def dies_once(task: EncodeTask) -> Path:
+        mark = marks / task.out.name
+        if not mark.exists():
+            mark.touch()
+            os._exit(1)  # the worker process dies mid-task, as under kill -9
+        return encode_shard(task)
+
+    tasks = encode_tasks(models, shards, tmp_path / "ray")
+    files = ray_map(dies_once, tasks, log=QUIET)
+    assert len(list(marks.iterdir())) == len(shards)  # every task's first worker died
+    expected = local_map(encode_shard, encode_tasks(models, shards, tmp_path / "local"))
+    assert [p.read_bytes() for p in files] == [p.read_bytes() for p in expected]
+    leftovers = [p for p in (tmp_path / "ray").iterdir() if p.suffix != ".npy"]
+    assert leftovers == []  # nothing half-written
+
+
+@pytest.mark.slow
+def test_a_task_error_stops_the_map(ray_cluster, work, tmp_path: Path) -> None:
+    models, shards = work
+    tasks = encode_tasks(models, shards, tmp_path / "out")
+    bad = EncodeTask(
+        tmp_path / "missing.parquet",
+        "question",
+        models / ENCODER_FILE,
+        models / VOCAB_FILE,
+        tmp_path / "x.npy",
+    )
+    with pytest.raises(Exception, match=r"missing\.parquet"):
+        ray_map(encode_shard, [tasks[0], bad], retries=0, log=QUIET)
+    assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.slow
+def test_the_index_stage_gives_the_same_bundle_on_both_engines(
+    ray_cluster, tiny_settings, tmp_path: Path
+) -> None:
+    """The stage on Ray: the same BM25 file and the same top-k as on the local engine."""
+    from flows.engine import ray_map as ray_engine
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
+    from qpr.retrieval.dense import load_index, search
+
+    settings = tiny_settings.model_copy(
+        update={"index": tiny_settings.index.model_copy(update={"shard_rows": 700})}
+    )
+    paths = ProjectPaths(tmp_path)
+    run_cluster(settings, out_dir=paths.cluster_dir, report_dir=tmp_path / "reports", log=QUIET)
+    run_train(settings, paths, progress=False, log=QUIET)
+    run_export(settings, paths, log=QUIET)
+    local = run_index(settings, paths, log=QUIET)
+    kept = shutil.copytree(paths.index_dir, tmp_path / "local-index")
+    shutil.rmtree(paths.index_cache_dir)  # no reused vectors: Ray encodes them again
+    remote = run_index(
+        settings, paths, engine=lambda fn, items: ray_engine(fn, items, log=QUIET), log=QUIET
+    )
+    assert remote["vectors_reused"] == 0 and remote["questions"] == local["questions"]
+    rel_bm25 = BM25_FILE.relative_to(INDEX_FILE.parent)
+    assert (paths.index_dir / rel_bm25).read_bytes() == (kept / rel_bm25).read_bytes()
+    a = load_index(kept / INDEX_FILE.name, nprobe=8)
+    b = load_index(paths.index_dir / INDEX_FILE.name, nprobe=8)
+    probe = np.random.default_rng(0).standard_normal((25, a.d)).astype(np.float32)
+    for x, y in zip(search(a, probe, 10), search(b, probe, 10), strict=True):
+        np.testing.assert_array_equal(x, y)
