@@ -172,8 +172,19 @@ def shard_files(work: Path) -> list[Path]:
 
 
 def vectors_dir(root: Path, size: str) -> Path:
-    """Where a size's encoded shards live: the 1M candidates share one encoding."""
-    return root / f"vectors-{size.split('-')[0]}"
+    """Where a size's encoded shards and BM25 counts live while it is built."""
+    return root / f"vectors-{size}"
+
+
+def fresh_build(root: Path, work: Path, size: str) -> bool:
+    """Before a size's build: its task files are removed, so the timings are of a whole
+    build, unless a killed build of it left them (then it resumes, and says so)."""
+    started = work / "build.started"
+    if started.is_file():
+        return False
+    shutil.rmtree(vectors_dir(root, size), ignore_errors=True)
+    started.touch()
+    return True
 
 
 def build(work: Path, model: Path, factory: str, engine: str, vectors: Path) -> dict[str, Any]:
@@ -535,13 +546,33 @@ def run_size(args: argparse.Namespace, size: str, factory: str) -> dict[str, Any
         corpus = step(work, "corpus", lambda: synthetic_corpus(work, SIZES[size]))  # noqa: B023
     n = corpus["questions"]
     factory = factory.format(nlist=nlist_for(n), m=150, half=75)
+    fresh = (work / "build.json").is_file() or fresh_build(args.work, work, size)
     built = step(work, "build", child, ["--child", "build", "--size", size, "--work", str(args.work),
                                         "--factory", factory, "--engine", args.engine])  # fmt: skip
+    if "fresh" not in built:  # timings of a whole build, or of a resumed one
+        built["fresh"] = fresh
+        (work / "build.json").write_text(json.dumps(built, indent=1))
     step(work, "truth", child, ["--child", "truth", "--size", size, "--work", str(args.work)])
     served = step(
         work, "serve", child, ["--child", "serve", "--size", size, "--work", str(args.work)]
     )
-    return {"size": size, "questions": n, "corpus": corpus, "build": built, "serve": served}
+    row = {"size": size, "questions": n, "corpus": corpus, "build": built, "serve": served}
+    if "-f" in size and not size.endswith(f"-f{args.best}"):
+        return row  # a 1M candidate not (yet) chosen: its dense index is all that is compared
+    row["lexical"] = step(work, "lexical", child, ["--child", "lexical", "--size", size,
+                                                   "--work", str(args.work)])  # fmt: skip
+    row["http"] = step(work, "http", http, work, served["nprobe"])
+    row["cluster"] = step(work, "cluster", may_fail, ["--child", "cluster", "--size", size,
+                                                     "--work", str(args.work)])  # fmt: skip
+    return row
+
+
+def may_fail(args: list[str]) -> dict[str, Any]:
+    """`child`, its failure (out of memory: the cluster stage is not sharded yet) recorded."""
+    try:
+        return child(args)
+    except RuntimeError as exc:
+        return {"error": str(exc)}
 
 
 def choose_factory(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
