@@ -117,7 +117,7 @@ def _markdown(p: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            f"Chosen: the fastest fused p50 whose 10M index fits 5.5 GB: `{choice['rows'][choice['index']]['template']}`.",
+            f"Chosen: the fastest fused p50 at served recall@20 >= 0.98 whose 10M index fits 4 GB: `{choice['rows'][choice['index']]['template']}`.",
         ]
     lines += ["", "![cost against N](scale.png)", ""]
     return "\n".join(lines)
