@@ -457,6 +457,8 @@ def lexical(work: Path, k: int = 100, blocks: int = 5) -> dict[str, Any]:
         "num_docs": ours.num_docs,
     }
     theirs.vocab_dict = ours.terms
+    theirs.unique_token_ids_set = set(ours.terms.values())
+    theirs.nonoccurrence_array = None  # Lucene's BM25 scores absent words 0
     texts = pd.read_parquet(work / "queries.parquet")["question"].tolist()
     words = [tokenize([t], stemmer=ours.stemmer)[0] for t in texts]
     sides = {
