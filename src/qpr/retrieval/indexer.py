@@ -210,10 +210,11 @@ class Indexer:
         log: Callable[[str], None] = print,
     ) -> list[Path]:
         """The vector file of each shard (encoded now where missing)."""
+        # Absolute paths: a worker on another node (or in another directory) reads them.
         tasks = [
             EncodeTask(
-                shard, column, self.encoder, self.vocab, out,
-                fold=self.fold, threads=self.threads, batch_size=self.batch_size,
+                shard.resolve(), column, self.encoder.resolve(), self.vocab.resolve(),
+                out.resolve(), fold=self.fold, threads=self.threads, batch_size=self.batch_size,
             )
             for shard, out in zip(shards, self.vector_files(shards, column=column), strict=True)
         ]  # fmt: skip
@@ -232,7 +233,10 @@ class Indexer:
         key = text_sha256(f"bm25 {lexical.stemmer}")
         tasks = [
             CountTask(
-                shard, column, lexical.stemmer, self._out("counts", key, shard, column, ".npz")
+                shard.resolve(),
+                column,
+                lexical.stemmer,
+                self._out("counts", key, shard, column, ".npz").resolve(),
             )
             for shard in shards
         ]
