@@ -186,7 +186,7 @@ def _realism(rows: list[Row]) -> list[str]:
 
 
 def _lexical(rows: list[Row]) -> list[str]:
-    lines = ["| N | ours p50 ms | ours p99 ms | bm25s p50 ms | bm25s p99 ms | ours / bm25s p50 | same top 10 |",
+    lines = ["| N | ours p50 ms | ours p99 ms | bm25s p50 ms | bm25s p99 ms | ours / bm25s p50 | same top-10 scores |",
              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         lx = r.get("lexical")
@@ -211,7 +211,7 @@ def _http(rows: list[Row]) -> list[str]:
         errors = sum(x.get("errors", 0) for x in c)
         lines.append(
             f"| {r['size']} | {h['ready_s']:.1f} | {h['server_rss_after_gb']:.2f} "
-            f"| {c[0].get('p50', float('nan')):.2f} | {c[0].get('p99', float('nan')):.2f} "
+            f"| {c[0].get('p50_ms', float('nan')):.2f} | {c[0].get('p99_ms', float('nan')):.2f} "
             f"| {c[0]['requests_per_s']:.0f} | {c[1]['requests_per_s']:.0f} "
             f"| {c[2]['requests_per_s']:.0f} | {errors} |"
         )
