@@ -384,7 +384,8 @@ def serve(work: Path, vectors_root: Path, threads: int = 1) -> dict[str, Any]:
             set_nprobe(index, nprobe)
             tried[f"{k_factor}/{nprobe}"] = recall = served_recall(range(half))
             if recall >= TARGET_RECALL:
-                ms = float(np.median(_timed(lambda v: search(index, v[None], 20), list(vectors[:200]))))
+                probe = list(vectors[:200])
+                ms = float(np.median(_timed(lambda v: search(index, v[None], 20), probe)))
                 reached.append((ms, k_factor, nprobe))
                 break
     if reached:
@@ -408,7 +409,8 @@ def serve(work: Path, vectors_root: Path, threads: int = 1) -> dict[str, Any]:
         hits.append(result)
     clusters = queries["cluster_id"].iloc[half:].to_numpy()
     p1 = np.mean([
-        bool(r.hits) and int(r.hits[0].cluster_id) == int(c) for r, c in zip(hits, clusters, strict=True)
+        bool(r.hits) and int(r.hits[0].cluster_id) == int(c)
+        for r, c in zip(hits, clusters, strict=True)
     ])  # fmt: skip
     return {
         "load_s": load_s,
@@ -532,7 +534,7 @@ def posting_shape(bm25: Any) -> dict[str, float]:
     return out
 
 
-def BM25Index_load(path: Path) -> Any:  # noqa: N802 - the class method, imported late
+def BM25Index_load(path: Path) -> Any:
     from qpr.retrieval.bm25 import BM25Index
 
     return BM25Index.load(path)
@@ -581,12 +583,13 @@ def run_size(args: argparse.Namespace, size: str, factory: str) -> dict[str, Any
     elif size.startswith("1M-f"):
         corpus = step(work, "corpus", lambda: synthetic_corpus(work, SIZES["1M"]))
     else:
-        corpus = step(work, "corpus", lambda: synthetic_corpus(work, SIZES[size]))  # noqa: B023
+        corpus = step(work, "corpus", lambda: synthetic_corpus(work, SIZES[size]))
     n = corpus["questions"]
     factory = factory.format(nlist=nlist_for(n), m=DIM // 2)
     fresh = (work / "build.json").is_file() or fresh_build(args.work, work, size)
-    built = step(work, "build", child, ["--child", "build", "--size", size, "--work", str(args.work),
-                                        "--factory", factory, "--engine", args.engine])  # fmt: skip
+    built = step(work, "build", child, ["--child", "build", "--size", size,
+                                        "--work", str(args.work), "--factory", factory,
+                                        "--engine", args.engine])  # fmt: skip
     if "fresh" not in built:  # timings of a whole build, or of a resumed one
         built["fresh"] = fresh
         (work / "build.json").write_text(json.dumps(built, indent=1))

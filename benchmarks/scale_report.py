@@ -1,5 +1,7 @@
 """docs/results/scale.{json,md,png} from the rows `benchmarks/scale.py` measured."""
 
+# ruff: noqa: E501  (Markdown table rows read better whole than split over lines)
+
 from __future__ import annotations
 
 import json
