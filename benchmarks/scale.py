@@ -239,6 +239,7 @@ def build(work: Path, model: Path, factory: str, engine: str, vectors: Path) -> 
     made.seconds["write"] = time.perf_counter() - started
     return {
         "factory": factory,
+        "vectors": [str(p) for p in indexer.vector_files(shards)],  # row order
         "rows": made.rows,
         "seconds": made.seconds,
         "bytes": {p.name: p.stat().st_size for p in (bundle / "index").iterdir()},
@@ -272,7 +273,7 @@ def write_questions(shards: list[Path], path: Path) -> None:
 # ---------------------------------------------------------------- exact search and serving
 
 
-def exact_truth(work: Path, vectors_root: Path, k: int = 20) -> dict[str, Any]:
+def exact_truth(work: Path, k: int = 20) -> dict[str, Any]:
     """Exact top-k of every query's float32 vector over the vector shards, streamed."""
     import faiss
 
@@ -284,8 +285,7 @@ def exact_truth(work: Path, vectors_root: Path, k: int = 20) -> dict[str, Any]:
     del bundle
     heap = faiss.ResultHeap(len(queries), k)
     offset = 0
-    for path in sorted((vectors_root / "vectors").glob("*.npy"), key=_shard_order(work)):
-        block = np.load(path)
+    for block in built_vectors(work).chunks():
         distances, rows = faiss.knn(vectors, block, k)
         heap.add_result(distances, np.where(rows >= 0, rows + offset, -1))
         offset += block.shape[0]
@@ -294,28 +294,15 @@ def exact_truth(work: Path, vectors_root: Path, k: int = 20) -> dict[str, Any]:
     return {"queries": len(queries), "k": k, "rows": offset}
 
 
-def _shard_order(work: Path) -> Any:
-    names = [p.stem for p in shard_files(work)]
-    return lambda p: names.index(p.stem.rsplit("-", 1)[0])
+def built_vectors(work: Path) -> Any:
+    """The size's vector shards, in row order, as its build step recorded them."""
+    from qpr.retrieval.dense import VectorShards
 
-
-class RowVectors:
-    """The float32 vectors of any rows, read from the memory-mapped vector shards."""
-
-    def __init__(self, work: Path, vectors_root: Path) -> None:
-        files = sorted((vectors_root / "vectors").glob("*.npy"), key=_shard_order(work))
-        self.parts = [np.load(f, mmap_mode="r") for f in files]
-        self.starts = np.cumsum([0] + [p.shape[0] for p in self.parts])
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        shard = np.searchsorted(self.starts, rows, side="right") - 1
-        return np.stack(
-            [self.parts[s][r - self.starts[s]] for s, r in zip(shard, rows, strict=True)]
-        )
+    return VectorShards(json.loads((work / "build.json").read_text())["vectors"])
 
 
 def exact_fused(
-    bundle: Any, vector: np.ndarray, text: str, truth: np.ndarray, rows: RowVectors, k: int
+    bundle: Any, vector: np.ndarray, text: str, truth: np.ndarray, rows: Any, k: int
 ) -> np.ndarray:
     """The fused top k the bundle would serve over an exact dense search (its exact top
     `dense_candidates` and float32 distances): what served recall is measured against."""
@@ -332,7 +319,7 @@ def exact_fused(
     return union[slots]
 
 
-def serve(work: Path, vectors_root: Path, threads: int = 1) -> dict[str, Any]:
+def serve(work: Path, threads: int = 1) -> dict[str, Any]:
     """Load the bundle as the service does. The served nprobe: the smallest reaching served
     recall@20 0.98 on half the queries (the fused top 20 against the same fusion over an
     exact dense search, as the evaluate stage measures it); on the other half, fused and
@@ -361,7 +348,7 @@ def serve(work: Path, vectors_root: Path, threads: int = 1) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     rss_loaded = _rss_gb()
     vectors = np.vstack([bundle._embed([bundle._tokens(q, 0, 1)]) for q in texts])
-    rows = RowVectors(work, vectors_root)
+    rows = built_vectors(work).rows
     reference = [
         exact_fused(bundle, vectors[i], texts[i], truth[i], rows, 20) for i in range(len(texts))
     ]
@@ -440,11 +427,11 @@ def _timed(fn: Any, items: list[Any]) -> list[float]:
     return out
 
 
-def _rss_gb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024**2
+def _rss_gb(pid: int | str = "self") -> float:
+    """A process's resident memory (VmRSS) in GB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024**2
     return float("nan")
 
 
@@ -476,9 +463,10 @@ def lexical(work: Path, k: int = 100, blocks: int = 5) -> dict[str, Any]:
     import bm25s
 
     from qpr.artifacts import BM25_FILE
+    from qpr.retrieval.bm25 import BM25Index
     from qpr.text.words import tokenize
 
-    ours = BM25Index_load(work / "models" / BM25_FILE)
+    ours = BM25Index.load(work / "models" / BM25_FILE)
     theirs = bm25s.BM25(k1=ours.k1, b=ours.b, method="lucene", backend="numba")
     theirs.scores = {
         "data": ours.weights,
@@ -534,12 +522,6 @@ def posting_shape(bm25: Any) -> dict[str, float]:
     return out
 
 
-def BM25Index_load(path: Path) -> Any:
-    from qpr.retrieval.bm25 import BM25Index
-
-    return BM25Index.load(path)
-
-
 def http(work: Path, nprobe: int) -> dict[str, Any]:
     """`qpr serve` on the bundle (benchmarks/serve_latency.py's server and client): its RSS
     once ready, sequential p50 / p99 over HTTP, and throughput at a few concurrencies."""
@@ -552,23 +534,16 @@ def http(work: Path, nprobe: int) -> dict[str, Any]:
     server, port = sl.start_server(work / "models", "nprobe", nprobe, work / "server.log")
     try:
         ready_s = time.perf_counter() - started
-        rss = _pid_rss_gb(server.pid)
+        rss = _rss_gb(server.pid)
         out: dict[str, Any] = {"ready_s": ready_s, "server_rss_gb": rss}
         for concurrency in (1, 4, 16):
             got = sl.client(port, questions, concurrency=concurrency, requests=3000, seconds=30)
             out[f"c{concurrency}"] = got
-        out["server_rss_after_gb"] = _pid_rss_gb(server.pid)
+        out["server_rss_after_gb"] = _rss_gb(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=60)
     return out
-
-
-def _pid_rss_gb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024**2
-    return float("nan")
 
 
 # ---------------------------------------------------------------- the run
@@ -658,13 +633,13 @@ def main() -> None:
         if args.child == "build":
             result = build(work, model, args.factory, args.engine, vectors)
         elif args.child == "truth":
-            result = exact_truth(work, vectors)
+            result = exact_truth(work)
         elif args.child == "lexical":
             result = lexical(work)
         elif args.child == "cluster":
             result = cluster(work, args.size)
         else:
-            result = serve(work, vectors)
+            result = serve(work)
         print(json.dumps(result), flush=True)
         return
     sizes = args.sizes.split(",")

@@ -186,7 +186,7 @@ class IndexSettings(_Section):
     lexical: LexicalSettings = LexicalSettings()
     # The index questions are encoded and BM25-counted in shards of this many, one task a
     # shard on the engine (qpr.retrieval.indexer); onnx: ONNX Runtime, the exported graph
-    # itself; folded: a CNN's lookup tables (qpr.retrieval.folded, ~25x faster, within 1e-4)
+    # itself; folded: a CNN's lookup tables (qpr.retrieval.folded, ~20x faster, within 1e-4)
     shard_rows: int = Field(500_000, ge=1)
     batch_encoder: Literal["onnx", "folded"] = "onnx"
 

@@ -181,7 +181,7 @@ def _question_vectors(
     key = "+".join(f.name for f in expected)
     if reused and key in timings:
         log(
-            f"vectors of the {indexer.rows(expected):,} questions reused from "
+            f"vectors of the {len(VectorShards(expected)):,} questions reused from "
             f"{expected[0].parent} (same encoder, tokenizer and questions; encoded in "
             f"{timings[key]:.1f} s)"
         )
@@ -192,9 +192,10 @@ def _question_vectors(
     for stale in set(files[0].parent.glob("*.npy")) - set(files):
         stale.unlink()
     write_json_atomic(timings_file, {key: seconds})
-    rows = indexer.rows(files)
-    log(f"encoded {rows:,} questions in {seconds:.1f} s ({rows / max(seconds, 1e-9):,.0f}/s)")
-    return VectorShards(files), seconds, False
+    vectors = VectorShards(files)
+    rate = len(vectors) / max(seconds, 1e-9)
+    log(f"encoded {len(vectors):,} questions in {seconds:.1f} s ({rate:,.0f}/s)")
+    return vectors, seconds, False
 
 
 def _vector_stats(vectors: VectorShards) -> tuple[bool, float]:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,13 +194,13 @@ class Indexer:
     def vector_files(self, shards: Sequence[Path], *, column: str = "question") -> list[Path]:
         """Where each shard's vectors are (or will be): named by a digest of the encoder,
         the tokenizer, the kernel and the shard's content."""
-        key = text_sha256(file_sha256(self.encoder) + file_sha256(self.vocab) + str(self.fold))
-        return [self._out("vectors", key, shard, column, ".npy") for shard in shards]
+        return [self._out("vectors", self._encoder_key, shard, column, ".npy") for shard in shards]
 
-    @staticmethod
-    def rows(files: Sequence[Path]) -> int:
-        """Vectors in the files, read from their headers."""
-        return sum(int(np.load(f, mmap_mode="r").shape[0]) for f in files)
+    @cached_property
+    def _encoder_key(self) -> str:
+        """The encoder's part of a vector file's name, hashed once (the ONNX file is
+        tens of MB, and `encode` names the files `vector_files` named)."""
+        return text_sha256(file_sha256(self.encoder) + file_sha256(self.vocab) + str(self.fold))
 
     def encode(
         self,
