@@ -7,7 +7,8 @@ For each size: the corpus (Quora's distinct questions, or `qpr.data.scale` shard
 index built in shards by `qpr.retrieval.indexer.Indexer` (encode, FAISS, BM25: time and
 peak RSS, in a child process), the bundle loaded as the service loads it (time, RSS), and
 fused queries one at a time in process: p50 / p99, P@1 against the query's cluster, and the
-dense search's recall@20 against exact search over the float32 vectors. nprobe is the
+dense search's recall@20 against exact search over the float32 vectors. The cluster stage
+has its own benchmark, benchmarks/cluster_scale.py. nprobe is the
 smallest of a grid reaching recall@20 0.98 on half of the queries (reported on the other
 half). At 1M the refine store and the PQ width are chosen among a few factories by the
 same measure. Results: docs/results/scale.{json,md} and scale.png (log-log, with the fitted
@@ -54,8 +55,6 @@ CANDIDATES = ("IVF{nlist},PQ{m}x4fs,RFlat", "IVF{nlist},PQ{m}x4fs,Refine(SQ8)",
               "IVF{nlist},PQ{m}x4fs,Refine(SQfp16)")  # fmt: skip
 # A 10M index must leave room for BM25 (~1 GB), the texts (~1.5 GB) and the encoder
 INDEX_BUDGET_10M = 4e9
-# The cluster stage holds the logs in pandas, in one process: measured up to here
-MAX_CLUSTER_N = 3_000_000
 
 
 def log(line: str) -> None:
@@ -435,27 +434,6 @@ def _rss_gb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def cluster(work: Path, size: str) -> dict[str, Any]:
-    """The pipeline's cluster stage (gates, clustering, splits, pairs) on the size's logs."""
-    from qpr.config import load_settings, settings_from_dict
-    from qpr.pipeline.cluster import run_cluster
-
-    raw = load_settings(ROOT / "params.yaml").model_dump()
-    if size == "quora":
-        raw["data"].update(source="quora", path=str(QUORA))
-    else:
-        raw["data"].update(source="logs", path=str(work / "shards"))
-    out = work / "cluster-out"
-    started = time.perf_counter()
-    result = run_cluster(
-        settings_from_dict(raw), out_dir=out, report_dir=work / "cluster-reports", log=log
-    )
-    seconds = time.perf_counter() - started
-    shutil.rmtree(out, ignore_errors=True)
-    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, int | float)}
-    return {"seconds": seconds, "metrics": metrics}
-
-
 def lexical(work: Path, k: int = 100, blocks: int = 5) -> dict[str, Any]:
     """Our BM25 + MaxScore against bm25s's numba kernel on the same weights (bm25s given
     our term-major matrix, its own layout: CSC data / indices / indptr), top k as the fused
@@ -578,18 +556,7 @@ def run_size(args: argparse.Namespace, size: str, factory: str) -> dict[str, Any
     row["lexical"] = step(work, "lexical", child, ["--child", "lexical", "--size", size,
                                                    "--work", str(args.work)])  # fmt: skip
     row["http"] = step(work, "http", http, work, served["nprobe"])
-    if n <= MAX_CLUSTER_N:
-        row["cluster"] = step(work, "cluster", may_fail, ["--child", "cluster", "--size", size,
-                                                         "--work", str(args.work)])  # fmt: skip
     return row
-
-
-def may_fail(args: list[str]) -> dict[str, Any]:
-    """`child`, its failure (out of memory: the cluster stage is not sharded yet) recorded."""
-    try:
-        return child(args)
-    except RuntimeError as exc:
-        return {"error": str(exc)}
 
 
 def choose_factory(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
@@ -622,7 +589,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-scale"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--engine", choices=("local", "ray"), default="local")
-    parser.add_argument("--child", choices=("build", "truth", "serve", "lexical", "cluster"))
+    parser.add_argument("--child", choices=("build", "truth", "serve", "lexical"))
     parser.add_argument("--size")
     parser.add_argument("--factory")
     args = parser.parse_args()
@@ -636,8 +603,6 @@ def main() -> None:
             result = exact_truth(work)
         elif args.child == "lexical":
             result = lexical(work)
-        elif args.child == "cluster":
-            result = cluster(work, args.size)
         else:
             result = serve(work)
         print(json.dumps(result), flush=True)

@@ -221,19 +221,6 @@ def _http(rows: list[Row]) -> list[str]:
     return lines
 
 
-def _cluster(rows: list[Row]) -> list[str]:
-    lines = ["| N | cluster stage s | peak RSS GB |", "|---|---:|---:|"]
-    for r in rows:
-        c = r.get("cluster")
-        if not c:
-            continue
-        if "error" in c:
-            lines.append(f"| {r['size']} | failed: {c['error'][:80]} | |")
-        else:
-            lines.append(f"| {r['size']} | {c['seconds']:.0f} | {c['peak_rss_gb']:.1f} |")
-    return lines
-
-
 def _beyond(fits: dict[str, Any]) -> list[str]:
     lines = ["| cost | k | at 10M | at 30M | at 100M |", "|---|---:|---:|---:|---:|"]
     for label, unit, _ in COSTS:
@@ -284,9 +271,9 @@ def _markdown(p: dict[str, Any], fits: dict[str, Any]) -> str:
         "",
         *_http(rows),
         "",
-        "## The cluster stage (one process, pandas: not sharded yet)",
+        "## The cluster stage",
         "",
-        *_cluster(rows),
+        "Measured on its own, in memory and in shards on each engine: [cluster_scale.md](cluster_scale.md).",
         "",
         "## Beyond one machine: the fits, extrapolated",
         "",

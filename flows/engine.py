@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from qpr.retrieval.indexer import Mapper, local_map
+from qpr.errors import QPRError
+from qpr.tasks import Mapper, local_map
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,8 +47,9 @@ def ensure_ray(num_cpus: int | None = None) -> Any:
 
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or None
+        # "local": a new cluster, never one another run on this machine happens to have.
         ray.init(
-            address=address,
+            address=address or "local",
             num_cpus=None if address else num_cpus,
             object_store_memory=None if address else OBJECT_STORE_BYTES,
             include_dashboard=False,
@@ -66,8 +68,8 @@ def ray_map(
     log: Callable[[str], None] = print,
 ) -> list[R]:
     """fn over items as Ray tasks (one CPU each), results in input order, a progress line
-    as tasks finish. A task that raises stops the map with its error; a dead worker's task
-    is retried `retries` times."""
+    as tasks finish. A task that raises stops the map with its error (a QPRError, such as
+    a failed gate, as itself); a dead worker's task is retried `retries` times."""
     ray = ensure_ray(num_cpus)
     remote = ray.remote(num_cpus=1, max_retries=retries)(fn)
     refs = [remote.remote(item) for item in items]
@@ -76,4 +78,9 @@ def ray_map(
         _, pending = ray.wait(pending, num_returns=1)
         finished = len(refs) - len(pending)
         log(f"ray: {finished}/{len(refs)} tasks done ({time.perf_counter() - started:.0f} s)")
-    return ray.get(refs)
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, QPRError):  # a gate or a bad file: its own message, as local
+            raise err.cause from None
+        raise

@@ -43,13 +43,16 @@ def settings_and_paths(params: str | Path | None = None) -> tuple[Settings, Proj
 
 
 def _cluster(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from flows.engine import mapper
     from qpr.pipeline.cluster import run_cluster
 
     result = run_cluster(
         settings,
         out_dir=paths.cluster_dir,
         report_dir=paths.gate_reports("cluster"),
+        work_dir=paths.cluster_cache_dir,
         plot_path=paths.plots_dir / "cluster" / "coherence.png",
+        engine=mapper(settings.engine, log=log),
         log=log,
     )
     return result.metrics

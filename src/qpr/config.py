@@ -60,6 +60,9 @@ class ClusterSettings(_Section):
     min_cluster_size: int = Field(2, ge=2)
     split: SplitRatios = SplitRatios()
     max_pairs_per_cluster: int = Field(50, ge=1)
+    # Logs are clustered in ranges of about this many questions, a task each on the engine
+    # (qpr.data.sharded): it bounds a task's memory, and changes no output.
+    shard_rows: int = Field(500_000, ge=1)
 
 
 class TextSettings(_Section):

@@ -21,6 +21,11 @@ class ProjectPaths:
         return self.root / "artifacts" / "cluster"
 
     @property
+    def cluster_cache_dir(self) -> Path:
+        """The cluster stage's finished tasks (a killed stage resumes from them)."""
+        return self.root / "artifacts" / "cluster-shards"
+
+    @property
     def train_dir(self) -> Path:
         """Checkpoints (kept between runs so a killed training resumes)."""
         return self.root / "artifacts" / "train"

@@ -10,12 +10,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from flows.engine import mapper, ray_map
 from qpr.artifacts import BM25_FILE, ENCODER_FILE, INDEX_FILE, VOCAB_FILE
 from qpr.data.scale import ScaleSpec, write_scale_corpus
-from qpr.retrieval.indexer import CountTask, EncodeTask, count_shard, encode_shard, local_map
+from qpr.retrieval.indexer import CountTask, EncodeTask, count_shard, encode_shard
+from qpr.tasks import local_map
 from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
 
 QUIET = lambda _: None  # noqa: E731
@@ -148,3 +150,61 @@ def test_the_index_stage_gives_the_same_bundle_on_both_engines(
     probe = np.random.default_rng(0).standard_normal((25, a.d)).astype(np.float32)
     for x, y in zip(search(a, probe, 10), search(b, probe, 10), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
+def test_the_cluster_stage_gives_the_same_outputs_on_both_engines(
+    ray_cluster, tiny_settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logs cleaned, merged and clustered as Ray tasks: the local engine's files."""
+    import qpr.data.sharded as sharded
+    from flows.engine import ray_map as ray_engine
+    from qpr.pipeline.cluster import run_cluster
+
+    monkeypatch.setattr(sharded, "GROUP_BYTES", 1)  # a task a log file
+    settings = tiny_settings.model_copy(
+        update={"cluster": tiny_settings.cluster.model_copy(update={"shard_rows": 100})}
+    )
+    run = lambda out, **engine: run_cluster(  # noqa: E731
+        settings,
+        out_dir=tmp_path / out,
+        report_dir=tmp_path / f"{out}-reports",
+        log=QUIET,
+        **engine,
+    )
+    local = run("local")
+    remote = run("ray", engine=lambda fn, items: ray_engine(fn, items, log=QUIET))
+    assert remote.metrics["clusters_total"] == local.metrics["clusters_total"] > 0
+    for name in ("questions", "clusters", "pairs"):
+        a = pd.read_parquet(tmp_path / "local" / f"{name}.parquet")
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "ray" / f"{name}.parquet"), a)
+    assert not (tmp_path / "ray-shards").exists()  # the tasks' files go once the stage is done
+
+
+@pytest.mark.slow
+def test_a_gate_failing_in_a_ray_task_stops_the_stage_as_a_gate_failure(
+    ray_cluster, tiny_settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's gate fails inside its Ray task: the caller gets the GateFailed (not a
+    generic task error), and the last good outputs stay."""
+    import qpr.data.sharded as sharded
+    from flows.engine import ray_map as ray_engine
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.quality.gate import GateFailed
+
+    monkeypatch.setattr(sharded, "GROUP_BYTES", 1)  # the broken file is a task of its own
+    logs = Path(tiny_settings.data.path)
+    (logs / "zz-broken.csv").write_text("timestamp,question,answer_id\n" + "x,,?\n" * 30)
+    previous = tmp_path / "out"
+    previous.mkdir()
+    (previous / "questions.parquet").write_text("the last good outputs")
+    with pytest.raises(GateFailed, match=r"raw_logs\.zz-broken"):
+        run_cluster(
+            tiny_settings,
+            out_dir=previous,
+            report_dir=tmp_path / "reports",
+            engine=lambda fn, items: ray_engine(fn, items, retries=0, log=QUIET),
+            log=QUIET,
+        )
+    assert (previous / "questions.parquet").read_text() == "the last good outputs"
+    assert not (tmp_path / "out.tmp").exists()

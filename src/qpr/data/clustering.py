@@ -89,7 +89,66 @@ def components(pairs: Iterable[tuple[int, int]], items: Iterable[int] = ()) -> d
     return {item: members[0] for members in sets.groups().values() for item in members}
 
 
-def _cluster_frame(questions: pd.DataFrame, source_of: dict[int, str]) -> pd.DataFrame:
+def log_counts(logs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Cleaned log rows → how often each question was logged in each form and under each
+    answer: (forms: norm_key, question, n; votes: norm_key, answer_id, n), sorted by key.
+
+    Counts of several batches add up (`questions_from_counts` of their concatenation is that
+    of the whole), which is how the sharded cluster stage reduces them (`qpr.data.sharded`).
+    """
+    frame = pd.DataFrame(
+        {"question": logs["question"].to_numpy(), "answer_id": logs["answer_id"].to_numpy()}
+    )
+    frame["norm_key"] = frame["question"].map(normalize)
+    frame = frame[frame["norm_key"] != ""]
+    forms = frame.groupby(["norm_key", "question"], sort=True).size().reset_index(name="n")
+    votes = frame.groupby(["norm_key", "answer_id"], sort=True).size().reset_index(name="n")
+    return forms, votes
+
+
+def questions_from_counts(
+    forms: pd.DataFrame, votes: pd.DataFrame
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(forms, votes) of `log_counts` (summed over batches) → one row per distinct question,
+    sorted by norm_key: question_id, text, norm_key, cluster_id, answer_id; and counts.
+
+    A distinct question is a distinct normalised text; its displayed text is its most
+    frequent logged form. A question logged under several answers (a false negative of the
+    logs) joins the answer it was logged under most often, ties by answer id, so every
+    question is in exactly one cluster and cannot land in two splits.
+    """
+    forms = forms.groupby(["norm_key", "question"], sort=False)["n"].sum().reset_index()
+    votes = votes.groupby(["norm_key", "answer_id"], sort=False)["n"].sum().reset_index()
+    surface = (
+        forms.sort_values(["norm_key", "n", "question"], ascending=[True, False, True])
+        .drop_duplicates("norm_key")
+        .set_index("norm_key")["question"]
+    )
+    votes = votes.sort_values(["norm_key", "n", "answer_id"], ascending=[True, False, True])
+    answers_per_question = votes.groupby("norm_key").size()
+    majority = votes.drop_duplicates("norm_key").set_index("norm_key")["answer_id"]
+    keys = sorted(majority.index)
+    answers = majority.loc[keys].to_numpy()
+    cluster_of_answer = {a: stable_id(f"answer:{a}") for a in set(answers.tolist())}
+    questions = pd.DataFrame(
+        {
+            "question_id": np.array([stable_id(k) for k in keys], dtype=np.int64),
+            "text": surface.loc[keys].to_numpy(),
+            "norm_key": keys,
+            "cluster_id": np.array([cluster_of_answer[a] for a in answers], dtype=np.int64),
+            "answer_id": answers,
+        }
+    )
+    counts = {
+        "questions": len(questions),
+        "questions_multi_answer": int((answers_per_question > 1).sum()),
+    }
+    return questions, counts
+
+
+def cluster_frame(questions: pd.DataFrame, source_of: dict[int, str]) -> pd.DataFrame:
+    """One row per cluster of `questions` (cluster_id -1 is none), sorted by cluster_id:
+    cluster_id, source_key (`source_of[cluster_id]`), size, coherence."""
     clustered = questions[questions["cluster_id"] != NO_CLUSTER]
     rows = [
         {
@@ -105,56 +164,13 @@ def _cluster_frame(questions: pd.DataFrame, source_of: dict[int, str]) -> pd.Dat
 
 
 def clusters_from_logs(logs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
-    """Cleaned log rows → (questions, clusters, counts).
-
-    A distinct question is a distinct normalised text; its displayed text is its most
-    frequent logged form. A question logged under several answers (a false negative of the
-    logs) joins the answer it was logged under most often, ties by answer id, so every
-    question is in exactly one cluster and cannot land in two splits.
-    """
-    frame = pd.DataFrame(
-        {"question": logs["question"].to_numpy(), "answer_id": logs["answer_id"].to_numpy()}
-    )
-    frame["norm_key"] = frame["question"].map(normalize)
-    frame = frame[frame["norm_key"] != ""]
-
-    surface = (
-        frame.groupby(["norm_key", "question"])
-        .size()
-        .reset_index(name="n")
-        .sort_values(["norm_key", "n", "question"], ascending=[True, False, True])
-        .drop_duplicates("norm_key")
-        .set_index("norm_key")["question"]
-    )
-    votes = (
-        frame.groupby(["norm_key", "answer_id"])
-        .size()
-        .reset_index(name="n")
-        .sort_values(["norm_key", "n", "answer_id"], ascending=[True, False, True])
-    )
-    answers_per_question = votes.groupby("norm_key").size()
-    majority = votes.drop_duplicates("norm_key").set_index("norm_key")["answer_id"]
-
-    answer_ids = sorted(majority.unique())
-    cluster_of_answer = {answer: stable_id(f"answer:{answer}") for answer in answer_ids}
-    keys = sorted(majority.index)
-    questions = pd.DataFrame(
-        {
-            "question_id": np.array([stable_id(k) for k in keys], dtype=np.int64),
-            "text": surface.loc[keys].to_numpy(),
-            "norm_key": keys,
-            "cluster_id": np.array(
-                [cluster_of_answer[a] for a in majority.loc[keys]], dtype=np.int64
-            ),
-        }
-    )
-    clusters = _cluster_frame(questions, {v: k for k, v in cluster_of_answer.items()})
-    counts = {
-        "questions": len(questions),
-        "answers": len(answer_ids),
-        "questions_multi_answer": int((answers_per_question > 1).sum()),
-    }
-    return questions, clusters, counts
+    """Cleaned log rows → (questions, clusters, counts), in memory (`questions_from_counts`
+    says how a question gets its text and cluster)."""
+    questions, counts = questions_from_counts(*log_counts(logs))
+    source_of = dict(zip(questions["cluster_id"], questions["answer_id"], strict=True))
+    clusters = cluster_frame(questions, source_of)
+    counts = {**counts, "answers": len(clusters)}
+    return questions.drop(columns="answer_id"), clusters, counts
 
 
 def clusters_from_pairs(pairs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
@@ -194,7 +210,7 @@ def clusters_from_pairs(pairs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             "cluster_id": np.array(cluster_ids, dtype=np.int64),
         }
     )
-    clusters = _cluster_frame(
+    clusters = cluster_frame(
         questions, {c: f"qid:{c}" for c in set(cluster_ids) if c != NO_CLUSTER}
     )
     counts = {

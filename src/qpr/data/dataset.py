@@ -1,4 +1,5 @@
-"""The cluster stage's data set, in memory: a source's raw clusters filtered by coherence
+"""The cluster stage's data set, in memory (Quora pairs; logs go in shards through
+`qpr.data.sharded`, whose output equals this one's): a source's raw clusters filtered by coherence
 and size, split 80:10:10 by cluster, leakage between splits removed, positive pairs drawn,
 gated, and the counts that describe it.
 
@@ -12,7 +13,7 @@ Frames (what the stage writes, see `qpr.pipeline.cluster`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -55,16 +56,29 @@ def build_clusters(
     gate_clusters(frames, settings, threshold, report_dir)
 
     metrics: dict[str, float | int] = {**drops.as_metrics(), **counts}
-    metrics.update(cluster_metrics(frames, leaked=leaked, shrunk=shrunk))
+    metrics.update(
+        cluster_metrics(
+            clusters,
+            questions["split"].value_counts().to_dict(),
+            pairs["split"].value_counts().to_dict(),
+            leaked=leaked,
+            shrunk=shrunk,
+        )
+    )
     return frames, metrics, drops
 
 
 def cluster_metrics(
-    frames: dict[str, pd.DataFrame], *, leaked: int, shrunk: int
+    clusters: pd.DataFrame,
+    questions_per_split: Mapping[str, int],
+    pairs_per_split: Mapping[str, int],
+    *,
+    leaked: int,
+    shrunk: int,
 ) -> dict[str, float | int]:
     """Counts of the built data set: clusters kept and dropped (and why), leakage removed,
-    the index size, the median coherence kept, clusters / questions / pairs per split."""
-    questions, clusters, pairs = frames["questions"], frames["clusters"], frames["pairs"]
+    the index size, the median coherence kept, clusters / questions / pairs per split.
+    `questions_per_split` counts every question, "none" included."""
     kept = clusters[clusters["kept"]]
     dropped = clusters[~clusters["kept"]]
     metrics: dict[str, float | int] = {
@@ -76,11 +90,11 @@ def cluster_metrics(
         ),
         "questions_leakage_removed": leaked,
         "clusters_shrunk_by_leakage": shrunk,
-        "index_size": len(questions),
+        "index_size": int(sum(questions_per_split.values())),
         "coherence_median_kept": float(kept["coherence"].median()) if len(kept) else 0.0,
     }
     for split in SPLITS:
         metrics[f"clusters_{split}"] = int((kept["split"] == split).sum())
-        metrics[f"questions_{split}"] = int((questions["split"] == split).sum())
-        metrics[f"pairs_{split}"] = int((pairs["split"] == split).sum())
+        metrics[f"questions_{split}"] = int(questions_per_split.get(split, 0))
+        metrics[f"pairs_{split}"] = int(pairs_per_split.get(split, 0))
     return metrics

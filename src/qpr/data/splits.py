@@ -94,9 +94,13 @@ def shrink_small_clusters(
     return questions, clusters, int(shrunk.sum())
 
 
-def positive_pairs(questions: pd.DataFrame, *, max_per_cluster: int, seed: int) -> pd.DataFrame:
+def positive_pairs(
+    questions: pd.DataFrame, *, max_per_cluster: int, seed: int | np.random.Generator
+) -> pd.DataFrame:
     """Every within-cluster pair of split questions, at most `max_per_cluster` per cluster
-    (sampled with `seed`, so large clusters do not dominate training).
+    (sampled with `seed`, so large clusters do not dominate training). A Generator as
+    `seed` goes on where it stopped: pairs drawn piece by piece, in cluster order, equal
+    those drawn at once.
 
     Pairs are stored canonically, q1_id < q2_id (a self pair is impossible by
     construction and the cluster gate checks it); orientation is randomised at training.

@@ -1,5 +1,6 @@
 """The cluster stage: raw data → gated paraphrase clusters, splits, pairs and index questions
-(built by `qpr.data.dataset.build_clusters`).
+(QA logs in shards on the engine by `qpr.data.sharded`; Quora pairs in memory by
+`qpr.data.dataset.build_clusters`).
 
 Outputs (in `out_dir`, replaced atomically only after every gate passed, so a failed run
 leaves the previous outputs untouched and writes nothing downstream can pick up):
@@ -24,7 +25,9 @@ from qpr.config import Settings
 from qpr.data.dataset import build_clusters
 from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport
+from qpr.data.sharded import cluster_logs
 from qpr.data.splits import SPLITS
+from qpr.tasks import Mapper, local_map
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,15 @@ def plot_coherence(clusters: pd.DataFrame, threshold: float, path: Path) -> Path
     return path
 
 
-def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:
-    """Write to a sibling temp directory, then swap it in: readers never see half a stage."""
-    out_dir = Path(out_dir)
+def _staging(out_dir: Path) -> Path:
     staging = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name, frame in frames.items():
-        frame.to_parquet(staging / f"{name}.parquet", index=False)
+    return staging
+
+
+def _swap_in(staging: Path, out_dir: Path) -> Path:
+    """Readers never see half a stage: the old outputs go only once the new are whole."""
     previous = out_dir.with_name(out_dir.name + ".old")
     shutil.rmtree(previous, ignore_errors=True)
     if out_dir.exists():
@@ -76,20 +80,50 @@ def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:
     return out_dir
 
 
+def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:
+    """Write to a sibling temp directory, then swap it in."""
+    staging = _staging(Path(out_dir))
+    for name, frame in frames.items():
+        frame.to_parquet(staging / f"{name}.parquet", index=False)
+    return _swap_in(staging, Path(out_dir))
+
+
 def run_cluster(
     settings: Settings,
     *,
     out_dir: Path,
     report_dir: Path,
+    work_dir: Path | None = None,
     plot_path: Path | None = None,
+    engine: Mapper = local_map,
     log: Callable[[str], None] = print,
 ) -> ClusterResult:
-    """The whole stage. Raises GateFailed (nothing written) when a gate fails."""
+    """The whole stage. Raises GateFailed (nothing written) when a gate fails.
+
+    Logs are clustered in shards on `engine` (`qpr.data.sharded`; finished tasks kept in
+    `work_dir`, default beside `out_dir`, until the stage succeeds); Quora pairs in memory.
+    """
+    out_dir = Path(out_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    frames, metrics, drops = build_clusters(settings, report_dir, log)
+    if settings.data.source == "logs":
+        work_dir = work_dir or out_dir.with_name(out_dir.name + "-shards")
+        staging = _staging(out_dir)
+        try:
+            built = cluster_logs(settings, staging, work_dir=work_dir, report_dir=report_dir,
+                                 engine=engine, log=log)  # fmt: skip
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        clusters, metrics, drops = built.clusters, built.metrics, built.drops
+        metrics.update({f"{phase}_seconds": s for phase, s in built.seconds.items()})
+        _swap_in(staging, out_dir)
+        shutil.rmtree(work_dir, ignore_errors=True)
+    else:
+        frames, metrics, drops = build_clusters(settings, report_dir, log)
+        clusters = frames["clusters"]
+        write_outputs(frames, out_dir)
     if plot_path is not None:
-        plot_coherence(frames["clusters"], coherence_threshold(settings), plot_path)
-    write_outputs(frames, out_dir)
+        plot_coherence(clusters, coherence_threshold(settings), plot_path)
     log(
         f"clusters kept {metrics['clusters_kept']:,} of {metrics['clusters_total']:,} "
         f"(incoherent dropped {metrics['clusters_dropped_incoherent']:,}); pairs "

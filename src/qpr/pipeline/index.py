@@ -43,7 +43,8 @@ from qpr.io import write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import read_cluster_outputs, require_exported_encoder
 from qpr.quality.checks import Check, require
-from qpr.retrieval.indexer import Indexer, LexicalConfig, Mapper, local_map
+from qpr.retrieval.indexer import Indexer, LexicalConfig
+from qpr.tasks import Mapper, local_map
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:

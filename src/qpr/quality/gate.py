@@ -76,6 +76,16 @@ class GateFailed(QPRError, RuntimeError):
         self.failures = failures
         self.report_path = report_path
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # A gate may fail in another process (a Ray task): pickle the keyword-only fields.
+        return _gate_failed, (str(self), self.gate_name, self.failures, self.report_path)
+
+
+def _gate_failed(
+    message: str, gate_name: str, failures: list[dict[str, Any]], report_path: Path | None
+) -> GateFailed:
+    return GateFailed(message, gate_name=gate_name, failures=failures, report_path=report_path)
+
 
 @dataclass(frozen=True)
 class GateResult:

@@ -314,6 +314,16 @@ def training_pair_expectations(*, min_pairs: int = 2) -> list[Expectation]:
     ]
 
 
+# Expectations about a table as a whole: a piece of the table may fail them on its own.
+TABLE_LEVEL = ("ExpectTableRowCountToBeBetween", "ExpectColumnDistinctValuesToContainSet")
+
+
+def table_level(expectations: list[Expectation]) -> tuple[list[Expectation], list[Expectation]]:
+    """(row-level, table-level) expectations of a suite, each in suite order."""
+    whole = [e for e in expectations if type(e).__name__ in TABLE_LEVEL]
+    return [e for e in expectations if type(e).__name__ not in TABLE_LEVEL], whole
+
+
 def split_share_frame(
     clusters_df: pd.DataFrame,
     ratios: Mapping[str, float],

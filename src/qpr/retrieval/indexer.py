@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import faiss
 import numpy as np
@@ -34,16 +34,7 @@ import pyarrow.parquet as pq
 from qpr.io import file_sha256, save_numpy_atomic, text_sha256
 from qpr.retrieval.bm25 import BM25Index, TermCounts, count_terms
 from qpr.retrieval.dense import IndexConfig, VectorShards, build_index_from_shards
-
-T = TypeVar("T")
-R = TypeVar("R")
-Mapper = Callable[[Callable[[T], R], Sequence[T]], list[R]]
-
-
-def local_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """The local engine: each task in turn, in this process."""
-    return [fn(item) for item in items]
-
+from qpr.tasks import Mapper, local_map
 
 # ---------------------------------------------------------------- tasks
 
