@@ -31,14 +31,14 @@ import numpy as np
 
 from qpr.config import check_stemmer
 from qpr.io import write_atomic
-from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
+from qpr.retrieval.maxscore import Postings, Query, block_maxima, thread_scratch, top_k
 from qpr.text.words import tokenize
 
 FORMAT = "qpr-bm25/1"
 COUNTS_FORMAT = "qpr-bm25-counts/1"
 
-# Posting lists shorter than this are added in full: skipping them saves less than the
-# pruning check costs.
+# Posting lists shorter than this are always read in full (MaxScore's essential lists):
+# skipping in them saves less than the checks cost.
 WORTH_PRUNING = 2048
 
 
@@ -237,7 +237,9 @@ class BM25Index:
     @functools.cached_property
     def postings(self) -> Postings:
         """The weights both ways, as `qpr.retrieval.maxscore.top_k` reads them."""
-        return Postings(self.indptr, self.rows, self.weights, *self.by_document)
+        return Postings(
+            self.indptr, self.rows, self.weights, *self.by_document, block_maxima(self.weights)
+        )
 
     def search(
         self, text: str, k: int, *, exclude_row: int = -1, worth_pruning: int = WORTH_PRUNING
@@ -245,12 +247,12 @@ class BM25Index:
         """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
         no word with the question are not results ((-inf, -1) slots).
 
-        Exact top k with MaxScore pruning (`qpr.retrieval.maxscore.top_k`, compiled, GIL released):
-        once the top k is out of reach of the terms left, the long posting lists of common
-        words are not read; the few documents that can still reach it take those terms'
-        weights from `by_document` (built on first use: another copy of the weights, 7 MB
-        for Quora's 134k questions). worth_pruning: the shortest list worth a pruning check
-        before it (tests lower it on small corpora)."""
+        Exact top k with document-at-a-time MaxScore (`qpr.retrieval.maxscore.top_k`,
+        compiled, GIL released): once the top k is out of reach of the terms left, the long
+        posting lists of common words are only searched for the documents that can still
+        reach it. A first θ comes from documents scored from `by_document` (built on first
+        use: another copy of the weights, 7 MB for Quora's 134k questions). worth_pruning:
+        lists shorter than this are always read in full (tests lower it on small corpora)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         out_s = np.full(k, -np.inf, np.float32)
