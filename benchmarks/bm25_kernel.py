@@ -7,8 +7,9 @@
 For each size: BM25 over a `qpr.data.scale` corpus (seed 13; k1 0.9, b 0.75, english
 stems, as params.yaml), built shard by shard as the indexer does and kept under --work;
 the 1000 queries of `scale_queries`; top 100, one thread. OLD is main's kernel at commit
-7052a2e (term-at-a-time MaxScore), frozen in benchmarks/maxscore_main_7052a2e.py; NEW is
-`qpr.retrieval.maxscore` (document-at-a-time MaxScore). Both read the same arrays. Queries
+7052a2e (term-at-a-time MaxScore), read from git at run time (`git show`) and imported under
+another name; NEW is `qpr.retrieval.maxscore` (document-at-a-time MaxScore). Both read the
+same arrays (OLD's scratch adds its accumulator). Queries
 run in blocks of 50, OLD then NEW or NEW then OLD in turn, for several rounds (the machine
 is shared: side by side, load hits both alike); a query's time is its median over rounds.
 Every query's top k must be the same, scores bit for bit.
@@ -20,11 +21,17 @@ docs/results/bm25_kernel.{json,md}.
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib.util
 import json
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -32,7 +39,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import maxscore_main_7052a2e as old  # noqa: E402  the baseline, frozen
 from machine_info import describe  # noqa: E402
 
 from qpr.data.scale import ScaleSpec, parse_count, scale_queries  # noqa: E402
@@ -41,6 +47,29 @@ from qpr.retrieval.bm25 import WORTH_PRUNING, BM25Index, TermCounts, count_terms
 from qpr.retrieval.indexer import read_texts  # noqa: E402
 
 K, BLOCK = 100, 50
+OLD_COMMIT = "7052a2e"  # main before the rewrite: term-at-a-time MaxScore
+
+
+def load_old_kernel() -> ModuleType:
+    """qpr.retrieval.maxscore at OLD_COMMIT, written from git to a temporary folder (numba
+    caches beside it) and imported as maxscore_<commit>, so the repository keeps one copy."""
+    name = f"maxscore_{OLD_COMMIT}"
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:src/qpr/retrieval/maxscore.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    folder = Path(tempfile.mkdtemp(prefix="qpr-old-kernel-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # registered before it runs, as importlib's recipe does
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_bm25(size: str, corpus: Path, work: Path) -> Path:
@@ -70,15 +99,14 @@ def _ms(values: np.ndarray) -> dict[str, float]:
 
 def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> dict[str, Any]:
     path = build_bm25(size, corpus, work)
+    old = sys.modules.get(f"maxscore_{OLD_COMMIT}") or load_old_kernel()
     started = time.perf_counter()
     index = BM25Index.load(path)
     loaded = time.perf_counter()
     by_document = index.by_document
     doc_major = time.perf_counter()
-    block_max = new.block_maxima(index.weights)
-    blocks = time.perf_counter()
-    postings = new.Postings(index.indptr, index.rows, index.weights, *by_document, block_max)
-    old_postings = old.Postings(*postings[:6])
+    postings = new.Postings(index.indptr, index.rows, index.weights, *by_document)
+    old_postings = old.Postings(*postings)
     bounds = index.upper_bounds
     texts = scale_queries(ScaleSpec(parse_count(size), seed=13), queries)["question"].tolist()
     prepared = []
@@ -87,9 +115,10 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
         if counts:
             prepared.append(new.Query.of(counts, bounds))
     scratch = new.thread_scratch(index.num_docs, len(index.terms))
+    old_scratch = old.Scratch(np.zeros(index.num_docs, np.float32), *scratch)  # acc first
 
     def run_old(q: new.Query) -> tuple[np.ndarray, np.ndarray, int]:
-        return old._top_k(*old_postings, *q, K, -1, WORTH_PRUNING, *scratch)
+        return old._top_k(*old_postings, *q, K, -1, WORTH_PRUNING, *old_scratch)
 
     def run_new(q: new.Query) -> tuple[np.ndarray, np.ndarray, int]:
         return new._top_k(*postings, *q, K, -1, WORTH_PRUNING, *scratch)
@@ -132,8 +161,6 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
         "identical_share": identical / len(prepared),
         "load_s": round(loaded - started, 2),
         "by_document_s": round(doc_major - loaded, 2),
-        "block_max_s": round(blocks - doc_major, 3),
-        "block_max_mb": round(block_max.nbytes / 1e6, 2),
         "postings_mb": round(postings_bytes / 1e6, 1),
     }
 
@@ -149,22 +176,21 @@ def write_report(results: list[dict[str, Any]]) -> None:
         "",
         "`python benchmarks/bm25_kernel.py`. Synthetic corpora (`qpr.data.scale`, seed 13),",
         "BM25 k1 0.9, b 0.75, english stems; the 1000 `scale_queries`; top 100, one thread.",
-        "OLD: main's kernel at 7052a2e (frozen copy); NEW: `qpr.retrieval.maxscore`. Same",
+        f"OLD: main's kernel at {OLD_COMMIT} (read from git); NEW: `qpr.retrieval.maxscore`. Same",
         "arrays, query blocks of 50 alternated side by side, a query's time its median over",
         f"rounds. Machine: {machine['cpu_model']}, {machine['cpus_usable']} cores,",
         f"{machine['memory_gib']} GiB, shared with other work while measuring.",
         "",
         "| size | postings | old p50 | new p50 | old p99 | new p99 | p50 ratio | p99 ratio "
-        "| identical | block max | load + doc-major + block max |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| identical | load + doc-major |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['size']} | {r['postings'] / 1e6:.1f}M | {r['old']['p50_ms']} ms "
             f"| {r['new']['p50_ms']} ms | {r['old']['p99_ms']} ms | {r['new']['p99_ms']} ms "
             f"| {r['ratio_p50_old_to_new']}× | {r['ratio_p99_old_to_new']}× "
-            f"| {r['identical_share']:.0%} | {r['block_max_mb']} MB "
-            f"| {r['load_s']} + {r['by_document_s']} + {r['block_max_s']} s |"
+            f"| {r['identical_share']:.0%} | {r['load_s']} + {r['by_document_s']} s |"
         )
     targets = {"1M": (1.0, None), "10M": (2.0, 10.0)}  # the fused search's (p50, p99) in ms
     verdicts = []

@@ -2,37 +2,34 @@
 
 Document-at-a-time MaxScore (Turtle & Flood 1995; the essential-list form of Mallia et
 al. 2017, "An experimental study of index compression and DAAT query processing methods").
-The query's terms are sorted by the most they can add to one document, largest first, and
-`left[j]` is what terms j, j+1, ... can add together. Once θ (the k-th best full score so
-far) passes `left[j]`, a document in none of the lists before j cannot enter the top k:
-only the lists before j ("essential") are walked, merged in document order. The others are
-searched (galloping, their cursors only move forward) for the documents still able to reach
-θ, and a document is dropped as soon as its partial score plus what is left falls below θ.
+Terms go largest possible contribution first, and `left[j]` is the most terms j, j+1, ...
+can add together. Once θ, the k-th best score so far, passes `left[j]`, a document in none
+of the lists before j cannot enter the top k. So only those lists ("essential") are merged
+in document order. The others are searched, galloping forward, only for documents that can
+still reach θ.
 
-Why not term-at-a-time, as this kernel was before: at 1M-10M questions the lists left after
-the rare words are hundreds of thousands of postings ("what", "how"), and completing the
-documents still alive read them in full or one random row per document (p50 12.9 ms,
-p99 72 ms at 10M). Merging in document order reads the essential lists in order, searches
-the others only where needed, and keeps no per-document accumulator to clear (the
-Scratch's acc is left unused).
+Not term-at-a-time, as before: at 1M-10M questions the common words' lists hold hundreds of
+thousands of postings. Completing the documents still alive read them in full or one random
+row per document (p50 12.9 ms, p99 72 ms at 10M). In document order each list is read
+forward once, and no per-document accumulator needs clearing.
 
-θ starts high: before the merge, the first documents of the rarest lists (`_SEED_DOCS`) are
-scored in full from the document-major copy of the weights, and their k-th best score is a
-lower bound of the final θ (k real documents reach it). The heap then holds the k best by
-(score desc, row asc), the order of the results, so ties are kept exactly as before.
+θ starts high so that pruning starts at once: the first `_SEED_DOCS` documents of the
+rarest lists are scored in full from the document-major weights. Their k-th best score
+bounds the final θ from below, since k real documents reach it. The heap keeps the k best
+by (score desc, row asc), the results' order, so ties come out as before.
 
-Exact: a document's score is summed in float32 in the query's term order, as
-``acc[rows] += weights * times`` would (bit-identical to the term-at-a-time kernel); the
-bounds carry a small relative slack, so rounding never drops a document that belongs.
-`Postings.block_max` (the largest weight of each 64 postings, `block_maxima`, nnz / 64
-floats derived at load time; Ding & Suel 2011's block-max indexes) drops a document
-before a search in a non-essential list when even that block's largest weight cannot lift
-it to θ. On these corpora a block's largest weight is near its list's (some short question
-in every 64), so it changed little: at 1M p50 0.58 -> 0.56 ms, p99 2.36 -> 2.47 ms (best of
-3 per query, one run each).
+Exact: a score is summed in float32 in the query's term order, as
+``acc[rows] += weights * times`` would, so it is bit-identical to the term-at-a-time
+kernel's. The bounds carry a small relative slack, so rounding never drops a document that
+belongs.
 
-Compiled because a question's terms reach hundreds of thousands of postings and numpy
-holds the GIL: the kernel runs beside the dense search in another thread.
+Block maxima (Ding & Suel 2011: each 64 postings' largest weight) were tried and removed.
+A short question sits in nearly every block of 64, so a block's max is near its list's:
+at 1M, without -> with, p50 0.58 -> 0.56 ms and p99 2.36 -> 2.47 ms (best of 3 per
+query, one run each): within noise.
+
+Compiled because a question's terms reach hundreds of thousands of postings and numpy holds
+the GIL: compiled, the kernel runs beside the dense search in another thread.
 
 `top_k` takes its arrays in three groups: `Postings` (the index's weights, both ways),
 `Query` (the question's terms in MaxScore's order, `Query.of`) and `Scratch` (work arrays
@@ -49,27 +46,17 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-__all__ = [
-    "Postings",
-    "Query",
-    "Scratch",
-    "block_maxima",
-    "fuse_one",
-    "thread_scratch",
-    "top_k",
-    "union_one",
-]
+__all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k", "union_one"]
 
 _SEEN = 1
 _SEED_DOCS = 1024  # documents scored from their rows for a first θ
-_BLOCK_SHIFT = 6  # block_max: the largest weight of each 64 postings
 
 
 class Postings(NamedTuple):
     """BM25 weights term-major (term t's postings: rows[indptr[t]:indptr[t+1]], ascending,
     with weights[...]) and the same weights document-major (document d's terms:
-    doc_terms[doc_indptr[d]:doc_indptr[d+1]], with doc_weights[...]), read to complete the
-    scores of the few documents still alive once pruning starts."""
+    doc_terms[doc_indptr[d]:doc_indptr[d+1]], with doc_weights[...]), read to score the seed
+    documents that give θ its first value."""
 
     indptr: np.ndarray  # int64 [V + 1]
     rows: np.ndarray  # int32 [nnz]
@@ -77,7 +64,6 @@ class Postings(NamedTuple):
     doc_indptr: np.ndarray  # int64 [N + 1]
     doc_terms: np.ndarray  # int32 [nnz]
     doc_weights: np.ndarray  # float32 [nnz]
-    block_max: np.ndarray  # float32 [ceil(nnz / 64)]: the largest of weights[64 i : 64 i + 64]
 
 
 class Query(NamedTuple):
@@ -103,24 +89,12 @@ class Query(NamedTuple):
 
 
 class Scratch(NamedTuple):
-    """Work arrays, returned as they were given: acc float32 [N] zeros, state uint8 [N]
-    zeros, touched int32 [N], position int32 [V] all -1."""
+    """Work arrays, returned as they were given: state uint8 [N] zeros, touched int32 [N],
+    position int32 [V] all -1."""
 
-    acc: np.ndarray
     state: np.ndarray
     touched: np.ndarray
     position: np.ndarray
-
-
-def block_maxima(weights: np.ndarray) -> np.ndarray:
-    """float32 [ceil(nnz / 64)]: the largest of each 64 consecutive weights (a block may
-    span two terms' lists: still a bound for either), `Postings.block_max`."""
-    full = weights.size >> _BLOCK_SHIFT << _BLOCK_SHIFT
-    out = np.empty(-(-weights.size >> _BLOCK_SHIFT), np.float32)
-    out[: full >> _BLOCK_SHIFT] = weights[:full].reshape(-1, 1 << _BLOCK_SHIFT).max(axis=1)
-    if full < weights.size:
-        out[-1] = weights[full:].max()
-    return out
 
 
 _THREAD = threading.local()
@@ -130,9 +104,8 @@ def thread_scratch(num_docs: int, num_terms: int) -> Scratch:
     """This thread's work arrays for `top_k` (allocated once per thread and size: top_k
     leaves them as it found them)."""
     scratch = getattr(_THREAD, "scratch", None)
-    if scratch is None or scratch.acc.size != num_docs or scratch.position.size != num_terms:
+    if scratch is None or scratch.state.size != num_docs or scratch.position.size != num_terms:
         scratch = Scratch(
-            np.zeros(num_docs, np.float32),
             np.zeros(num_docs, np.uint8),
             np.zeros(num_docs, np.int32),
             np.full(num_terms, -1, np.int32),
@@ -280,14 +253,12 @@ def _top_k(
     doc_indptr: np.ndarray,
     doc_terms: np.ndarray,
     doc_weights: np.ndarray,
-    block_max: np.ndarray,
     terms: np.ndarray,
     repeats: np.ndarray,
     left: np.ndarray,
     k: int,
     exclude_row: int,
     worth_pruning: int,
-    acc: np.ndarray,
     state: np.ndarray,
     touched: np.ndarray,
     position: np.ndarray,
@@ -354,14 +325,7 @@ def _top_k(
                 break
             if cur[j] >= end[j]:
                 continue
-            # Block-max: the 64-posting block of list j that would hold d bounds its weight
-            b = cur[j] >> _BLOCK_SHIFT
-            while ((b + 1) << _BLOCK_SHIFT) < end[j] and rows[((b + 1) << _BLOCK_SHIFT) - 1] < d:
-                b += 1
-            if (s + block_max[b] * repeats[j] + left[j + 1]) * slack < theta:
-                dropped = True
-                break
-            cur[j] = _next_geq(rows, max(cur[j], b << _BLOCK_SHIFT), end[j], d)
+            cur[j] = _next_geq(rows, cur[j], end[j], d)
             if cur[j] < end[j] and rows[cur[j]] == d:
                 s += weights[cur[j]] * repeats[j]
         if dropped:
