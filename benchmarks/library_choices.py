@@ -34,7 +34,7 @@ hand-written code only where it wins. The cases:
    ONNX Runtime (1 thread) on a randomly initialised CNN of the paper's size, the folded
    CNN (numba; the service's default) and a busy numpy loop of small operations (which
    holds the GIL). Last, `maxscore.top_k` (grouped arguments) against its compiled
-   kernel called with the 16 arrays directly: the wrapper's cost.
+   kernel called with its arrays one by one: the wrapper's cost.
 
 Noise: the machine is shared, so every measurement alternates the two sides in blocks
 and the tables show medians of the blocks with their range. Outputs:
@@ -889,7 +889,7 @@ def bench_neighbour(
 
 
 def bench_wrapper(lexical: Lexical, queries: list[str], plan: Plan, k: int) -> dict[str, Any]:
-    """`maxscore.top_k` (grouped) against `maxscore._top_k` (16 arrays): µs per call."""
+    """`maxscore.top_k` (grouped) against `maxscore._top_k` (arrays flat): µs per call."""
     from qpr.retrieval import maxscore
     from qpr.retrieval.bm25 import WORTH_PRUNING
 
@@ -1203,7 +1203,7 @@ def bm25_lines(b: dict[str, Any]) -> list[str]:
     w = b["wrapper"]
     lines += [
         "",
-        f"### `maxscore.top_k` (arrays grouped) vs its kernel `_top_k` (16 arrays), k {w['k']}",
+        f"### `maxscore.top_k` (arrays grouped) vs its kernel `_top_k` (arrays flat), k {w['k']}",
         "",
         f"{w['queries']:,} prepared questions, µs per call: `top_k` "
         f"{fmt(w['us_per_call']['top_k'])}, "

@@ -7,8 +7,9 @@ BM25 (Lucene variant, as bm25s computes it; k1 and b from index.lexical)
     score(q, d) = Σ_{t ∈ q} w(d, t)        (each query token counts, repeats included)
 
 is precomputed per (document, term) into a term-major sparse matrix, so one query costs at
-most the length of its terms' posting lists, not the corpus size, and MaxScore pruning skips
-most of the long lists of common words ("how", "what") while keeping the top k exact.
+most the length of its terms' posting lists, not the corpus size. MaxScore pruning then
+searches the long lists of common words ("how", "what") only for documents that can still
+make the top k, so the top k stays exact.
 Words: `tokenize` (the lexical baselines' own tokens, English stop words removed), optionally
 reduced to their Snowball stems (PyStemmer: "losing" and "loses" → "lose"), recorded in the
 index file so that questions are stemmed the same way at search time.
@@ -37,8 +38,8 @@ from qpr.text.words import tokenize
 FORMAT = "qpr-bm25/1"
 COUNTS_FORMAT = "qpr-bm25-counts/1"
 
-# Posting lists shorter than this are added in full: skipping them saves less than the
-# pruning check costs.
+# Posting lists shorter than this are always read in full (MaxScore's essential lists):
+# searching them would save less than the checks cost.
 WORTH_PRUNING = 2048
 
 
@@ -245,12 +246,12 @@ class BM25Index:
         """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
         no word with the question are not results ((-inf, -1) slots).
 
-        Exact top k with MaxScore pruning (`qpr.retrieval.maxscore.top_k`, compiled, GIL released):
-        once the top k is out of reach of the terms left, the long posting lists of common
-        words are not read; the few documents that can still reach it take those terms'
-        weights from `by_document` (built on first use: another copy of the weights, 7 MB
-        for Quora's 134k questions). worth_pruning: the shortest list worth a pruning check
-        before it (tests lower it on small corpora)."""
+        Exact top k by document-at-a-time MaxScore (`qpr.retrieval.maxscore.top_k`,
+        compiled, GIL released), so that common words' long lists are not read in full.
+        `by_document` scores a few seed documents first, so that pruning starts at once.
+        It is built on first use: another copy of the weights, 7 MB for Quora's 134k
+        questions. worth_pruning: lists shorter than this are always read in full; tests
+        lower it on small corpora."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         out_s = np.full(k, -np.inf, np.float32)

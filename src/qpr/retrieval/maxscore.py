@@ -1,23 +1,35 @@
 """Exact top-k of BM25 scores over term-major posting lists, compiled (numba, no GIL).
 
-MaxScore (Turtle & Flood 1995): the query's terms are visited from the largest possible
-contribution down. Before a long posting list, the k-th best score so far (θ) is compared
-with the most the remaining terms can still add to one document (`left`); once θ is out of
-reach, no document not yet seen can enter the top k: the remaining (long, common-word)
-lists are not read at all; the few documents still able to reach θ get those terms'
-weights from a document-major copy of the weights (a handful of terms per question).
+Document-at-a-time MaxScore (Turtle & Flood 1995; the essential-list form of Mallia et
+al. 2017, "An experimental study of index compression and DAAT query processing methods").
+Terms go largest possible contribution first, and `left[j]` is the most terms j, j+1, ...
+can add together. Once θ, the k-th best score so far, passes `left[j]`, a document in none
+of the lists before j cannot enter the top k. So only those lists ("essential") are merged
+in document order. The others are searched, galloping forward, only for documents that can
+still reach θ.
 
-Compiled because a question's terms reach tens of thousands of postings (on Quora, "what"
-alone has 54k) and numpy's scatter-add holds the GIL; compiled, a Quora question's top 100
-cost about 0.2 ms (0.4 ms in numpy) and run beside the dense search in another thread.
-Scores are summed in float32 in term order, exactly as ``acc[rows] += weights * times``
-would.
+Not term-at-a-time, as before: at 1M-10M questions the common words' lists hold hundreds of
+thousands of postings. Completing the documents still alive read them in full or one random
+row per document (p50 12.9 ms, p99 72 ms at 10M). In document order each list is read
+forward once, and no per-document accumulator needs clearing.
 
-Against bm25s with its numba backend (`benchmarks/library_choices.py`, Quora, k 100, the
-service's candidates): bm25s is faster (p50 0.24 against 0.34 ms, p99 0.43 against 1.7 ms),
-in the service's fused path too, with the same top k up to the order of equal scores; both
-kernels release the GIL (a busy encoder thread beside either keeps the same pace).
-Replacing this module by bm25s is proposed (issue 24); until then this kernel serves.
+θ starts high so that pruning starts at once: the first `_SEED_DOCS` documents of the
+rarest lists are scored in full from the document-major weights. Their k-th best score
+bounds the final θ from below, since k real documents reach it. The heap keeps the k best
+by (score desc, row asc), the results' order, so ties come out as before.
+
+Exact: a score is summed in float32 in the query's term order, as
+``acc[rows] += weights * times`` would, so it is bit-identical to the term-at-a-time
+kernel's. The bounds carry a small relative slack, so rounding never drops a document that
+belongs.
+
+Block maxima (Ding & Suel 2011: each 64 postings' largest weight) were tried and removed.
+A short question sits in nearly every block of 64, so a block's max is near its list's:
+at 1M, without -> with, p50 0.58 -> 0.56 ms and p99 2.36 -> 2.47 ms (best of 3 per
+query, one run each): within noise.
+
+Compiled because a question's terms reach hundreds of thousands of postings and numpy holds
+the GIL: compiled, the kernel runs beside the dense search in another thread.
 
 `top_k` takes its arrays in three groups: `Postings` (the index's weights, both ways),
 `Query` (the question's terms in MaxScore's order, `Query.of`) and `Scratch` (work arrays
@@ -36,19 +48,15 @@ import numpy as np
 
 __all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k", "union_one"]
 
-_SEEN, _ALIVE = 1, 2
-# A random read of one document's row costs about as much as reading this many postings
-# in order. On 1M synthetic questions (half the queries keep 25k documents alive, against
-# 400k postings left) choosing the cheaper way took the kernel's p50 from 3.0 to 2.0 ms and
-# its p99 from 23 to 9 ms (one run each, the machine busy with other work).
-_ROW_COST = 16
+_SEEN = 1
+_SEED_DOCS = 1024  # documents scored from their rows for a first θ
 
 
 class Postings(NamedTuple):
     """BM25 weights term-major (term t's postings: rows[indptr[t]:indptr[t+1]], ascending,
     with weights[...]) and the same weights document-major (document d's terms:
-    doc_terms[doc_indptr[d]:doc_indptr[d+1]], with doc_weights[...]), read to complete the
-    scores of the few documents still alive once pruning starts."""
+    doc_terms[doc_indptr[d]:doc_indptr[d+1]], with doc_weights[...]), read to score the seed
+    documents that give θ its first value."""
 
     indptr: np.ndarray  # int64 [V + 1]
     rows: np.ndarray  # int32 [nnz]
@@ -81,10 +89,9 @@ class Query(NamedTuple):
 
 
 class Scratch(NamedTuple):
-    """Work arrays, returned as they were given: acc float32 [N] zeros, state uint8 [N]
-    zeros, touched int32 [N], position int32 [V] all -1."""
+    """Work arrays, returned as they were given: state uint8 [N] zeros, touched int32 [N],
+    position int32 [V] all -1."""
 
-    acc: np.ndarray
     state: np.ndarray
     touched: np.ndarray
     position: np.ndarray
@@ -97,9 +104,8 @@ def thread_scratch(num_docs: int, num_terms: int) -> Scratch:
     """This thread's work arrays for `top_k` (allocated once per thread and size: top_k
     leaves them as it found them)."""
     scratch = getattr(_THREAD, "scratch", None)
-    if scratch is None or scratch.acc.size != num_docs or scratch.position.size != num_terms:
+    if scratch is None or scratch.state.size != num_docs or scratch.position.size != num_terms:
         scratch = Scratch(
-            np.zeros(num_docs, np.float32),
             np.zeros(num_docs, np.uint8),
             np.zeros(num_docs, np.int32),
             np.full(num_terms, -1, np.int32),
@@ -117,103 +123,126 @@ def top_k(
     exclude_row: int = -1,
     worth_pruning: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(scores float32 [<= k], rows int64 [<= k], first pruned term or -1), best first,
-    ties by row; documents scoring 0 and `exclude_row` are left out. worth_pruning: lists
-    at least this long are worth a check of θ before them. Compiled, GIL released."""
+    """(scores float32 [<= k], rows int64 [<= k], first term not read in full or -1), best
+    first, ties by row; documents scoring 0 and `exclude_row` are left out. worth_pruning:
+    lists shorter than this are always read in full. Compiled, GIL released."""
     return _top_k(*postings, *question, k, exclude_row, worth_pruning, *scratch)
 
 
 @numba.njit(nogil=True, cache=True)
-def _kth_best(acc: np.ndarray, docs: np.ndarray, k: int) -> np.float32:
-    """The k-th largest of acc[docs] (k <= docs.size), through a min-heap of the k best:
-    linear in practice and unaffected by ties (BM25 scores repeat a lot, which sends a
-    quickselect towards quadratic time)."""
-    heap = np.empty(k, np.float32)
-    for i in range(k):  # heapify the first k, sifting each up
-        heap[i] = acc[docs[i]]
-        c = i
-        while c > 0 and heap[(c - 1) >> 1] > heap[c]:
-            parent = (c - 1) >> 1
-            heap[c], heap[parent] = heap[parent], heap[c]
-            c = parent
-    for i in range(k, docs.size):
-        x = acc[docs[i]]
-        if x <= heap[0]:
-            continue
-        c = 0  # replace the smallest, sift it down
-        while True:
-            child = 2 * c + 1
-            if child >= k:
-                break
-            if child + 1 < k and heap[child + 1] < heap[child]:
-                child += 1
-            if heap[child] >= x:
-                break
-            heap[c] = heap[child]
-            c = child
-        heap[c] = x
-    return heap[0]
+def _worse(s: np.float32, d: np.int64, t: np.float32, e: np.int64) -> bool:
+    """Whether (score s, row d) ranks below (t, e): a lower score, or equal and a larger row."""
+    return s < t or (s == t and d > e)
 
 
 @numba.njit(nogil=True, cache=True)
-def _complete_alive(
+def _sift_down(heap_s: np.ndarray, heap_d: np.ndarray, size: int) -> None:
+    """Restore the heap (worst at the root) after its root was replaced."""
+    s, d = heap_s[0], heap_d[0]
+    c = 0
+    while True:
+        child = 2 * c + 1
+        if child >= size:
+            break
+        if child + 1 < size and _worse(
+            heap_s[child + 1], heap_d[child + 1], heap_s[child], heap_d[child]
+        ):
+            child += 1
+        if not _worse(heap_s[child], heap_d[child], s, d):
+            break
+        heap_s[c], heap_d[c] = heap_s[child], heap_d[child]
+        c = child
+    heap_s[c], heap_d[c] = s, d
+
+
+@numba.njit(nogil=True, cache=True)
+def _sift_up(heap_s: np.ndarray, heap_d: np.ndarray, c: int) -> None:
+    """Restore the heap after an entry was appended at c."""
+    s, d = heap_s[c], heap_d[c]
+    while c > 0:
+        parent = (c - 1) >> 1
+        if not _worse(s, d, heap_s[parent], heap_d[parent]):
+            break
+        heap_s[c], heap_d[c] = heap_s[parent], heap_d[parent]
+        c = parent
+    heap_s[c], heap_d[c] = s, d
+
+
+@numba.njit(nogil=True, cache=True)
+def _next_geq(rows: np.ndarray, lo: int, hi: int, d: int) -> int:
+    """The first p in [lo, hi) with rows[p] >= d (hi if none): galloping, then binary."""
+    if lo >= hi or rows[lo] >= d:
+        return lo
+    step = 1
+    while lo + step < hi and rows[lo + step] < d:
+        lo += step
+        step <<= 1
+    top = min(lo + step, hi)  # rows[lo] < d <= rows[top] (or top == hi)
+    while top - lo > 1:
+        mid = (lo + top) >> 1
+        if rows[mid] < d:
+            lo = mid
+        else:
+            top = mid
+    return top
+
+
+@numba.njit(nogil=True, cache=True)
+def _seed_theta(
     indptr: np.ndarray,
     rows: np.ndarray,
-    weights: np.ndarray,
     doc_indptr: np.ndarray,
     doc_terms: np.ndarray,
     doc_weights: np.ndarray,
     terms: np.ndarray,
     repeats: np.ndarray,
-    pruned_at: int,
-    theta: np.float32,
-    still: float,
-    touched: np.ndarray,
-    acc: np.ndarray,
+    same: np.ndarray,
+    k: int,
+    exclude_row: int,
+    budget: int,
     state: np.ndarray,
+    touched: np.ndarray,
     position: np.ndarray,
-) -> None:
-    """After pruning at term `pruned_at`: mark the touched documents that can still reach
-    θ alive and add the remaining terms' weights to their scores (in `acc`)."""
-    rest = terms.size - pruned_at
-    alive = 0
-    for i in range(touched.size):
-        d = touched[i]
-        if acc[d] + still >= theta:
-            state[d] = _ALIVE
-            alive += 1
-    remaining = 0
-    for i in range(rest):
-        remaining += indptr[terms[pruned_at + i] + 1] - indptr[terms[pruned_at + i]]
-    if alive * _ROW_COST > remaining:
-        # Many alive documents (a low θ on a large corpus): reading the remaining
-        # lists in order costs less than a random read of each document's row. Added
-        # term by term, the same order as below: the same float32 sums.
-        for i in range(rest):
-            times = repeats[pruned_at + i]
-            for p in range(indptr[terms[pruned_at + i]], indptr[terms[pruned_at + i] + 1]):
-                if state[rows[p]] == _ALIVE:
-                    acc[rows[p]] += weights[p] * times
-        rest = 0
-    # Each alive document gets the remaining terms' weights from its own (short) row,
-    # added in term order as the lists would.
-    for i in range(rest):
-        position[terms[pruned_at + i]] = i
-    found = np.zeros(rest, np.float32)
-    for i in range(touched.size if rest else 0):
-        d = touched[i]
-        if state[d] != _ALIVE:
-            continue
-        found[:] = 0.0
-        for p in range(doc_indptr[d], doc_indptr[d + 1]):
-            at = position[doc_terms[p]]
-            if at >= 0:
-                found[at] = doc_weights[p]
-        for at in range(rest):
-            if found[at] > 0:
-                acc[d] += found[at] * repeats[pruned_at + at]
-    for i in range(rest):
-        position[terms[pruned_at + i]] = -1
+) -> float:
+    """A lower bound of the final k-th best score: the k-th best full score of the first
+    `budget` documents of the lists in query order (the rarest, heaviest words first),
+    each scored from its own row; -inf when they are fewer than k."""
+    n_terms = terms.size
+    found = np.zeros(n_terms, np.float32)
+    heap_s = np.empty(k, np.float32)
+    heap_d = np.empty(k, np.int64)
+    size = 0
+    n = 0
+    for j in range(n_terms):
+        for p in range(indptr[terms[j]], indptr[terms[j] + 1]):
+            if n >= budget:
+                break
+            d = rows[p]
+            if state[d] != 0 or d == exclude_row:
+                continue
+            state[d] = _SEEN
+            touched[n] = d
+            n += 1
+            for r in range(doc_indptr[d], doc_indptr[d + 1]):
+                at = position[doc_terms[r]]
+                while at >= 0:
+                    found[at] = doc_weights[r]
+                    at = same[at]
+            s = np.float32(0.0)
+            for at in range(n_terms):
+                if found[at] > 0:
+                    s += found[at] * repeats[at]
+                    found[at] = 0.0
+            if size < k:
+                heap_s[size], heap_d[size] = s, d
+                _sift_up(heap_s, heap_d, size)
+                size += 1
+            elif s > heap_s[0]:
+                heap_s[0], heap_d[0] = s, d
+                _sift_down(heap_s, heap_d, size)
+    for i in range(n):
+        state[touched[i]] = 0
+    return heap_s[0] if size == k else -np.inf
 
 
 @numba.njit(nogil=True, cache=True)
@@ -230,73 +259,97 @@ def _top_k(
     k: int,
     exclude_row: int,
     worth_pruning: int,
-    acc: np.ndarray,
     state: np.ndarray,
     touched: np.ndarray,
     position: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """`top_k` with its groups spread out (`Postings`, `Query`, `Scratch` say what each
     array holds)."""
-    n_touched = 0
-    pruned_at = -1
-    theta, still = np.float32(0.0), 0.0
-    for j in range(terms.size):
-        a, z = indptr[terms[j]], indptr[terms[j] + 1]
-        times = repeats[j]
-        for p in range(a, z):
-            d = rows[p]
-            if d == exclude_row:
-                continue
-            if state[d] == 0:
-                state[d] = _SEEN
-                touched[n_touched] = d
-                n_touched += 1
-            acc[d] += weights[p] * times
-        if j + 1 < terms.size and n_touched >= k:
-            nxt = indptr[terms[j + 1] + 1] - indptr[terms[j + 1]]
-            if nxt >= worth_pruning:
-                theta = _kth_best(acc, touched[:n_touched], k)
-                # Relative slack: float32 sums may round a hair above float64 bounds.
-                still = left[j + 1] * (1.0 + 1e-5)
-                if still < theta:
-                    pruned_at = j + 1
-                    break
-
-    if pruned_at >= 0:
-        _complete_alive(
-            indptr, rows, weights, doc_indptr, doc_terms, doc_weights, terms, repeats,
-            pruned_at, theta, still, touched[:n_touched], acc, state, position,
+    n_terms = terms.size
+    # float32 sums of n_terms products may round a hair above the float64 bounds
+    slack = 1.0 + 1e-5 + (n_terms + 2) * 2.0**-23
+    cur = np.empty(n_terms, np.int64)
+    end = np.empty(n_terms, np.int64)
+    # Lists shorter than worth_pruning stay essential: `floor` is past the last of them.
+    floor = 0
+    for j in range(n_terms):
+        cur[j], end[j] = indptr[terms[j]], indptr[terms[j] + 1]
+        if end[j] - cur[j] < worth_pruning:
+            floor = j + 1
+    theta = -np.inf
+    if floor < n_terms and k > 0:
+        same = np.full(n_terms, -1, np.int64)
+        for i in range(n_terms):
+            t = terms[i]
+            if position[t] < 0:
+                position[t] = i
+            else:
+                at = position[t]
+                while same[at] >= 0:
+                    at = same[at]
+                same[at] = i
+        theta = _seed_theta(
+            indptr, rows, doc_indptr, doc_terms, doc_weights, terms, repeats, same, k,
+            exclude_row, _SEED_DOCS, state, touched, position,
         )  # fmt: skip
+        for i in range(n_terms):
+            position[terms[i]] = -1
+    heap_s = np.empty(max(k, 1), np.float32)  # the k best so far, worst at the root
+    heap_d = np.empty(max(k, 1), np.int64)
+    size = 0
+    # Terms [0, ess) are essential: a document in none of their lists scores at most
+    # left[ess] < θ. Their lists are merged document by document; the others are searched
+    # only for the documents that can still reach θ.
+    ess = n_terms
+    while ess > floor and left[ess - 1] * slack < theta:
+        ess -= 1
+    big = np.iinfo(np.int64).max
+    while ess > 0:
+        d = big
+        for j in range(ess):
+            if cur[j] < end[j] and rows[cur[j]] < d:
+                d = rows[cur[j]]
+        if d == big:
+            break
+        s = np.float32(0.0)
+        for j in range(ess):
+            if cur[j] < end[j] and rows[cur[j]] == d:
+                s += weights[cur[j]] * repeats[j]
+                cur[j] += 1
+        if d == exclude_row:
+            continue
+        dropped = False
+        for j in range(ess, n_terms):
+            if (s + left[j]) * slack < theta:
+                dropped = True
+                break
+            if cur[j] >= end[j]:
+                continue
+            cur[j] = _next_geq(rows, cur[j], end[j], d)
+            if cur[j] < end[j] and rows[cur[j]] == d:
+                s += weights[cur[j]] * repeats[j]
+        if dropped:
+            continue
+        if size < k:
+            heap_s[size], heap_d[size] = s, d
+            _sift_up(heap_s, heap_d, size)
+            size += 1
+        elif _worse(heap_s[0], heap_d[0], s, d):
+            heap_s[0], heap_d[0] = s, d
+            _sift_down(heap_s, heap_d, size)
+        else:
+            continue
+        if size == k and heap_s[0] > theta:
+            theta = heap_s[0]
+            while ess > floor and left[ess - 1] * slack < theta:
+                ess -= 1
 
-    # The result: the kept documents with a positive score, by (score desc, row asc).
-    want = _SEEN if pruned_at < 0 else _ALIVE
-    kept = np.empty(n_touched, np.int64)
-    n = 0
-    for i in range(n_touched):
-        d = touched[i]
-        if state[d] >= want and acc[d] > 0:
-            kept[n] = d
-            n += 1
-    kept = kept[:n]
-    if n > k:
-        theta = _kth_best(acc, kept, k)
-        m = 0
-        for i in range(n):
-            if acc[kept[i]] >= theta:  # ties at the cut stay: rows break them
-                kept[m] = kept[i]
-                m += 1
-        kept = kept[:m]
-    kept = np.sort(kept)
-    scores = np.empty(kept.size, np.float32)
-    for i in range(kept.size):
-        scores[i] = acc[kept[i]]
-    order = np.argsort(-scores, kind="mergesort")[:k]  # stable: equal scores stay by row
-    out_rows, out_scores = kept[order], scores[order]
-
-    for i in range(n_touched):
-        acc[touched[i]] = 0.0
-        state[touched[i]] = 0
-    return out_scores, out_rows, pruned_at
+    # best first: rows ascending, then a stable sort by score descending
+    order = np.argsort(heap_d[:size])
+    kept = heap_d[:size][order]
+    scores = heap_s[:size][order]
+    best = np.argsort(-scores, kind="mergesort")
+    return scores[best], kept[best], ess if ess < n_terms else -1
 
 
 @numba.njit(nogil=True, cache=True)
