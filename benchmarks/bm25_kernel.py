@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The BM25 top-k kernel before and after the MaxScore rewrite, side by side, at scale.
 
-    python benchmarks/bm25_kernel.py                        # 1M, 3M, 10M; resumable
+    python benchmarks/bm25_kernel.py                        # 134k, 1M, 3M, 10M; resumable
     python benchmarks/bm25_kernel.py --sizes 1M --fresh     # one size, measured again
 
 For each size: BM25 over a `qpr.data.scale` corpus (seed 13; k1 0.9, b 0.75, english
@@ -12,7 +12,8 @@ another name; NEW is `qpr.retrieval.maxscore` (document-at-a-time MaxScore). Bot
 same arrays (OLD's scratch adds its accumulator). Queries
 run in blocks of 50, OLD then NEW or NEW then OLD in turn, for several rounds (the machine
 is shared: side by side, load hits both alike); a query's time is its median over rounds.
-Every query's top k must be the same, scores bit for bit.
+Every query's top k must be the same, scores bit for bit. Then whole calls against bm25s
+(numba backend) on the same weights, side by side the same way.
 
 Per size: <work>/<size>/kernel.json (skipped when present unless --fresh); all sizes:
 docs/results/bm25_kernel.{json,md}.
@@ -47,6 +48,7 @@ from qpr.retrieval.bm25 import WORTH_PRUNING, BM25Index, TermCounts, count_terms
 from qpr.retrieval.indexer import read_texts  # noqa: E402
 
 K, BLOCK = 100, 50
+QUORA_SIZE = {"134k": 134_091}  # Quora's distinct questions, as benchmarks/scale.py
 OLD_COMMIT = "7052a2e"  # main before the rewrite: term-at-a-time MaxScore
 
 
@@ -108,14 +110,21 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
     postings = new.Postings(index.indptr, index.rows, index.weights, *by_document)
     old_postings = old.Postings(*postings)
     bounds = index.upper_bounds
-    texts = scale_queries(ScaleSpec(parse_count(size), seed=13), queries)["question"].tolist()
+    spec = ScaleSpec(QUORA_SIZE.get(size) or parse_count(size), seed=13)
+    texts = scale_queries(spec, queries)["question"].tolist()
     prepared = []
     for text in texts:
         counts = Counter(index.query_terms(text).tolist())
         if counts:
             prepared.append(new.Query.of(counts, bounds))
     scratch = new.thread_scratch(index.num_docs, len(index.terms))
-    old_scratch = old.Scratch(np.zeros(index.num_docs, np.float32), *scratch)  # acc first
+    # OLD needs an accumulator and a touched list of N (NEW's touched holds only its seeds)
+    old_scratch = old.Scratch(
+        np.zeros(index.num_docs, np.float32),
+        scratch.state,
+        np.zeros(index.num_docs, np.int32),
+        scratch.position,
+    )
 
     def run_old(q: new.Query) -> tuple[np.ndarray, np.ndarray, int]:
         return old._top_k(*old_postings, *q, K, -1, WORTH_PRUNING, *old_scratch)
@@ -143,6 +152,7 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
         print(f"{size}: round {r + 1}/{rounds}", flush=True)
     per_query = {name: np.median(v, axis=0) for name, v in times.items()}
     result = {name: _ms(v) for name, v in per_query.items()}
+    result.update(against_bm25s(index, texts, rounds))
     postings_bytes = sum(a.nbytes for a in old_postings)
     return {
         "size": size,
@@ -155,6 +165,9 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
         "worth_pruning": WORTH_PRUNING,
         "old": result["old"],
         "new": result["new"],
+        "search": result["search"],
+        "bm25s": result["bm25s"],
+        "same_top10_as_bm25s": result["same_top10_as_bm25s"],
         "ratio_p50_old_to_new": round(result["old"]["p50_ms"] / result["new"]["p50_ms"], 2),
         "ratio_p99_old_to_new": round(result["old"]["p99_ms"] / result["new"]["p99_ms"], 2),
         "median_per_query_ratio": round(float(np.median(per_query["old"] / per_query["new"])), 2),
@@ -165,9 +178,52 @@ def measure(size: str, corpus: Path, work: Path, rounds: int, queries: int) -> d
     }
 
 
+def against_bm25s(index: BM25Index, texts: list[str], rounds: int) -> dict[str, Any]:
+    """Whole calls, words in and top k out: `BM25Index.search` (tokenising, stemming, the
+    NEW kernel) against bm25s's numba kernel given our weights (its CSC layout) and the
+    same stemmed words. Blocks alternated as above; bm25s breaks ties otherwise, so the
+    top 10 scores are compared as sorted values."""
+    import bm25s
+
+    from qpr.text.words import tokenize
+
+    theirs = bm25s.BM25(k1=index.k1, b=index.b, method="lucene", backend="numba")
+    theirs.scores = {"data": index.weights, "indices": index.rows, "indptr": index.indptr,
+                     "num_docs": index.num_docs}  # fmt: skip
+    theirs.vocab_dict = index.terms
+    theirs.unique_token_ids_set = set(index.terms.values())
+    theirs.nonoccurrence_array = None  # Lucene's BM25 scores an absent word 0
+
+    def bm25s_call(text: str) -> Any:
+        words = [w for w in tokenize([text], stemmer=index.stemmer)[0] if w in index.terms]
+        return theirs.retrieve([words or ["__none__"]], k=K, show_progress=False, n_threads=1)
+
+    sides = {"search": lambda t: index.search(t, K), "bm25s": bm25s_call}
+    for text in texts[:50]:  # compile and warm both
+        for call in sides.values():
+            call(text)
+    times = {name: np.zeros((rounds, len(texts))) for name in sides}
+    for r in range(rounds):
+        for n, start in enumerate(range(0, len(texts), BLOCK)):
+            for name in sorted(sides, reverse=(n + r) % 2 == 1):
+                for i in range(start, min(start + BLOCK, len(texts))):
+                    t = time.perf_counter()
+                    sides[name](texts[i])
+                    times[name][r, i] = time.perf_counter() - t
+    same = np.mean([
+        np.allclose(np.sort(index.search(t, 10)[0]), np.sort(bm25s_call(t).scores[0][:10]),
+                    rtol=1e-5)
+        for t in texts[:200]
+    ])  # fmt: skip
+    out: dict[str, Any] = {name: _ms(np.median(v, axis=0)) for name, v in times.items()}
+    return out | {"same_top10_as_bm25s": float(same)}
+
+
 def write_report(results: list[dict[str, Any]]) -> None:
     out = ROOT / "docs" / "results"
-    machine = describe(ROOT, {"numba": __import__("numba").__version__, "numpy": np.__version__})
+    versions = {"numba": __import__("numba").__version__, "numpy": np.__version__,
+                "bm25s": __import__("bm25s").__version__}  # fmt: skip
+    machine = describe(ROOT, versions)
     (out / "bm25_kernel.json").write_text(
         json.dumps({"machine": machine, "sizes": results}, indent=2) + "\n"
     )
@@ -208,13 +264,34 @@ def write_report(results: list[dict[str, Any]]) -> None:
         + "; ".join(verdicts)
         + " (the fused search's BM25 targets).",
         "",
+        "## Against bm25s",
+        "",
+        "Whole calls, question in, top 100 out: `BM25Index.search` (tokenising, stemming,",
+        "the NEW kernel) against bm25s's numba kernel given our weights and the same stemmed",
+        "words, one thread, blocks alternated as above. Same top 10: sorted scores equal",
+        "(bm25s breaks ties otherwise), over 200 queries.",
+        "",
+        "| size | ours p50 | bm25s p50 | ours p99 | bm25s p99 | bm25s / ours p50 | same top 10 |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for r in results:
+        if "bm25s" not in r:
+            continue
+        lines.append(
+            f"| {r['size']} | {r['search']['p50_ms']} ms | {r['bm25s']['p50_ms']} ms "
+            f"| {r['search']['p99_ms']} ms | {r['bm25s']['p99_ms']} ms "
+            f"| {r['bm25s']['p50_ms'] / r['search']['p50_ms']:.2f}× "
+            f"| {r['same_top10_as_bm25s']:.0%} |"
+        )
+    faster = [r["size"] for r in results if "bm25s" in r
+              and r["search"]["p50_ms"] <= r["bm25s"]["p50_ms"]]  # fmt: skip
+    lines += ["", f"Ours is faster at p50 at: {', '.join(faster) or 'no size'}.", ""]
     (out / "bm25_kernel.md").write_text("\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1M,3M,10M")
+    parser.add_argument("--sizes", default="134k,1M,3M,10M")
     parser.add_argument("--corpus", type=Path, default=Path("/tmp/qpr-scale"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-bm25"))
     parser.add_argument("--rounds", type=int, default=5)
