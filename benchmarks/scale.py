@@ -2,6 +2,7 @@
 
     make bench-scale                    # every size, resumable
     python benchmarks/scale.py --sizes quora,1M --work /data/qpr-scale
+    python benchmarks/scale.py --sizes 1M,10M --dense 2 --out docs/results/scale_rerun
 
 For each size: the corpus (Quora's distinct questions, or `qpr.data.scale` shards), an
 index built in shards by `qpr.retrieval.indexer.Indexer` (encode, FAISS, BM25: time and
@@ -592,6 +593,8 @@ def main() -> None:
     parser.add_argument("--child", choices=("build", "truth", "serve", "lexical"))
     parser.add_argument("--size")
     parser.add_argument("--factory")
+    parser.add_argument("--dense", type=int, choices=range(len(CANDIDATES)),
+                        help="serve CANDIDATES[i], skipping the choice at 1M")  # fmt: skip
     args = parser.parse_args()
     if args.child:
         work = args.work / args.size
@@ -615,12 +618,14 @@ def main() -> None:
     args.best = -1  # the 1M candidates get the lexical and HTTP steps once one is chosen
     results: list[dict[str, Any]] = []
     chosen: dict[str, Any] | None = None
-    if any(size != "quora" for size in sizes):  # the dense index is chosen at 1M, first
+    if args.dense is not None:  # a factory chosen by an earlier run: no candidates built
+        args.best = args.dense
+    elif any(size != "quora" for size in sizes):  # the dense index is chosen at 1M, first
         step(args.work / "1M", "corpus", synthetic_corpus, args.work / "1M", SIZES["1M"])
         chosen = step(args.work, "factory", lambda: dict(
             zip(("index", "rows"), choose_factory(args), strict=True)))  # fmt: skip
         args.best = int(chosen["index"])
-    template = CANDIDATES[args.best if chosen else 1]
+    template = CANDIDATES[args.best if args.best >= 0 else 1]
     for size in sizes:
         name = f"1M-f{args.best}" if size == "1M" else size
         results.append(run_size(args, name, template) | {"size": size})

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,7 +61,7 @@ def report(out: Path, rows: list[Row], factory: Any, *, machine: str, engine: st
                "exponents": {k: (v[0] if v else None) for k, v in fits.items()}}  # fmt: skip
     (out / "scale.json").write_text(json.dumps(payload, indent=1))
     _plot(out / "scale.png", rows, fits)
-    (out / "scale.md").write_text(_markdown(payload, fits))
+    (out / "scale.md").write_text(_markdown(payload | {"out": out.resolve()}, fits))
 
 
 def _plot(path: Path, rows: list[Row], fits: dict[str, Any]) -> None:
@@ -233,6 +234,12 @@ def _beyond(fits: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cluster_page(p: dict[str, Any]) -> str:
+    """The cluster stage's results page, relative to this page's folder."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "results" / "cluster_scale.md"
+    return os.path.relpath(page, p["out"])
+
+
 def _markdown(p: dict[str, Any], fits: dict[str, Any]) -> str:
     rows = p["rows"]
     lines = [
@@ -273,7 +280,7 @@ def _markdown(p: dict[str, Any], fits: dict[str, Any]) -> str:
         "",
         "## The cluster stage",
         "",
-        "Measured on its own, in memory and in shards on each engine: [cluster_scale.md](cluster_scale.md).",
+        f"Measured on its own, in memory and in shards on each engine: [cluster_scale.md]({_cluster_page(p)}).",
         "",
         "## Beyond one machine: the fits, extrapolated",
         "",
