@@ -82,8 +82,10 @@ bench-embedding: install ## Embedding-size study (seed 001): quality vs memory a
 # make bench-scale SCALE_WORK=/big/disk SIZES=quora,1M: 40 GB of scratch for every size
 SCALE_WORK ?= /tmp/qpr-scale
 SIZES ?= quora,1M,3M,10M
-bench-scale: install ## Cost against N: 134k, 1M, 3M, 10M questions (about 2 h; resumable)
+bench-scale: install ## Cost against N: 134k, 1M, 3M, 10M questions (about 3 h; resumable)
 	$(BIN)/python benchmarks/scale.py --work $(SCALE_WORK) --sizes $(SIZES) $(if $(ENGINE),--engine $(ENGINE))
+	$(BIN)/python benchmarks/cluster_scale.py --work $(SCALE_WORK)
+	$(BIN)/python benchmarks/bm25_kernel.py --corpus $(SCALE_WORK)
 
 # Docker: not part of `make test` (needs root or a Docker engine, and minutes). Without a
 # Docker engine the build uses podman/buildah on a debootstrap base (docker/build.sh).
