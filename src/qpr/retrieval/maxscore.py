@@ -201,7 +201,6 @@ def _seed_theta(
     doc_weights: np.ndarray,
     terms: np.ndarray,
     repeats: np.ndarray,
-    same: np.ndarray,
     k: int,
     exclude_row: int,
     budget: int,
@@ -213,6 +212,16 @@ def _seed_theta(
     `budget` documents of the lists in query order (the rarest, heaviest words first),
     each scored from its own row; -inf when they are fewer than k."""
     n_terms = terms.size
+    # position[t]: the query's first slot of term t; same[i]: its next slot (a repeat)
+    same = np.full(n_terms, -1, np.int64)
+    for i in range(n_terms):
+        if position[terms[i]] < 0:
+            position[terms[i]] = i
+        else:
+            at = position[terms[i]]
+            while same[at] >= 0:
+                at = same[at]
+            same[at] = i
     found = np.zeros(n_terms, np.float32)
     heap_s = np.empty(k, np.float32)
     heap_d = np.empty(k, np.int64)
@@ -247,6 +256,8 @@ def _seed_theta(
                 _sift_down(heap_s, heap_d, size)
     for i in range(n):
         state[touched[i]] = 0
+    for i in range(n_terms):
+        position[terms[i]] = -1
     return heap_s[0] if size == k else -np.inf
 
 
@@ -283,22 +294,10 @@ def _top_k(
             floor = j + 1
     theta = -np.inf
     if floor < n_terms and k > 0:
-        same = np.full(n_terms, -1, np.int64)
-        for i in range(n_terms):
-            t = terms[i]
-            if position[t] < 0:
-                position[t] = i
-            else:
-                at = position[t]
-                while same[at] >= 0:
-                    at = same[at]
-                same[at] = i
         theta = _seed_theta(
-            indptr, rows, doc_indptr, doc_terms, doc_weights, terms, repeats, same, k,
+            indptr, rows, doc_indptr, doc_terms, doc_weights, terms, repeats, k,
             exclude_row, _SEED_DOCS, state, touched, position,
         )  # fmt: skip
-        for i in range(n_terms):
-            position[terms[i]] = -1
     heap_s = np.empty(max(k, 1), np.float32)  # the k best so far, worst at the root
     heap_d = np.empty(max(k, 1), np.int64)
     size = 0
