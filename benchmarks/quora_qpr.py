@@ -218,8 +218,43 @@ ROWS: dict[str, tuple] = {
         MINILM_FINE_TUNE,
         minilm_fused(int8_queries=True),
     ),
+    # The document encoder of the query students: the packaged all-MiniLM-L6-v2, not
+    # trained (train.max_epochs 0), with BM25 fused in.
+    "MiniLM off the shelf + BM25 fusion": ("students", {}, minilm_fused()),
+    # Query students of that document encoder (qpr.pipeline.student): the index keeps
+    # MiniLM's vectors, queries go through the student. Their "dense" figures in the fusion
+    # table are the student alone.
+    "static student of MiniLM + BM25 fusion": (
+        "students",
+        {},
+        {**minilm_fused(), "student": {"enabled": True, "kind": "static"}},
+    ),
+    # MiniLM's two lower layers, fine-tuned into the 6-layer model's space, int8 queries.
+    "2-layer MiniLM student of MiniLM + BM25 fusion": (
+        "students",
+        {},
+        {
+            **minilm_fused(),
+            "student": {
+                "enabled": True,
+                "kind": "transformer",
+                "layers": 2,
+                "lr": 5e-5,
+                "batch_size": 64,
+                "time_budget_s": 900,
+            },
+        },
+    ),
+    "CNN student of MiniLM + BM25 fusion": (
+        "students",
+        {},
+        {**minilm_fused(), "student": {"enabled": True, "kind": "cnn", "time_budget_s": 900}},
+    ),
 }
 TRAINED_AS = {
+    "static student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
+    "2-layer MiniLM student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
+    "CNN student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
     "MiniLM fine-tuned, SDML + BM25 fusion": "MiniLM fine-tuned, SDML",
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": "MiniLM fine-tuned, SDML",
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion, int8 queries": (
@@ -235,11 +270,16 @@ TRAINED_AS = {
         "SDML + MiniLM prior (ε 0.5, τ 0.1), D 128"
     ),
 }
+STUDENTS = [name for name, (group, *_) in ROWS.items() if group == "students"]
 # Rows that measure the untrained encoder as a baseline beside their own figures.
 UNTRAINED_TOO = {"MiniLM fine-tuned, SDML"}
 # Rows with their own baselines: the off-the-shelf MiniLM is measured by the row that
 # trained it (encoding the index once more costs 11 minutes).
 OWN_BASELINES = {
+    "MiniLM off the shelf + BM25 fusion": ["bm25"],
+    "static student of MiniLM + BM25 fusion": [],
+    "2-layer MiniLM student of MiniLM + BM25 fusion": [],
+    "CNN student of MiniLM + BM25 fusion": [],
     "MiniLM fine-tuned, SDML + BM25 fusion": ["bm25"],
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": [],
     "MiniLM fine-tuned, SDML, mined negatives + BM25 fusion": ["bm25"],
@@ -341,8 +381,9 @@ def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> Non
 
 
 def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
-    """Single-question search as the service runs it (tokenise + ONNX encode + FAISS,
-    one thread each): p50 / p99 in ms over real questions."""
+    """Single-question search as the service runs it (tokenise + encode + FAISS, one
+    thread each; a CNN encoder folded into lookup tables, as the service loads it):
+    p50 / p99 in ms over real questions, and which kernel encoded them."""
     import statistics
 
     import faiss
@@ -352,7 +393,7 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
-        bundle = Bundle.load(models_dir, threads=1)
+        bundle = Bundle.load(models_dir, threads=1, fold_encoder=True)
         for question in questions[:50]:  # warm-up
             bundle.search(question, k=10)
         times = []
@@ -367,6 +408,8 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
         "p50_ms": round(statistics.median(times) * 1e3, 3),
         "p99_ms": round(times[int(0.99 * (len(times) - 1))] * 1e3, 3),
         "questions": len(times),
+        "kernel": bundle.encoder_kernel,
+        "asymmetric": bundle.asymmetric,
     }
 
 
@@ -392,6 +435,7 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
     from qpr.pipeline.evaluate import run_evaluate
     from qpr.pipeline.export import run_export
     from qpr.pipeline.index import run_index
+    from qpr.pipeline.student import run_student
     from qpr.pipeline.train import run_train
 
     paths = ProjectPaths(row_dir)
@@ -411,9 +455,11 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
     train_seconds = time.perf_counter() - started
     export = run_export(settings, paths, log=log)
     index = run_index(settings, paths, log=log)
+    student = run_student(settings, paths, log=log)
     evaluation = run_evaluate(settings, paths, log=log)
     return {
         "train": train.metrics,
+        "student": student,
         "train_wall_seconds": train_seconds,
         "export": export,
         "index": index,
@@ -503,6 +549,7 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
                 f"{fusion['dense_test']['success_1']:.4f} | "
                 f"{fusion['dense_test']['recip_rank']:.4f} |"
             )
+    lines += students_table(results)
     missing = [name for name in results["planned"] if name not in results["rows"]]
     notes = [
         "# Quora QPR benchmark",
@@ -528,6 +575,56 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
     if missing:
         notes += [f"Not run yet: {', '.join(missing)}.", ""]
     return "\n".join(notes + run_time_lines(results))
+
+
+def students_table(results: dict[str, Any]) -> list[str]:
+    """The query-student rows beside their document encoder's: quality alone and fused,
+    served latency, training time and size (docs/models.md, *Query students*)."""
+    teachers = {TRAINED_AS[name] for name in STUDENTS if name in TRAINED_AS}
+    rows = [
+        (name, row)
+        for name, row in results["rows"].items()
+        if row.get("student", {}).get("enabled") or name in teachers
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Query students (`student` section of params.yaml): the index holds the document "
+        "encoder's vectors, queries go through the student. `alone`: the student's dense "
+        "ranking; `fused`: with BM25, α chosen on validation. p50 / p99: one question at a "
+        "time through the served bundle, 2 cores, 500 test questions. train min: the "
+        "student's own training (the document encoder is not trained here).",
+        "",
+        "| row | query encoder | test P@1 alone | test P@1 fused | P@10 fused | MRR fused | "
+        "p50 ms | p99 ms | train min | query encoder MB | bundle MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows:
+        ev, student = row["evaluate"], row.get("student", {})
+        latency = row.get("query_latency", {})
+        kind = f"{student['kind']} student" if student.get("enabled") else "the document encoder"
+        kernel = latency.get("kernel", "")
+        lines.append(
+            f"| {name} | {kind}{f' ({kernel})' if kernel else ''} | "
+            f"{ev['fusion']['dense_test']['success_1']:.4f} | {ev['success_1']:.4f} | "
+            f"{ev['success_10']:.4f} | {ev['recip_rank']:.4f} | {latency.get('p50_ms', '')} | "
+            f"{latency.get('p99_ms', '')} | {student.get('train_seconds', 0) / 60:.1f} | "
+            f"{row.get('sizes', {}).get('query_encoder_mb', '')} | "
+            f"{row.get('sizes', {}).get('bundle_mb', '')} |"
+        )
+    return lines
+
+
+def bundle_sizes(models_dir: Path) -> dict[str, float]:
+    """MB of the files a service loads, and of the encoder queries go through."""
+    from qpr.artifacts import served_query_encoder
+
+    files = [f for f in models_dir.rglob("*") if f.is_file() and f.suffix != ".pt"]
+    return {
+        "bundle_mb": round(sum(f.stat().st_size for f in files) / 1e6, 1),
+        "query_encoder_mb": round(served_query_encoder(models_dir).stat().st_size / 1e6, 1),
+    }
 
 
 def write_outputs(out: Path, results: dict[str, Any], protocol: dict[str, Any]) -> None:
@@ -579,7 +676,7 @@ def main() -> None:
     parser.add_argument(
         "--rows",
         default="main,models,eps,batch,long,transformer-fusion",
-        help="groups: main, models, eps, batch, long, transformer-fusion",
+        help="groups: main, models, eps, batch, long, transformer-fusion, students",
     )
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument(
@@ -733,7 +830,7 @@ def main() -> None:
     for name in planned:
         group, train, *more = ROWS[name]
         extra = more[0] if more else {}
-        epochs = {"eps": args.sweep_epochs, "batch": args.sweep_epochs}.get(
+        epochs = {"eps": args.sweep_epochs, "batch": args.sweep_epochs, "students": 0}.get(
             group, args.long_epochs if group == "long" else args.max_epochs
         )
         # The first row also measures the baselines: same queries, same index questions.
@@ -782,6 +879,7 @@ def main() -> None:
                     row = run_row(settings, row_dir, cluster_dir, log)
                 row["config"] = config
                 row["query_latency"] = query_latency(row_dir / "models", latency_questions)
+                row["sizes"] = bundle_sizes(row_dir / "models")
                 mlflow.log_metric("query_p50_ms", row["query_latency"]["p50_ms"])
                 ev = row["evaluate"]
                 mlflow.log_metrics({m: ev[m] for m in MEASURES})

@@ -90,6 +90,12 @@ def _index(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, An
     return run_index(settings, paths, engine=mapper(settings.engine, log=log), log=log)
 
 
+def _student(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.student import run_student
+
+    return run_student(settings, paths, log=log)
+
+
 def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
     from qpr.pipeline.evaluate import run_evaluate
 
@@ -171,6 +177,13 @@ STAGES: dict[str, Stage] = {
             "index",
             _index,
             "Encode every index question and build the FAISS index (and BM25) from params.",
+        ),
+        Stage(
+            "student",
+            _student,
+            "With student.enabled: train a query-only encoder into the index's vector space "
+            "and export it; queries then go through it (an asymmetric bundle).",
+            artifacts=lambda p: {"model": p.models_dir / "student"},
         ),
         Stage(
             "evaluate",

@@ -16,6 +16,9 @@ A bundle is the ``models/`` directory the pipeline writes (paths relative to it)
                                required) when the search config fuses BM25 in
 ``index/query_encoder.onnx``   optional: the encoder with int8 matrix products
                                (`qpr.model.quantize`); queries go through it when present
+``student/query_encoder.onnx`` optional: a query student trained into encoder.onnx's space
+                               (`qpr.training.distill`); queries go through it when present,
+                               the index keeps encoder.onnx's vectors (an asymmetric bundle)
 =============================  ===========================================================
 
 Imports nothing of `qpr` but the ground floor (`qpr.io`, `qpr.errors`).
@@ -44,11 +47,16 @@ __all__ = [
     "MAX_LEN_KEY",
     "OPTIONAL_FILES",
     "OUTPUT_NAME",
+    "PROBE_COSINE_FLOOR",
+    "PROBE_QUESTIONS",
     "QUANTIZED_FROM",
     "QUERY_ENCODER_FILE",
     "QUESTIONS_FILE",
     "REQUIRED_FILES",
     "SEARCH_FILE",
+    "STUDENT_DIR",
+    "STUDENT_FILE",
+    "STUDENT_OF",
     "VOCAB_FILE",
     "VOCAB_SHA256_KEY",
     "SearchConfig",
@@ -69,6 +77,12 @@ MAX_LEN_KEY = "max_len"
 # ... and of a quantised query encoder: the sha256 of the float32 file it came from, so a
 # bundle can tell that its query encoder belongs to its encoder.
 QUANTIZED_FROM = "quantized_from_sha256"
+# ... and of a query student: the sha256 of the document encoder (encoder.onnx) it was
+# trained against, probe questions (a JSON list) and the least mean cosine between its and
+# the document encoder's vectors of them that the bundle accepts at load time.
+STUDENT_OF = "student_of_sha256"
+PROBE_QUESTIONS = "probe_questions"
+PROBE_COSINE_FLOOR = "probe_cosine_floor"
 
 # The bundle's files, relative to the models directory (qpr.paths.ProjectPaths.models_dir).
 INDEX_DIR = Path("index")
@@ -81,17 +95,22 @@ SEARCH_FILE = Path("search.json")
 LEGACY_SEARCH_FILE = Path("threshold.json")  # what bundles held before search.json
 BM25_FILE = INDEX_DIR / "bm25.npz"  # only in bundles that fuse BM25 in
 QUERY_ENCODER_FILE = INDEX_DIR / "query_encoder.onnx"  # only with int8 queries
+STUDENT_DIR = Path("student")  # the student stage's output, also when it trained none
+STUDENT_FILE = STUDENT_DIR / "query_encoder.onnx"  # only with a query student
 # Every bundle has these (the search config as SEARCH_FILE or, in older bundles,
 # LEGACY_SEARCH_FILE). Order matters: it is the order the fingerprint hashes them in.
 REQUIRED_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE)
-OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE)
+OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE)
 
 
 def served_query_encoder(models_dir: PathLike) -> Path:
-    """The encoder queries go through: the int8 query encoder when the index stage wrote
-    one (index.query_encoder int8), else the exported float32 encoder."""
-    quantized = Path(models_dir) / QUERY_ENCODER_FILE
-    return quantized if quantized.is_file() else Path(models_dir) / ENCODER_FILE
+    """The encoder queries go through: the query student when the student stage trained
+    one, else the int8 query encoder when the index stage wrote one (index.query_encoder
+    int8), else the exported float32 encoder."""
+    for candidate in (STUDENT_FILE, QUERY_ENCODER_FILE):
+        if (Path(models_dir) / candidate).is_file():
+            return Path(models_dir) / candidate
+    return Path(models_dir) / ENCODER_FILE
 
 
 def search_config_file(models_dir: PathLike) -> Path:

@@ -123,7 +123,7 @@ class TrainSettings(_Section):
     am_sampled_classes: int | None = Field(None, ge=2)
     batch_size: int = Field(512, ge=2)
     lr: float = Field(1e-3, gt=0.0)
-    max_epochs: int = Field(10, ge=1)
+    max_epochs: int = Field(10, ge=0)  # 0: no training, the encoder as built (pretrained)
     patience: int = Field(3, ge=1)
     monitor: Literal["val_auc", "val_mrr"] = "val_mrr"  # early stopping and the epoch kept
     threads: int = Field(2, ge=1)
@@ -131,6 +131,43 @@ class TrainSettings(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_pairs: int | None = Field(None, ge=1)  # train on a seeded subset of this many pairs
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
+
+
+class StudentSettings(_Section):
+    """student: a query-only encoder trained into the document encoder's space
+    (qpr.training.distill). The index keeps the document encoder's vectors; queries go
+    through the student. Off (enabled false) by default."""
+
+    enabled: bool = False
+    # static (qpr.model.static) | cnn (qpr.model.cnn on word pieces) | transformer (the
+    # document encoder's package cut to its lower `layers`, queries in int8)
+    kind: Literal["static", "cnn", "transformer"] = "static"
+    layers: int = Field(2, ge=1)  # transformer only
+    int8: bool = True  # transformer only: int8 matrix products (qpr.model.quantize)
+    channels: int = Field(384, ge=1)  # cnn: c_dim (its embedding is the teacher's width)
+    windows: tuple[int, ...] = (3,)  # cnn: convolution window(s)
+    align_weight: float = Field(1.0, ge=0.0)  # 1 - cos(student(q), document(q))
+    contrastive_weight: float = Field(1.0, ge=0.0)  # softmax over documents, τ below
+    temperature: float = Field(0.05, gt=0.0)
+    negatives: int = Field(1, ge=0)  # mined hard negatives a training pair
+    negatives_skip: int = Field(0, ge=0)  # leave out the nearest (unlabelled paraphrases)
+    negatives_window: int = Field(10, ge=1)  # draw among the next `window`
+    unlabelled: bool = True  # also align questions in no cluster (val / test: never)
+    batch_size: int = Field(256, ge=2)
+    lr: float = Field(2e-3, gt=0.0)
+    max_epochs: int = Field(10, ge=1)
+    patience: int = Field(2, ge=1)  # epochs without a better validation MRR
+    time_budget_s: float | None = Field(None, gt=0.0)
+    val_queries: int = Field(2000, ge=1)  # validation questions searched each epoch
+    probe: int = Field(32, ge=4)  # questions whose vectors the bundle checks at load
+    threads: int = Field(2, ge=1)
+
+    @field_validator("windows")
+    @classmethod
+    def _positive_windows(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(w < 1 for w in value):
+            raise ValueError(f"windows must be a non-empty list of sizes >= 1, got {value}")
+        return value
 
 
 class ExportSettings(_Section):
@@ -244,6 +281,7 @@ class Settings(_Section):
     train: TrainSettings = TrainSettings()
     export: ExportSettings = ExportSettings()
     index: IndexSettings = IndexSettings()
+    student: StudentSettings = StudentSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
     registry: RegistrySettings = RegistrySettings()
     retrain: RetrainSettings = RetrainSettings()

@@ -132,6 +132,27 @@ def test_config_round_trip_through_factory(
     assert not any(name.startswith("bert.pooler") for name in projected.state_dict())
 
 
+def test_lower_layers_alone_make_a_smaller_encoder(
+    tokenizer: WordPieceTokenizer, tmp_path: Path
+) -> None:
+    """layers=2: the packaged layers 0-1 alone (a query student's start), rebuilt from its
+    config, exported to ONNX with torch's vectors."""
+    small = TransformerEncoder(PACKAGE, normalize=True, layers=2).eval()
+    assert len(small.bert.encoder.layer) == 2 and small.config()["layers"] == 2
+    full = TransformerEncoder(PACKAGE, normalize=True).eval()
+    first = {k: v for k, v in full.state_dict().items() if ".layer.2." not in k}
+    for name, value in small.state_dict().items():
+        torch.testing.assert_close(value, first[name])
+    rebuilt = build_encoder(small.name, **small.config()).eval()
+    assert len(rebuilt.bert.encoder.layer) == 2
+    ids, _ = tokenizer.encode_batch(QUESTIONS, max_len=MAX_LEN)
+    assert not np.allclose(_embed(small, ids), _embed(full, ids), atol=1e-3)
+    path = export_onnx(small, tmp_path / "small.onnx")
+    assert parity_check(small, path, [ids])["max_abs_diff"] < 1e-4
+    with pytest.raises(ValueError, match="layers"):
+        TransformerEncoder(PACKAGE, layers=7)
+
+
 def test_missing_package_says_what_to_install() -> None:
     with pytest.raises(ModuleNotFoundError, match="transformer"):
         TransformerEncoder("no_such_model_package_qpr")

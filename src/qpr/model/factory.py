@@ -7,11 +7,16 @@ from typing import Any
 from torch import nn
 
 from qpr.model.cnn import CNNEncoder
+from qpr.model.static import StaticEncoder
 from qpr.model.transformer import TransformerEncoder
 
 # transformer.py imports `transformers` only when an encoder is built, so listing it here
 # costs nothing on the CNN path.
-ENCODERS: dict[str, type[nn.Module]] = {"cnn": CNNEncoder, "transformer": TransformerEncoder}
+ENCODERS: dict[str, type[nn.Module]] = {
+    "cnn": CNNEncoder,
+    "static": StaticEncoder,
+    "transformer": TransformerEncoder,
+}
 
 
 def build_encoder(name: str, **kwargs: Any) -> nn.Module:

@@ -59,6 +59,8 @@ class TransformerEncoder(nn.Module):
         projection_dim: width D of a linear layer after the pooling (seed 001); None keeps
             the model's hidden size (384 for all-MiniLM-L6-v2).
         normalize: L2-normalise the output, as sentence-transformers' all-MiniLM-L6-v2 does.
+        layers: keep only the first `layers` transformer layers (None: all); a smaller,
+            faster encoder started from the pretrained lower layers.
             Squared L2 distances between unit vectors are 2 - 2 cos, so FAISS's L2 index
             then ranks by cosine similarity.
 
@@ -81,6 +83,7 @@ class TransformerEncoder(nn.Module):
         *,
         projection_dim: int | None = None,
         normalize: bool = False,
+        layers: int | None = None,
     ) -> None:
         super().__init__()
         from transformers import BertModel
@@ -116,6 +119,15 @@ class TransformerEncoder(nn.Module):
                 f"{sorted(info['missing_keys'])}, mismatched {sorted(info['mismatched_keys'])}, "
                 f"unexpected {sorted(unexpected)}"
             )
+        if layers is not None:
+            # The lower layers alone (a query student): the packaged weights of layers
+            # 0..layers-1, the rest dropped.
+            if not 1 <= layers <= len(self.bert.encoder.layer):
+                raise ValueError(
+                    f"layers must be in 1..{len(self.bert.encoder.layer)}, got {layers}"
+                )
+            self.bert.encoder.layer = self.bert.encoder.layer[:layers]
+            self.bert.config.num_hidden_layers = int(layers)
         hidden = int(self.bert.config.hidden_size)
         self.projection = nn.Linear(hidden, projection_dim) if projection_dim else None
         self.output_dim = int(projection_dim) if projection_dim else hidden
@@ -125,6 +137,8 @@ class TransformerEncoder(nn.Module):
             "projection_dim": int(projection_dim) if projection_dim else None,
             "normalize": bool(normalize),
         }
+        if layers is not None:  # absent from configs saved before the option existed
+            self._config["layers"] = int(layers)
 
     def config(self) -> dict[str, Any]:
         """Constructor kwargs (JSON-friendly), saved with checkpoints:

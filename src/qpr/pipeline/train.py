@@ -105,6 +105,9 @@ def plot_history(history: pd.DataFrame, initial: dict[str, float], path: Path) -
     return path
 
 
+_HISTORY_COLUMNS = ["epoch", "train_loss", "val_auc", "val_mrr", "pairs_per_s", "train_seconds"]
+
+
 @dataclass(frozen=True)
 class TrainStageResult:
     metrics: dict[str, float | int]
@@ -174,11 +177,14 @@ def run_train(
             + (" (cut short)" if result.history[-1].get("cut_by_budget") else "")
         )
 
-    history = pd.DataFrame(result.history)
+    # train.max_epochs 0 keeps the encoder as built: an empty history, nothing trained.
+    history = pd.DataFrame(
+        result.history or None, columns=None if result.history else _HISTORY_COLUMNS
+    )
     require(
         "trained_model",
         trained_model_checks(
-            final_train_loss=float(history["train_loss"].iloc[-1]),
+            final_train_loss=float(history["train_loss"].iloc[-1]) if len(history) else 0.0,
             initial=result.initial,
             best={"val_auc": result.best_val_auc, "val_mrr": result.best_val_mrr},
             pretrained=settings.model.encoder == "transformer",
@@ -216,7 +222,7 @@ def _metrics(
         "train_clusters": result.train_classes,
         "vocab_words": vocab.num_words,
         "vocab_size": vocab.size,
-        "pairs_per_s": float(np.median(history["pairs_per_s"])),
+        "pairs_per_s": float(np.median(history["pairs_per_s"])) if len(history) else 0.0,
         "train_seconds": float(history["train_seconds"].sum()),
         "parameters": int(sum(p.numel() for p in encoder.parameters())),
     }

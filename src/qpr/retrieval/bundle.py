@@ -51,11 +51,15 @@ from qpr.artifacts import (
     INPUT_NAME,
     MAX_LEN_KEY,
     OUTPUT_NAME,
+    PROBE_COSINE_FLOOR,
+    PROBE_QUESTIONS,
     QUANTIZED_FROM,
     QUERY_ENCODER_FILE,
     QUESTIONS_FILE,
     REQUIRED_FILES,
     SEARCH_FILE,
+    STUDENT_FILE,
+    STUDENT_OF,
     VOCAB_FILE,
     VOCAB_SHA256_KEY,
     SearchConfig,
@@ -73,7 +77,7 @@ from qpr.retrieval.dense import (
     load_index,
     search,
 )
-from qpr.retrieval.encoders import embedding_dim, load_session
+from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
 from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
 from qpr.text import load_tokenizer
@@ -134,7 +138,9 @@ class QueryEncoder:
     """What turns a question into a vector: the tokenizer and the encoder that queries go
     through (`qpr.artifacts.served_query_encoder`), checked to belong together.
 
-    path: the ONNX file queries go through; int8: it is the quantised query encoder.
+    path: the ONNX file queries go through; int8: it is the quantised query encoder;
+    student: it is a query student trained into encoder.onnx's space (an asymmetric
+    bundle: the index holds encoder.onnx's vectors).
     folded: the CNN's lookup tables that replace the ONNX session, when loaded with them.
     """
 
@@ -145,6 +151,7 @@ class QueryEncoder:
     path: Path
     int8: bool = False
     folded: FoldedCNN | None = None
+    student: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ class Bundle:
         self._max_len = encoder.max_len
         self._folded = encoder.folded
         self._int8_queries = encoder.int8
+        self._student = encoder.student
         self._index = questions.index
         self._qids = questions.qids
         self._texts = questions.texts
@@ -223,6 +231,9 @@ class Bundle:
 
         A bundle with ``index/query_encoder.onnx`` encodes queries with it (int8, what its
         evaluation measured); it must have been quantised from this ``encoder.onnx``.
+        A bundle with ``student/query_encoder.onnx`` encodes queries with that query
+        student; it must have been trained against this ``encoder.onnx`` (its sha256), and
+        its vectors of its probe questions must lie near encoder.onnx's.
 
         Raises BundleError (naming the file) when a file is missing or unreadable, or the
         files do not belong together; ValueError for a bad argument.
@@ -245,8 +256,7 @@ class Bundle:
         questions = _load_questions(paths, index, config)
         if fold_encoder and not encoder.int8:
             encoder = replace(
-                encoder,
-                folded=checked_fold(paths[ENCODER_FILE], encoder.session, encoder.max_len),
+                encoder, folded=checked_fold(encoder.path, encoder.session, encoder.max_len)
             )
         if _signatures(paths.values()) != before:
             raise BundleError(f"files in {root} changed while loading; load again")
@@ -316,6 +326,12 @@ class Bundle:
         if self._folded is not None:
             return "folded"
         return "onnx-int8" if self._int8_queries else "onnx"
+
+    @property
+    def asymmetric(self) -> bool:
+        """True when queries go through a query student (student/query_encoder.onnx) and
+        the index holds the document encoder's (encoder.onnx's) vectors."""
+        return self._student
 
     @property
     def fingerprint(self) -> str:
@@ -527,8 +543,9 @@ def _bundle_files(root: Path) -> tuple[dict[Path, Path], SearchConfig]:
         paths[BM25_FILE] = root / BM25_FILE
         if not paths[BM25_FILE].is_file():
             raise BundleError(f"{config_file} fuses BM25 in, but {paths[BM25_FILE]} is missing")
-    if (root / QUERY_ENCODER_FILE).is_file():
-        paths[QUERY_ENCODER_FILE] = root / QUERY_ENCODER_FILE
+    for optional in (QUERY_ENCODER_FILE, STUDENT_FILE):
+        if (root / optional).is_file():
+            paths[optional] = root / optional
     return paths, config
 
 
@@ -540,8 +557,14 @@ def _load_encoder(paths: Mapping[Path, Path], encoder_sha256: str, threads: int)
         vocab = load_tokenizer(vocab_path)
     except VocabularyError as exc:
         raise BundleError(str(exc)) from exc
-    int8 = QUERY_ENCODER_FILE in paths
-    if int8:  # quantised from encoder.onnx, its metadata copied: open it alone
+    student = STUDENT_FILE in paths
+    int8 = QUERY_ENCODER_FILE in paths and not student
+    if student:
+        path = paths[STUDENT_FILE]
+        session, metadata, dim = _student_encoder(
+            path, paths[ENCODER_FILE], encoder_sha256, vocab, threads
+        )
+    elif int8:  # quantised from encoder.onnx, its metadata copied: open it alone
         path = paths[QUERY_ENCODER_FILE]
         session, metadata, dim = _query_encoder(path, paths[ENCODER_FILE], encoder_sha256, threads)
     else:
@@ -564,7 +587,7 @@ def _load_encoder(paths: Mapping[Path, Path], encoder_sha256: str, threads: int)
             f"{vocab_path} truncates to {vocab_max_len} word pieces but {path} was "
             f"exported with max_len {max_len}"
         )
-    return QueryEncoder(vocab, session, max_len, dim, path, int8=int8)
+    return QueryEncoder(vocab, session, max_len, dim, path, int8=int8, student=student)
 
 
 def _load_index(
@@ -643,6 +666,46 @@ def _query_encoder(
         raise BundleError(
             f"{path} was not quantised from {encoder_path}: the two files come from "
             "different runs (run the index stage again)"
+        )
+    return session, metadata, dim
+
+
+def _student_encoder(
+    path: Path,
+    encoder_path: Path,
+    encoder_sha256: str,
+    vocab: Vocabulary | WordPieceTokenizer,
+    threads: int,
+) -> tuple[ort.InferenceSession, dict[str, str], int]:
+    """`_open_encoder` for a query student, once it shows it belongs to `encoder_path`:
+    trained against that file (sha256), of its width, and its vectors of its probe
+    questions within the recorded cosine of encoder_path's."""
+    import json
+
+    session, metadata, dim = _open_encoder(path, threads, "query student")
+    if metadata.get(STUDENT_OF) != encoder_sha256:
+        raise BundleError(
+            f"{path} was trained for another document encoder than {encoder_path} "
+            f"({str(metadata.get(STUDENT_OF))[:12]}… against {encoder_sha256[:12]}…): "
+            "run the student stage again"
+        )
+    documents, _, document_dim = _open_encoder(encoder_path, 1, "encoder")
+    if document_dim != dim:
+        raise BundleError(
+            f"{path} outputs {dim} dimensions but {encoder_path} outputs {document_dim}: "
+            "queries and documents would live in different spaces"
+        )
+    try:
+        probes = json.loads(metadata[PROBE_QUESTIONS])
+        floor = float(metadata[PROBE_COSINE_FLOOR])
+        max_len = int(metadata[MAX_LEN_KEY])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise BundleError(f"{path}: no readable probe in its metadata ({exc})") from exc
+    cosine = probe_cosine(session, documents, vocab, probes, max_len=max_len)
+    if not cosine >= floor:
+        raise BundleError(
+            f"{path} encodes its {len(probes)} probe questions at mean cosine {cosine:.3f} "
+            f"to {encoder_path}'s vectors, below its floor {floor:.3f}: not a student of it"
         )
     return session, metadata, dim
 

@@ -274,6 +274,25 @@ def _flat_storage(index: faiss.Index) -> faiss.IndexFlat | None:
     return inner if isinstance(inner, faiss.IndexFlat) and inner.ntotal == index.ntotal else None
 
 
+def stored_vectors(index: faiss.Index) -> np.ndarray:
+    """float32 [ntotal, D]: the exact vectors ``index`` holds, in row order (Flat, ``…,RFlat``,
+    HNSW…,Flat, IVF…,Flat). ValueError for an index that keeps only compressed codes."""
+    flat = _flat_storage(index)
+    if flat is not None:
+        return flat.reconstruct_n(0, flat.ntotal)
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:
+        ivf = None
+    if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFFlat):
+        ivf.make_direct_map()
+        return index.reconstruct_n(0, index.ntotal)
+    raise ValueError(
+        f"{type(faiss.downcast_index(index)).__name__} keeps no exact vectors; use a factory "
+        "with exact storage (…,RFlat, Flat, HNSW…,Flat, IVF…,Flat)"
+    )
+
+
 def set_refine_k_factor(index: faiss.Index, k_factor: float) -> bool:
     """Set how many candidates per wanted result an ``...,RFlat`` index re-ranks exactly.
 

@@ -123,3 +123,20 @@ def encode_corpus(
         rate = done / max(time.perf_counter() - started, 1e-9)
         log(f"encoded {done:,} / {len(texts):,} questions ({rate:,.0f}/s)")
     return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)
+
+
+def probe_cosine(
+    query_session: ort.InferenceSession,
+    document_session: ort.InferenceSession,
+    vocab: Vocabulary | WordPieceTokenizer,
+    texts: Sequence[str],
+    *,
+    max_len: int,
+) -> float:
+    """Mean cosine between a query encoder's and a document encoder's vectors of the same
+    questions: near 1 when the query encoder was trained into the document encoder's space
+    (a query student), near 0 for an encoder of another space."""
+    queries = encode(query_session, vocab, texts, max_len=max_len)
+    documents = encode(document_session, vocab, texts, max_len=max_len)
+    norms = np.linalg.norm(queries, axis=1) * np.linalg.norm(documents, axis=1)
+    return float(np.mean(np.sum(queries * documents, axis=1) / np.clip(norms, 1e-12, None)))

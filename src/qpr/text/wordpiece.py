@@ -112,6 +112,16 @@ class WordPieceTokenizer:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     @property
+    def cls_id(self) -> int:
+        """[CLS]'s id (first in every encoded question)."""
+        return self._cls
+
+    @property
+    def sep_id(self) -> int:
+        """[SEP]'s id (last in every encoded question)."""
+        return self._sep
+
+    @property
     def num_words(self) -> int:
         """Vocabulary entries (word pieces and special tokens); equal to `size`."""
         return self.size

@@ -434,6 +434,11 @@ def _resume_or_start(run: _Run) -> _State:
         seed_everything(config.seed)
         initial = run.evaluate()
         best = {"epoch": 0, "val_auc": float("-inf"), "val_mrr": float("nan")}
+        if config.max_epochs == 0:
+            # No training asked for: the encoder as built (a pretrained one as packaged)
+            # is the model, kept as epoch 0.
+            best = {"epoch": 0, **initial}
+            _save_best(run, 0, initial)
         state = _State(epoch=0, history=[], initial=initial, best=best, bad_epochs=0)
     state.best["monitor"] = config.monitor
     return state

@@ -1,0 +1,127 @@
+"""The label audit: how far a system's Quora P@1 is from the data's own ceiling.
+
+Two steps, a person (or a reviewer) judging in between:
+
+    # 1. sample: the test queries whose served top-1 is not a labelled paraphrase
+    python benchmarks/label_audit.py sample --bundle ROW/models --clusters WORK/cluster \\
+        --out /tmp/audit/cases.jsonl
+    # 2. judge each case in judgements.csv (question_id,label,why), then report
+    python benchmarks/label_audit.py report --cases /tmp/audit/cases.jsonl \\
+        --judgements benchmarks/label_audit/judgements.csv
+
+Labels: `paraphrase` (the top-1 asks the same thing: an unlabelled true paraphrase, i.e.
+label noise), `near` (a near miss: same topic, a different or narrower question),
+`error` (a real error). The protocol is the Quora benchmark's: every test-cluster question
+queries the bundle as it is served (`Bundle.search`), itself excluded; a hit is right when
+it is in the query's cluster. The cases file holds question texts: it stays out of git (the
+data's licence); the judgements file holds ids and labels only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+LABELS = ("paraphrase", "near", "error")
+
+
+def sample(bundle_dir: Path, clusters: Path, out: Path, size: int, seed: int) -> None:
+    import pandas as pd
+
+    from qpr.retrieval.bundle import Bundle
+
+    questions = pd.read_parquet(clusters / "questions.parquet")
+    test = questions[questions["split"] == "test"]
+    members = questions[questions["cluster_id"] >= 0].groupby("cluster_id")["text"].apply(list)
+    bundle = Bundle.load(bundle_dir, threads=2)
+    wrong, total = [], 0
+    for start in range(0, len(test), 512):
+        part = test.iloc[start : start + 512]
+        results = bundle.search_batch(part["text"].tolist(), k=2)
+        for (_, row), result in zip(part.iterrows(), results, strict=True):
+            hits = [h for h in result.hits if h.question_id != row["question_id"]]
+            total += 1
+            if hits and hits[0].cluster_id != row["cluster_id"]:
+                wrong.append((row, hits[0]))
+        print(f"searched {min(start + 512, len(test)):,} / {len(test):,}", file=sys.stderr)
+    rng = np.random.default_rng(seed)
+    picked = sorted(rng.choice(len(wrong), size=min(size, len(wrong)), replace=False))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for i in picked:
+            row, hit = wrong[i]
+            paraphrases = [t for t in members[row["cluster_id"]] if t != row["text"]]
+            case = {
+                "question_id": int(row["question_id"]),
+                "query": row["text"],
+                "top1_id": int(hit.question_id),
+                "top1": hit.text,
+                "labelled_paraphrases": paraphrases[:5],
+            }
+            f.write(json.dumps(case, ensure_ascii=False) + "\n")
+    meta = {"bundle": str(bundle_dir), "queries": total, "wrong_top1": len(wrong)}
+    out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"{len(wrong):,} of {total:,} test queries wrong at top-1; {len(picked)} sampled")
+
+
+def report(cases_path: Path, judgements_path: Path, out: Path) -> None:
+    cases = [json.loads(line) for line in cases_path.read_text(encoding="utf-8").splitlines()]
+    meta = json.loads(cases_path.with_suffix(".meta.json").read_text())
+    with judgements_path.open(encoding="utf-8") as f:
+        judged = {int(r["question_id"]): r for r in csv.DictReader(f)}
+    missing = [c["question_id"] for c in cases if c["question_id"] not in judged]
+    if missing:
+        raise SystemExit(f"{len(missing)} cases not judged, e.g. {missing[:5]}")
+    bad = {r["label"] for r in judged.values()} - set(LABELS)
+    if bad:
+        raise SystemExit(f"unknown labels {sorted(bad)}; use {LABELS}")
+    counts = {
+        label: sum(judged[c["question_id"]]["label"] == label for c in cases) for label in LABELS
+    }
+    n, queries, wrong = len(cases), meta["queries"], meta["wrong_top1"]
+    p1 = 1 - wrong / queries
+    noise = counts["paraphrase"] / n
+    summary = {
+        "bundle": meta["bundle"],
+        "queries": queries,
+        "wrong_top1": wrong,
+        "p1": p1,
+        "audited": n,
+        "counts": counts,
+        "label_noise_share": noise,
+        # Wrong answers judged paraphrases, extrapolated to every wrong answer.
+        "p1_if_noise_counted_right": p1 + noise * wrong / queries,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "label_audit.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    s = sub.add_parser("sample")
+    s.add_argument("--bundle", type=Path, required=True)
+    s.add_argument("--clusters", type=Path, required=True)
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--size", type=int, default=200)
+    s.add_argument("--seed", type=int, default=13)
+    r = sub.add_parser("report")
+    r.add_argument("--cases", type=Path, required=True)
+    r.add_argument("--judgements", type=Path, required=True)
+    r.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    args = parser.parse_args()
+    if args.step == "sample":
+        sample(args.bundle, args.clusters, args.out, args.size, args.seed)
+    else:
+        report(args.cases, args.judgements, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The student stage: a query-only encoder trained into the document encoder's space.
+
+With student.enabled, it reads the vectors the index holds (row for row), the clusters
+and the tokenizer, trains a small query encoder (`student.kind`: static word-piece
+vectors, the paper's CNN on word pieces, or the document encoder's lower layers) to put
+each question where
+the document encoder put it and its paraphrase first (`qpr.training.distill`), exports it
+to ONNX and writes models/student/query_encoder.onnx. The evaluate stage, `qpr search`,
+the service and the registry then encode queries with it against the unchanged index: an
+asymmetric bundle (`qpr.artifacts`).
+
+Only training questions and questions in no cluster are aligned and serve as mined
+negatives (student.unlabelled adds those in no cluster: alignment needs no labels).
+Validation questions pick the epoch; test questions are never read. A query is a new
+question: aligning the indexed val / test questions too would flatter the figures.
+
+Gate: the student's validation MRR is no worse than where it started; ONNX Runtime gives
+torch's vectors; the probe questions' vectors lie near the document encoder's (the floor
+recorded in the file is what `Bundle.load` checks). Disabled, the stage writes
+models/student/student.json saying so and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from qpr.artifacts import (
+    MAX_LEN_KEY,
+    PROBE_COSINE_FLOOR,
+    PROBE_QUESTIONS,
+    STUDENT_FILE,
+    STUDENT_OF,
+    VOCAB_SHA256_KEY,
+)
+from qpr.config import Settings
+from qpr.io import file_sha256, write_json_atomic
+from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import load_trained_encoder, read_cluster_outputs
+from qpr.quality.checks import Check, require
+from qpr.text import load_tokenizer
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# How far below the probe's mean cosine at export a loaded bundle may measure it: ONNX
+# Runtime on another CPU rounds differently, a student of another encoder is far lower.
+PROBE_SLACK = 0.02
+STUDENT_JSON = "student.json"
+
+
+def run_student(
+    settings: Settings,
+    paths: ProjectPaths,
+    *,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The whole stage; models/student is swapped in only after the gate passed."""
+    cfg = settings.student
+    out_dir = paths.models_dir / STUDENT_FILE.parent
+    if not cfg.enabled:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+        write_json_atomic(out_dir / STUDENT_JSON, {"enabled": False})
+        log("student.enabled is false: queries go through the document encoder")
+        return {"enabled": 0}
+    from qpr.retrieval.dense import load_index, stored_vectors
+    from qpr.text.vocab import pad_sequences
+
+    started = time.perf_counter()
+    questions, pairs = read_cluster_outputs(paths)
+    vocab = load_tokenizer(paths.vocab)
+    teacher, max_len = load_trained_encoder(paths.encoder_checkpoint)
+    index = load_index(paths.index_dir / "index.faiss", nprobe=settings.index.nprobe)
+    documents = stored_vectors(index)  # what queries are searched against, row for row
+    tokens, _ = pad_sequences([vocab.encode(t) for t in questions["text"]], max_len=max_len)
+    data = _student_data(settings, index, questions, pairs, tokens, documents, log)
+    student = _build(settings, teacher, vocab, documents.shape[1], log)
+    del teacher
+    result = _train(settings, student, data, log)
+    staging = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        metrics = _export(settings, paths, student, vocab, questions, tokens, max_len, staging)
+        checks = [
+            Check(
+                "val_mrr_not_worse",
+                result.best["val_mrr"] - result.initial["val_mrr"],
+                ">=",
+                0.0,
+                f"start {result.initial['val_mrr']:.4f}, best {result.best['val_mrr']:.4f}",
+            ),
+            Check(
+                "onnx_parity", metrics["parity_max_abs_diff"], "<", settings.export.parity_tolerance
+            ),
+            Check("probe_cosine", metrics["probe_cosine"], ">=", 0.5),
+        ]
+        require("student", checks, paths.gate_reports("student"))
+    except Exception:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    metrics.update(
+        {
+            "enabled": 1,
+            "kind": cfg.kind,
+            "best_epoch": result.best_epoch,
+            "epochs": len(result.history),
+            "val_mrr": result.best["val_mrr"],
+            "val_cosine": result.best["val_cosine"],
+            "initial_val_mrr": result.initial["val_mrr"],
+            "initial_val_cosine": result.initial["val_cosine"],
+            "train_pairs": len(data.pairs),
+            "aligned_questions": len(data.align_rows),
+            "parameters": int(sum(p.numel() for p in student.parameters())),
+            "train_seconds": result.seconds,
+            "stage_seconds": time.perf_counter() - started,
+        }
+    )
+    write_json_atomic(
+        staging / STUDENT_JSON,
+        {"enabled": True, "config": cfg.model_dump(mode="json"), "history": result.history},
+    )
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    log(
+        f"student ({cfg.kind}): val MRR {result.initial['val_mrr']:.4f} → "
+        f"{result.best['val_mrr']:.4f}, probe cosine {metrics['probe_cosine']:.3f}; "
+        f"{STUDENT_FILE} {metrics['bytes'] / 1e6:.1f} MB"
+    )
+    return metrics
+
+
+def _student_data(
+    settings: Settings,
+    index: Any,
+    questions: pd.DataFrame,
+    pairs: pd.DataFrame,
+    tokens: np.ndarray,
+    documents: np.ndarray,
+    log: Callable[[str], None],
+):
+    """Rows, pairs and mined negatives as arrays (qpr.training.distill.StudentData)."""
+    from qpr.retrieval.dense import search
+    from qpr.training.distill import StudentData, pick_negatives
+
+    cfg = settings.student
+    row_of = pd.Series(np.arange(len(questions)), index=questions["question_id"].to_numpy())
+    train = pairs[pairs["split"] == "train"]
+    pair_rows = np.stack(
+        [row_of.reindex(train["q1_id"]).to_numpy(), row_of.reindex(train["q2_id"]).to_numpy()],
+        axis=1,
+    ).astype(np.int64)
+    split = questions["split"].to_numpy()
+    cluster_ids = questions["cluster_id"].to_numpy(np.int64)
+    allowed = (split == "train") | (cluster_ids < 0)
+    negatives = np.empty((len(pair_rows), 0), np.int64)
+    if cfg.negatives:
+        depth = cfg.negatives_skip + cfg.negatives_window + 20
+        _, neighbours = search(index, documents[pair_rows[:, 0]], depth)
+        negatives = pick_negatives(
+            neighbours,
+            pair_rows[:, 0],
+            cluster_ids,
+            allowed,
+            count=cfg.negatives,
+            skip=cfg.negatives_skip,
+            window=cfg.negatives_window,
+            seed=settings.seed,
+        )
+        log(f"mined {negatives.size:,} hard negatives for {len(pair_rows):,} training pairs")
+    # Validation and test questions are indexed too, but a query is a new question: the
+    # student never sees their texts, or their figures would flatter it.
+    align_rows = np.flatnonzero(allowed if cfg.unlabelled else split == "train")
+    val = np.flatnonzero(split == "val")
+    rng = np.random.default_rng(settings.seed)
+    val_rows = np.sort(rng.choice(val, size=min(cfg.val_queries, val.size), replace=False))
+    return StudentData(tokens, documents, pair_rows, negatives, align_rows, val_rows, cluster_ids)
+
+
+def _build(
+    settings: Settings, teacher: nn.Module, vocab: Any, dim: int, log: Callable[[str], None]
+):
+    """The student, its word-piece table started from the teacher's own vectors of each
+    piece when the teacher reads word pieces (a transformer), else at random."""
+    import torch
+
+    from qpr.model.cnn import CNNEncoder
+    from qpr.model.static import StaticEncoder, token_vectors
+
+    cfg = settings.student
+    torch.manual_seed(settings.seed)
+    if cfg.kind == "transformer":
+        from qpr.model.transformer import TransformerEncoder
+
+        if getattr(teacher, "name", "") != "transformer":
+            raise ValueError("student.kind transformer needs a transformer document encoder")
+        package = teacher.config()["package"]
+        return TransformerEncoder(package, normalize=True, layers=cfg.layers)
+    if cfg.kind == "static":
+        student = StaticEncoder(vocab.size, embedding_dim=dim, output_dim=dim, normalize=True)
+    else:
+        student = CNNEncoder(
+            vocab.size,
+            embedding_dim=dim,
+            windows=cfg.windows,
+            channels=cfg.channels,
+            output_dim=dim,
+            normalize=True,
+        )
+    if getattr(teacher, "name", "") == "transformer":
+        started = time.perf_counter()
+        table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+        student.embedding.weight.data.copy_(table)
+        log(
+            f"word-piece table from the teacher: {vocab.size:,} pieces in "
+            f"{time.perf_counter() - started:.0f} s"
+        )
+    return student
+
+
+def _train(settings: Settings, student: nn.Module, data: Any, log: Callable[[str], None]):
+    from qpr.model.losses.alignment import QueryAlignmentLoss
+    from qpr.training.distill import StudentConfig, train_student
+
+    cfg = settings.student
+    loss = QueryAlignmentLoss(cfg.align_weight, cfg.contrastive_weight, cfg.temperature)
+    config = StudentConfig(
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        max_epochs=cfg.max_epochs,
+        patience=cfg.patience,
+        time_budget_s=cfg.time_budget_s,
+        seed=settings.seed,
+        threads=cfg.threads,
+    )
+    return train_student(student, loss, data, config, log=log)
+
+
+def _export(
+    settings: Settings,
+    paths: ProjectPaths,
+    student: nn.Module,
+    vocab: Any,
+    questions: pd.DataFrame,
+    tokens: np.ndarray,
+    max_len: int,
+    staging: Path,
+) -> dict[str, Any]:
+    """staging/query_encoder.onnx with its metadata; parity and probe measured."""
+    from qpr.model.onnx import export_onnx, parity_check
+    from qpr.retrieval.encoders import load_session, probe_cosine
+
+    cfg = settings.student
+    val = np.flatnonzero(questions["split"].to_numpy() == "val")
+    rng = np.random.default_rng(settings.seed + 1)
+    probe_rows = np.sort(rng.choice(val, size=min(cfg.probe, val.size), replace=False))
+    probes = questions["text"].to_numpy()[probe_rows].tolist()
+    path = staging / STUDENT_FILE.name
+    int8 = cfg.kind == "transformer" and cfg.int8
+    exported = staging / "float32.onnx" if int8 else path
+    metadata = {
+        VOCAB_SHA256_KEY: vocab.checksum,
+        MAX_LEN_KEY: str(max_len),
+        STUDENT_OF: file_sha256(paths.encoder_onnx),
+        PROBE_QUESTIONS: json.dumps(probes),
+    }
+    export_onnx(student, exported, opset=settings.export.opset, metadata=metadata)
+    sample = rng.choice(val, size=min(settings.export.sample, val.size), replace=False)
+    batches = [tokens[sample[s : s + 64]] for s in range(0, sample.size, 64)]
+    parity = parity_check(student, exported, batches)
+    if int8:
+        from qpr.model.quantize import quantize_query_encoder
+
+        quantize_query_encoder(exported, path)
+    cosine = probe_cosine(
+        load_session(path), load_session(paths.encoder_onnx), vocab, probes, max_len=max_len
+    )
+    # The floor travels in the file: written once the cosine is measured on the export.
+    _set_metadata(path, {PROBE_COSINE_FLOOR: f"{cosine - PROBE_SLACK:.6f}"})
+    if int8:
+        exported.unlink()
+    return {
+        "parity_max_abs_diff": parity["max_abs_diff"],
+        "probe_cosine": cosine,
+        "probe_questions": len(probes),
+        "bytes": path.stat().st_size,
+    }
+
+
+def _set_metadata(path: Path, values: dict[str, str]) -> None:
+    """Add `values` to an ONNX file's metadata_props, in place (atomically)."""
+    import onnx
+
+    from qpr.io import atomic_path
+
+    model = onnx.load(path)
+    props = {p.key: p.value for p in model.metadata_props}
+    onnx.helper.set_model_props(model, {**props, **values})
+    with atomic_path(path) as tmp:
+        onnx.save(model, tmp)

