@@ -227,7 +227,7 @@ ROWS: dict[str, tuple] = {
     "static student of MiniLM + BM25 fusion": (
         "students",
         {},
-        {**minilm_fused(), "student": {"enabled": True, "kind": "static"}},
+        {**minilm_fused(), "student": {"enabled": True, "kind": "static", "time_budget_s": 900}},
     ),
     # MiniLM's two lower layers, fine-tuned into the 6-layer model's space, int8 queries.
     "2-layer MiniLM student of MiniLM + BM25 fusion": (
@@ -248,10 +248,46 @@ ROWS: dict[str, tuple] = {
     "CNN student of MiniLM + BM25 fusion": (
         "students",
         {},
-        {**minilm_fused(), "student": {"enabled": True, "kind": "cnn", "time_budget_s": 900}},
+        {**minilm_fused(), "student": {"enabled": True, "kind": "cnn", "time_budget_s": 600}},
     ),
+    # Each student alone (no BM25): the fused row's student, reused, not trained again.
+    **{
+        name.replace(" + BM25 fusion", " alone"): (
+            "students-alone",
+            {},
+            {
+                "model": {"encoder": "transformer", "normalize": True},
+                "index": {"encode_batch_size": 64, "lexical": {"enabled": False}},
+                "student": student,
+            },
+        )
+        for name, student in (
+            (
+                "static student of MiniLM + BM25 fusion",
+                {"enabled": True, "kind": "static", "time_budget_s": 900},
+            ),
+            (
+                "2-layer MiniLM student of MiniLM + BM25 fusion",
+                {
+                    "enabled": True,
+                    "kind": "transformer",
+                    "layers": 2,
+                    "lr": 5e-5,
+                    "batch_size": 64,
+                    "time_budget_s": 900,
+                },
+            ),
+            (
+                "CNN student of MiniLM + BM25 fusion",
+                {"enabled": True, "kind": "cnn", "time_budget_s": 600},
+            ),
+        )
+    },
 }
 TRAINED_AS = {
+    "static student of MiniLM alone": "static student of MiniLM + BM25 fusion",
+    "2-layer MiniLM student of MiniLM alone": "2-layer MiniLM student of MiniLM + BM25 fusion",
+    "CNN student of MiniLM alone": "CNN student of MiniLM + BM25 fusion",
     "static student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
     "2-layer MiniLM student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
     "CNN student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
@@ -270,7 +306,7 @@ TRAINED_AS = {
         "SDML + MiniLM prior (ε 0.5, τ 0.1), D 128"
     ),
 }
-STUDENTS = [name for name, (group, *_) in ROWS.items() if group == "students"]
+STUDENTS = [name for name, (group, *_) in ROWS.items() if group.startswith("students")]
 # Rows that measure the untrained encoder as a baseline beside their own figures.
 UNTRAINED_TOO = {"MiniLM fine-tuned, SDML"}
 # Rows with their own baselines: the off-the-shelf MiniLM is measured by the row that
@@ -370,14 +406,35 @@ def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> Non
     if source is None:
         return
     for part, marker, what in (
-        ("train", "checkpoints/last.pt", "training checkpoints"),
-        ("index", "*.npy", "index vectors"),
+        ("artifacts/train", "checkpoints/last.pt", "training checkpoints"),
+        ("artifacts/index", "vectors/*.npy", "index vectors"),
+        ("models/student", "query_encoder.onnx", "query student"),
     ):
-        src = row_dir_of(rows_dir, source) / "artifacts" / part
-        dst = row_dir_of(rows_dir, name) / "artifacts" / part
+        src = row_dir_of(rows_dir, source) / part
+        dst = row_dir_of(rows_dir, name) / part
         if any(src.glob(marker)) and not dst.exists():
             shutil.copytree(src, dst)
             log(f"{name}: {what} of {source!r} copied")
+
+
+def reused_student(settings, paths, log: Callable[[str], None]) -> dict | None:
+    """The metrics of a query student copied from the row trained like this one, when it
+    was trained with these settings for this document encoder; else None (train it)."""
+    from qpr.artifacts import STUDENT_FILE, STUDENT_OF
+    from qpr.io import file_sha256
+    from qpr.retrieval.encoders import load_session
+
+    path = paths.models_dir / STUDENT_FILE
+    if not settings.student.enabled or not path.is_file():
+        return None
+    saved = json.loads((path.parent / "student.json").read_text())
+    metadata = load_session(path).get_modelmeta().custom_metadata_map
+    if saved.get("config") != settings.student.model_dump(mode="json") or metadata.get(
+        STUDENT_OF
+    ) != file_sha256(paths.encoder_onnx):
+        return None
+    log(f"query student reused from {path} (same settings, same document encoder)")
+    return saved.get("metrics", {"enabled": 1, "kind": settings.student.kind})
 
 
 def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
@@ -455,7 +512,7 @@ def run_row(settings, row_dir: Path, cluster_dir: Path, log: Callable[[str], Non
     train_seconds = time.perf_counter() - started
     export = run_export(settings, paths, log=log)
     index = run_index(settings, paths, log=log)
-    student = run_student(settings, paths, log=log)
+    student = reused_student(settings, paths, log) or run_student(settings, paths, log=log)
     evaluation = run_evaluate(settings, paths, log=log)
     return {
         "train": train.metrics,
@@ -591,27 +648,29 @@ def students_table(results: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "Query students (`student` section of params.yaml): the index holds the document "
-        "encoder's vectors, queries go through the student. `alone`: the student's dense "
-        "ranking; `fused`: with BM25, α chosen on validation. p50 / p99: one question at a "
-        "time through the served bundle, 2 cores, 500 test questions. train min: the "
-        "student's own training (the document encoder is not trained here).",
+        "encoder's vectors (all-MiniLM-L6-v2 as packaged), queries go through the student. "
+        "Fused: BM25 fused in, α chosen on validation. p50 / p99: one question at a time "
+        "through the served bundle, 2 cores, 500 test questions. train min: the student's "
+        "own training (the document encoder is not trained here).",
         "",
-        "| row | query encoder | test P@1 alone | test P@1 fused | P@10 fused | MRR fused | "
-        "p50 ms | p99 ms | train min | query encoder MB | bundle MB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| row | queries through | BM25 | test P@1 | P@10 | MRR | p50 ms | p99 ms | "
+        "train min | query encoder MB | bundle MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in rows:
         ev, student = row["evaluate"], row.get("student", {})
-        latency = row.get("query_latency", {})
-        kind = f"{student['kind']} student" if student.get("enabled") else "the document encoder"
-        kernel = latency.get("kernel", "")
+        if "train_seconds" not in student:  # reused: the training row's figures
+            trained = results["rows"].get(TRAINED_AS.get(name, ""), {}).get("student", {})
+            student = {**trained, **student}
+        latency, sizes = row.get("query_latency", {}), row.get("sizes", {})
+        kind = f"{student['kind']} student" if student.get("enabled") else "MiniLM (6 layers)"
+        kernel = f" ({latency['kernel']})" if "kernel" in latency else ""
         lines.append(
-            f"| {name} | {kind}{f' ({kernel})' if kernel else ''} | "
-            f"{ev['fusion']['dense_test']['success_1']:.4f} | {ev['success_1']:.4f} | "
-            f"{ev['success_10']:.4f} | {ev['recip_rank']:.4f} | {latency.get('p50_ms', '')} | "
-            f"{latency.get('p99_ms', '')} | {student.get('train_seconds', 0) / 60:.1f} | "
-            f"{row.get('sizes', {}).get('query_encoder_mb', '')} | "
-            f"{row.get('sizes', {}).get('bundle_mb', '')} |"
+            f"| {name} | {kind}{kernel} | {'fused' if 'fusion' in ev else 'no'} | "
+            f"{ev['success_1']:.4f} | {ev['success_10']:.4f} | {ev['recip_rank']:.4f} | "
+            f"{latency.get('p50_ms', '')} | {latency.get('p99_ms', '')} | "
+            f"{student.get('train_seconds', 0) / 60:.1f} | "
+            f"{sizes.get('query_encoder_mb', '')} | {sizes.get('bundle_mb', '')} |"
         )
     return lines
 
@@ -676,7 +735,7 @@ def main() -> None:
     parser.add_argument(
         "--rows",
         default="main,models,eps,batch,long,transformer-fusion",
-        help="groups: main, models, eps, batch, long, transformer-fusion, students",
+        help="groups: main, models, eps, batch, long, transformer-fusion, students, students-alone",
     )
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument(
@@ -830,9 +889,12 @@ def main() -> None:
     for name in planned:
         group, train, *more = ROWS[name]
         extra = more[0] if more else {}
-        epochs = {"eps": args.sweep_epochs, "batch": args.sweep_epochs, "students": 0}.get(
-            group, args.long_epochs if group == "long" else args.max_epochs
-        )
+        epochs = {
+            "eps": args.sweep_epochs,
+            "batch": args.sweep_epochs,
+            "students": 0,
+            "students-alone": 0,
+        }.get(group, args.long_epochs if group == "long" else args.max_epochs)
         # The first row also measures the baselines: same queries, same index questions.
         baselines = ["bm25", "jaccard", "untrained"] if name == planned[0] else []
         if name in UNTRAINED_TOO:

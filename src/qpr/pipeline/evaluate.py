@@ -127,7 +127,7 @@ def _read_inputs(settings: Settings, paths: ProjectPaths, log: Callable[[str], N
     query_encoder = served_query_encoder(paths.models_dir)
     session = load_session(query_encoder, threads=settings.index.threads)
     if query_encoder != paths.encoder_onnx:
-        log(f"queries encoded by {query_encoder} (int8) against the float32 index vectors")
+        log(f"queries encoded by {query_encoder} against the index vectors of {paths.encoder_onnx}")
     max_len = onnx_max_len(session)
     bm25 = load_bm25(paths) if settings.index.lexical.enabled else None
     return _Inputs(index, ids, index_questions, questions, vocab, session, max_len, bm25)

@@ -125,7 +125,12 @@ def run_student(
     )
     write_json_atomic(
         staging / STUDENT_JSON,
-        {"enabled": True, "config": cfg.model_dump(mode="json"), "history": result.history},
+        {
+            "enabled": True,
+            "config": cfg.model_dump(mode="json"),
+            "metrics": metrics,
+            "history": result.history,
+        },
     )
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)

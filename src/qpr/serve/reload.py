@@ -101,6 +101,7 @@ class ModelInfo:
     encoder_kernel: str = (
         "onnx"  # "folded" (qpr.retrieval.folded), "onnx-int8" (qpr.model.quantize)
     )
+    query_student: bool = False  # queries through a student of the document encoder
     details: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +119,7 @@ class ModelInfo:
             "threshold": self.threshold,
             "fusion": self.fusion,
             "encoder_kernel": self.encoder_kernel,
+            "query_student": self.query_student,
             **self.details,
         }
 
@@ -343,6 +345,7 @@ class Reloader:
             threshold=bundle.threshold,
             fusion=bundle.fusion,
             encoder_kernel=bundle.encoder_kernel,
+            query_student=bundle.asymmetric,
             details=dict(candidate.details),
         )
         self._settled_token = candidate.token
