@@ -2,9 +2,10 @@
 
 Two steps, a person (or a reviewer) judging in between:
 
-    # 1. sample: the test queries whose served top-1 is not a labelled paraphrase
-    python benchmarks/label_audit.py sample --bundle ROW/models --clusters WORK/cluster \\
-        --out /tmp/audit/cases.jsonl
+    # 1. sample: the test queries whose top-1 is not a labelled paraphrase, from the run
+    #    file the evaluate stage wrote (what it measured)
+    python benchmarks/label_audit.py sample --run ROW/reports/evaluate/test.model.run \\
+        --clusters WORK/cluster --out /tmp/audit/cases.jsonl
     # 2. judge each case in judgements.csv (question_id,label,why), then report
     python benchmarks/label_audit.py report --cases /tmp/audit/cases.jsonl \\
         --judgements benchmarks/label_audit/judgements.csv
@@ -12,9 +13,9 @@ Two steps, a person (or a reviewer) judging in between:
 Labels: `paraphrase` (the top-1 asks the same thing: an unlabelled true paraphrase, i.e.
 label noise), `near` (a near miss: same topic, a different or narrower question),
 `error` (a real error). The protocol is the Quora benchmark's: every test-cluster question
-queries the bundle as it is served (`Bundle.search`), itself excluded; a hit is right when
-it is in the query's cluster. The cases file holds question texts: it stays out of git (the
-data's licence); the judgements file holds ids and labels only.
+is a query, itself excluded; a hit is right when it is in the query's cluster. The cases
+file holds question texts: it stays out of git (no data in git); the judgements file
+holds ids and labels only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,43 +31,39 @@ REPO = Path(__file__).resolve().parents[1]
 LABELS = ("paraphrase", "near", "error")
 
 
-def sample(bundle_dir: Path, clusters: Path, out: Path, size: int, seed: int) -> None:
+def sample(run: Path, clusters: Path, out: Path, size: int, seed: int) -> None:
+    """The queries of a TREC run file (what the evaluate stage measured, e.g.
+    reports/evaluate/test.model.run) whose rank-1 document is not in their cluster."""
     import pandas as pd
 
-    from qpr.retrieval.bundle import Bundle
-
     questions = pd.read_parquet(clusters / "questions.parquet")
-    test = questions[questions["split"] == "test"]
+    text = questions.set_index("question_id")["text"]
+    cluster = questions.set_index("question_id")["cluster_id"]
     members = questions[questions["cluster_id"] >= 0].groupby("cluster_id")["text"].apply(list)
-    bundle = Bundle.load(bundle_dir, threads=2)
-    wrong, total = [], 0
-    for start in range(0, len(test), 512):
-        part = test.iloc[start : start + 512]
-        results = bundle.search_batch(part["text"].tolist(), k=2)
-        for (_, row), result in zip(part.iterrows(), results, strict=True):
-            hits = [h for h in result.hits if h.question_id != row["question_id"]]
-            total += 1
-            if hits and hits[0].cluster_id != row["cluster_id"]:
-                wrong.append((row, hits[0]))
-        print(f"searched {min(start + 512, len(test)):,} / {len(test):,}", file=sys.stderr)
+    top1: dict[int, int] = {}
+    for line in run.read_text().splitlines():
+        qid, _, doc, rank, *_ = line.split()
+        if rank == "1":
+            top1[int(qid)] = int(doc)
+    wrong = sorted(q for q, d in top1.items() if cluster[d] != cluster[q])
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(wrong), size=min(size, len(wrong)), replace=False))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for i in picked:
-            row, hit = wrong[i]
-            paraphrases = [t for t in members[row["cluster_id"]] if t != row["text"]]
+            q = wrong[i]
+            paraphrases = [t for t in members[cluster[q]] if t != text[q]]
             case = {
-                "question_id": int(row["question_id"]),
-                "query": row["text"],
-                "top1_id": int(hit.question_id),
-                "top1": hit.text,
+                "question_id": q,
+                "query": text[q],
+                "top1_id": top1[q],
+                "top1": text[top1[q]],
                 "labelled_paraphrases": paraphrases[:5],
             }
             f.write(json.dumps(case, ensure_ascii=False) + "\n")
-    meta = {"bundle": str(bundle_dir), "queries": total, "wrong_top1": len(wrong)}
+    meta = {"run": str(run), "queries": len(top1), "wrong_top1": len(wrong)}
     out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"{len(wrong):,} of {total:,} test queries wrong at top-1; {len(picked)} sampled")
+    print(f"{len(wrong):,} of {len(top1):,} test queries wrong at top-1; {len(picked)} sampled")
 
 
 def report(cases_path: Path, judgements_path: Path, out: Path) -> None:
@@ -88,7 +84,7 @@ def report(cases_path: Path, judgements_path: Path, out: Path) -> None:
     p1 = 1 - wrong / queries
     noise = counts["paraphrase"] / n
     summary = {
-        "bundle": meta["bundle"],
+        "run": meta["run"],
         "queries": queries,
         "wrong_top1": wrong,
         "p1": p1,
@@ -107,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
     s = sub.add_parser("sample")
-    s.add_argument("--bundle", type=Path, required=True)
+    s.add_argument("--run", type=Path, required=True, help="a TREC run file (test split)")
     s.add_argument("--clusters", type=Path, required=True)
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--size", type=int, default=200)
@@ -118,7 +114,7 @@ def main() -> None:
     r.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     args = parser.parse_args()
     if args.step == "sample":
-        sample(args.bundle, args.clusters, args.out, args.size, args.seed)
+        sample(args.run, args.clusters, args.out, args.size, args.seed)
     else:
         report(args.cases, args.judgements, args.out)
 
