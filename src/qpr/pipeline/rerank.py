@@ -53,6 +53,7 @@ def run_rerank(
         log(f"rerank.enabled is false: no re-ranker trained; {out} says so")
         return {"enabled": 0}
     from qpr.text.wordpiece import WordPieceTokenizer
+    from qpr.training.embed import torch_threads
     from qpr.training.rerank_data import GroupSpec, rerank_groups
     from qpr.training.rerank_loop import RerankTrainConfig, train_reranker
 
@@ -85,7 +86,10 @@ def run_rerank(
     model, trained = train_reranker(
         config, groups, tokenizer, work_dir=paths.rerank_train_dir, log=log
     )
-    exported = export_reranker(model, tokenizer, checks, settings, paths, log=log)
+    # The parity check runs torch too: on rerank.threads, as the training did (on 2 shared
+    # cores 2 threads trained 5x slower than 1).
+    with torch_threads(rerank.threads):
+        exported = export_reranker(model, tokenizer, checks, settings, paths, log=log)
     return {"enabled": 1, "train_groups": len(groups), **_prefixed(trained), **exported}
 
 
