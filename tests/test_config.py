@@ -73,3 +73,12 @@ def test_scale_and_mined_negatives_only_with_plain_sdml() -> None:
         {"train": {"scale": 10.0, "smoothing": 0.0, "hard_negatives": {"mine": True}}}
     )
     assert ok.train.scale == 10.0 and ok.train.hard_negatives.window == 10
+
+
+def test_rerank_is_off_by_default_and_checked() -> None:
+    settings = load_settings(Path(__file__).resolve().parents[1] / "params.yaml")
+    assert not settings.rerank.enabled and settings.rerank.top >= 1
+    assert settings_from_dict({}).rerank == settings.rerank  # params.yaml = the defaults
+    for key, value in (("top", 0), ("negatives", 0), ("lr", 0.0), ("int8_max_accuracy_drop", 2)):
+        with pytest.raises(SettingsError, match=f"rerank.{key}"):
+            settings_from_dict({"rerank": {key: value}})

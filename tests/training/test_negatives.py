@@ -63,3 +63,42 @@ def test_bad_inputs_say_what_is_wrong() -> None:
     lonely = np.zeros(8, dtype=np.int64)  # one cluster: no negative anywhere
     with pytest.raises(ValueError, match="another cluster"):
         mine_hard_negatives(VECTORS, np.array([0]), lonely, EVERY, MiningConfig(window=2))
+
+
+def test_lexical_negatives_come_from_the_retrieved_window_of_other_clusters() -> None:
+    from qpr.training.negatives import lexical_negatives
+
+    cluster_ids = np.array([0, 0, 1, 2, 3, -1, 4, 5, 6, 7])
+    eligible = np.array([True, True, True, False, True, True, True, True, True, True])
+    # anchor 0 (cluster 0): row 1 shares its cluster, row 3 is a validation question
+    candidates = np.array([[1, 3, 2, 5, 4, 6, -1, -1], [0, 2, 4, -1, -1, -1, -1, -1]])
+    for seed in range(20):
+        rows = lexical_negatives(
+            candidates,
+            np.array([0, 1]),
+            cluster_ids,
+            eligible,
+            count=2,
+            window=3,
+            seed=seed,
+        )
+        assert rows.shape == (2, 2) and rows.dtype == np.int64
+        assert set(rows[0]) <= {2, 5, 4}  # the first 3 usable ranks: not 1 (cluster), not 3
+        assert len(set(rows[0])) == 2
+        assert set(rows[1]) <= {0, 4} and len(set(rows[1])) == 2  # 2 is anchor 1's cluster
+
+
+def test_lexical_negatives_fill_from_random_rows_when_too_few_are_retrieved() -> None:
+    from qpr.training.negatives import lexical_negatives
+
+    cluster_ids = np.arange(6)
+    eligible = np.array([True, True, True, True, False, True])
+    rows = lexical_negatives(
+        np.array([[1, -1, -1]]), np.array([0]), cluster_ids, eligible, count=3, window=5, seed=0
+    )
+    assert rows[0, 0] == 1 and len(set(rows[0])) == 3
+    assert not {0, 4} & set(rows[0].tolist())  # never the anchor's cluster, never ineligible
+    with pytest.raises(ValueError, match="too few"):
+        lexical_negatives(
+            np.array([[-1]]), np.array([0]), cluster_ids, eligible, count=5, window=5, seed=0
+        )

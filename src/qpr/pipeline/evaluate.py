@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from qpr.artifacts import SearchConfig, served_query_encoder
+from qpr.artifacts import RERANK_MODEL_FILE, SearchConfig, served_query_encoder
 from qpr.config import Settings
 from qpr.evaluation.baselines import run_baselines, untrained_description
 from qpr.evaluation.fusion_tuning import (
@@ -102,12 +102,16 @@ def write_search_config(
             "fused_ef_search": fusion.get("ef_search"),
         }
     )
+    # The re-ranker is served when the rerank stage trained one; the figures here are the
+    # first stage's (benchmarks/rerank.py measures the re-ranked path).
+    trained = (paths.models_dir / RERANK_MODEL_FILE).is_file()
     return SearchConfig(
         threshold=threshold,
         target_precision=settings.evaluate.target_precision,
         val_answered_share=val_share,
         nprobe=settings.index.nprobe,
         ef_search=settings.index.ef_search,
+        rerank_top=settings.rerank.top if settings.rerank.enabled and trained else None,
         **fused,
     ).write(paths.models_dir)
 

@@ -57,6 +57,8 @@ from qpr.artifacts import (
     QUERY_ENCODER_FILE,
     QUESTIONS_FILE,
     REQUIRED_FILES,
+    RERANK_CONFIG_FILE,
+    RERANK_FILES,
     SEARCH_FILE,
     STUDENT_FILE,
     STUDENT_OF,
@@ -80,6 +82,7 @@ from qpr.retrieval.dense import (
 from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
 from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
+from qpr.retrieval.reranker import Reranker, RerankerError
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -180,8 +183,10 @@ class Bundle:
         questions: IndexedQuestions,
         config: SearchConfig,
         fingerprint: str,
+        reranker: Reranker | None = None,
     ) -> None:
         self._models_dir = models_dir
+        self._reranker = reranker
         self._config = config
         self._fingerprint = fingerprint
         # Unpacked once: the search path reads plain attributes.
@@ -234,6 +239,8 @@ class Bundle:
         A bundle with ``student/query_encoder.onnx`` encodes queries with that query
         student; it must have been trained against this ``encoder.onnx`` (its sha256), and
         its vectors of its probe questions must lie near encoder.onnx's.
+        A search config with ``rerank_top`` loads the cross-encoder of ``rerank/``
+        (`qpr.retrieval.reranker`); its files then count in the fingerprint.
 
         Raises BundleError (naming the file) when a file is missing or unreadable, or the
         files do not belong together; ValueError for a bad argument.
@@ -241,6 +248,7 @@ class Bundle:
         _check_arguments(threads, nprobe, ef_search)
         root = Path(models_dir)
         paths, config = _bundle_files(root)
+        paths |= _rerank_files(root, config)
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
@@ -254,6 +262,7 @@ class Bundle:
             ef_search=served_ef_search if ef_search is None else ef_search,
         )
         questions = _load_questions(paths, index, config)
+        reranker = _load_reranker(root, config, threads)
         if fold_encoder and not encoder.int8:
             encoder = replace(
                 encoder, folded=checked_fold(encoder.path, encoder.session, encoder.max_len)
@@ -266,6 +275,7 @@ class Bundle:
             questions=questions,
             config=config,
             fingerprint=_fingerprint(digests),
+            reranker=reranker,
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -336,8 +346,8 @@ class Bundle:
     @property
     def fingerprint(self) -> str:
         """sha256 over the bundle's files (six, `qpr.artifacts.REQUIRED_FILES`; one more with
-        BM25, one more with an int8 query encoder): each file's path and sha256, in a fixed
-        order.
+        BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks):
+        each file's path and sha256, in a fixed order.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
@@ -369,7 +379,24 @@ class Bundle:
 
         Results are those of `search` on each question (the encoder is padding-invariant,
         so batching changes speed, not vectors). ValueError names the first bad question.
+        With a re-ranker (``rerank_top`` N) the first stage finds max(k, N) hits, the
+        cross-encoder re-orders the first N of each, and the first k are kept.
         """
+        if self._reranker is None or self._config.rerank_top is None:
+            return self._first_stage(questions, k, threshold)
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        top = self._config.rerank_top
+        limit = self._threshold if threshold is None else float(threshold)
+        return [
+            _reranked(result, self._reranker.rerank(result.query, result.hits, top)[:k], limit)
+            for result in self._first_stage(questions, max(k, top), threshold)
+        ]
+
+    def _first_stage(
+        self, questions: Sequence[str], k: int, threshold: float | None
+    ) -> list[SearchResult]:
+        """The dense (or fused) search of `search_batch`, before any re-ranking."""
         if isinstance(questions, str):
             # A str is a Sequence[str] of characters: almost certainly a caller's mistake.
             raise TypeError("search_batch takes a sequence of questions, not one string")
@@ -512,6 +539,12 @@ class Bundle:
         return SearchResult(query=query, hits=hits, answered=answered)
 
 
+def _reranked(result: SearchResult, hits: list[Hit], limit: float | None) -> SearchResult:
+    """`result` with re-ranked hits; answered judges the new first hit's distance."""
+    answered = bool(hits) and (limit is None or hits[0].distance <= limit)
+    return SearchResult(query=result.query, hits=hits, answered=answered)
+
+
 # ---------------------------------------------------------------- loading helpers
 
 
@@ -547,6 +580,28 @@ def _bundle_files(root: Path) -> tuple[dict[Path, Path], SearchConfig]:
         if (root / optional).is_file():
             paths[optional] = root / optional
     return paths, config
+
+
+def _rerank_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
+    """The re-ranker's files when the config re-ranks (hashed into the fingerprint), or
+    BundleError naming the missing folder."""
+    if config.rerank_top is None:
+        return {}
+    if not (root / RERANK_CONFIG_FILE).is_file():
+        raise BundleError(
+            f"{search_config_file(root)} re-ranks the top {config.rerank_top}, but "
+            f"{root / RERANK_CONFIG_FILE} is missing (the rerank stage writes it)"
+        )
+    return {rel: root / rel for rel in RERANK_FILES if (root / rel).is_file()}
+
+
+def _load_reranker(root: Path, config: SearchConfig, threads: int) -> Reranker | None:
+    if config.rerank_top is None:
+        return None
+    try:
+        return Reranker.load(root, threads=threads)
+    except RerankerError as exc:
+        raise BundleError(str(exc)) from exc
 
 
 def _load_encoder(paths: Mapping[Path, Path], encoder_sha256: str, threads: int) -> QueryEncoder:

@@ -148,6 +148,36 @@ class WordPieceTokenizer:
         encodings = self._tokenizer.encode_batch(list(texts)) if len(texts) else []
         return pad_sequences([self._finish(e.ids, limit) for e in encodings], max_len=limit)
 
+    def encode_pairs(
+        self, a_texts: Sequence[str], b_texts: Sequence[str], *, max_len: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(token_ids int64 [B, L], token_type_ids int64 [B, L]) of text pairs as
+        ``[CLS] a [SEP] b [SEP]`` (types 0 up to the first [SEP], 1 after it), right-padded
+        with 0 to the longest row (L >= 1), for a cross-encoder.
+
+        Each row is at most min(max_len, self.max_len) ids: the longer side loses its last
+        word pieces first, as the tokenizers library's ``longest_first`` truncation does
+        (`_longest_first`), so a short question keeps all of itself beside a long one. The
+        word pieces are those `encode` gives each text between its [CLS] and [SEP].
+        """
+        if len(a_texts) != len(b_texts):
+            raise ValueError(f"need as many a as b texts, got {len(a_texts)} and {len(b_texts)}")
+        limit = min(max_len, self.max_len)
+        if limit < 3:
+            raise ValueError(f"max_len must be >= 3 ([CLS] and two [SEP]), got {max_len}")
+        rows = len(a_texts)
+        if not rows:
+            return np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int64)
+        pieces = self._tokenizer.encode_batch([*a_texts, *b_texts], add_special_tokens=False)
+        token_rows, type_rows = [], []
+        for a, b in zip(pieces[:rows], pieces[rows:], strict=True):
+            keep_a, keep_b = _longest_first(len(a.ids), len(b.ids), limit - 3)
+            token_rows.append([self._cls, *a.ids[:keep_a], self._sep, *b.ids[:keep_b], self._sep])
+            type_rows.append([0] * (keep_a + 2) + [1] * (keep_b + 1))
+        token_ids, _ = pad_sequences(token_rows, max_len=limit)
+        type_ids, _ = pad_sequences(type_rows, max_len=limit)
+        return token_ids, type_ids
+
     # -- persistence ----------------------------------------------------------------------
 
     def _payload(self) -> dict[str, Any]:
@@ -219,3 +249,18 @@ class WordPieceTokenizer:
             f"WordPieceTokenizer(source={self.source!r}, size={self.size}, "
             f"max_len={self.max_len}, checksum={self._checksum[:12]})"
         )
+
+
+def _longest_first(a: int, b: int, room: int) -> tuple[int, int]:
+    """Word pieces kept of each side when the pair may hold `room`, as the tokenizers
+    library's ``longest_first`` strategy keeps them: the shorter side whole when the longer
+    one can give up enough, else half the room each, an odd piece to the longer side (the
+    second on a tie)."""
+    if a + b <= room:
+        return a, b
+    short = min(a, b)
+    if 2 * short <= room:
+        kept_short, kept_long = short, room - short
+    else:
+        kept_short, kept_long = room // 2, room - room // 2
+    return (kept_short, kept_long) if a <= b else (kept_long, kept_short)

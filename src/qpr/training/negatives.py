@@ -227,3 +227,56 @@ def _pool_vectors(
         info = {"vocab": vocab.checksum, "max_len": config.max_len, "questions": len(pool)}
         cache.put(key, vectors, info)
     return vectors
+
+
+def lexical_negatives(
+    candidates: np.ndarray,
+    anchor_clusters: np.ndarray,
+    cluster_ids: np.ndarray,
+    eligible: np.ndarray,
+    *,
+    count: int,
+    window: int,
+    seed: int,
+) -> np.ndarray:
+    """Rows of `count` hard negatives per anchor, int64 [P, count], for a re-ranker.
+
+    candidates: int [P, C], each anchor's retrieved rows best first (e.g. BM25's top C
+    over the pool; -1 = empty slot); anchor_clusters: int [P]; cluster_ids: int [Q], each
+    pool row's cluster (-1: in no cluster, never the anchor's); eligible: bool [Q], the
+    rows a negative may be (training and unclustered questions, never validation or test
+    ones). The negatives are drawn without replacement among the first `window`
+    candidates that are eligible and of another cluster (the nearest one is often an
+    unlabelled paraphrase, so not always the first); where fewer exist, the rest are
+    random eligible rows of other clusters.
+    """
+    candidates = np.asarray(candidates, np.int64)
+    anchor_clusters = np.asarray(anchor_clusters, np.int64)
+    cluster_ids = np.asarray(cluster_ids, np.int64)
+    eligible = np.asarray(eligible, bool)
+    if candidates.ndim != 2 or anchor_clusters.shape != (candidates.shape[0],):
+        raise ValueError(
+            f"need candidates [P, C] and anchor_clusters [P], got {candidates.shape}, "
+            f"{anchor_clusters.shape}"
+        )
+    if eligible.shape != cluster_ids.shape:
+        raise ValueError(f"eligible {eligible.shape} and cluster_ids {cluster_ids.shape} differ")
+    if count < 1 or window < 1:
+        raise ValueError(f"need count >= 1 and window >= 1, got {count}, {window}")
+    pool = np.flatnonzero(eligible)
+    rng = np.random.default_rng(seed)
+    out = np.empty((candidates.shape[0], count), np.int64)
+    valid = candidates >= 0
+    safe = np.where(valid, candidates, 0)
+    usable = valid & eligible[safe] & (cluster_ids[safe] != anchor_clusters[:, None])
+    for i in range(candidates.shape[0]):
+        ranked = candidates[i, usable[i]][:window]
+        picked = rng.choice(ranked, size=min(count, ranked.size), replace=False)
+        if picked.size < count:  # too few retrieved: random rows of other clusters
+            others = pool[(cluster_ids[pool] != anchor_clusters[i]) & ~np.isin(pool, picked)]
+            if others.size < count - picked.size:
+                raise ValueError(f"anchor {i} has too few eligible questions of other clusters")
+            extra = rng.choice(others, size=count - picked.size, replace=False)
+            picked = np.concatenate([picked, extra])
+        out[i] = picked
+    return out
