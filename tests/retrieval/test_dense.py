@@ -489,3 +489,30 @@ def test_training_points_keep_small_corpora_whole_and_bound_large_ones() -> None
     assert training_points(10_000_000, 16_384) == 39 * 16_384  # the floor FAISS warns under
     assert training_points(1_000_000, 4096) == 2**31 // 4096
     assert training_points(10_000_000, 16) == 256 * 16  # FAISS's own subsample
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ4x4fs,RFlat", "HNSW8,Flat", "IVF4,Flat"])
+def test_stored_vectors_are_the_added_ones_in_row_order(factory: str) -> None:
+    import faiss
+
+    from qpr.retrieval.dense import stored_vectors
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(300, 8)).astype(np.float32)
+    index = faiss.index_factory(8, factory)
+    index.train(vectors)
+    index.add(vectors)
+    np.testing.assert_array_equal(stored_vectors(index), vectors)
+
+
+def test_stored_vectors_refuse_an_index_of_codes_only() -> None:
+    import faiss
+
+    from qpr.retrieval.dense import stored_vectors
+
+    vectors = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    index = faiss.index_factory(8, "IVF4,PQ4x4fs")
+    index.train(vectors)
+    index.add(vectors)
+    with pytest.raises(ValueError, match="no exact vectors"):
+        stored_vectors(index)
