@@ -874,6 +874,7 @@ def main() -> None:
         results["planned"] = list(dict.fromkeys([*results["planned"], *added]))
         log(f"merged {len(added)} rows from {other}: {', '.join(added) or 'none new'}")
     if args.merge:
+        results["written"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
         write_outputs(args.out, results, protocol)
         return  # merging only rewrites the outputs; run rows in a call without --merge
     import pandas as pd
