@@ -83,6 +83,19 @@ MINILM_MINED = {**MINILM_FINE_TUNE, "hard_negatives": {"mine": True, "skip": 0, 
 MINILM_MINED_60K = {**MINILM_MINED, "time_budget_s": 3000, "max_pairs": 60_000}
 
 
+# Query students of the packaged MiniLM (the `student` section), each with a time budget.
+STUDENT_STATIC = {"enabled": True, "kind": "static", "time_budget_s": 900}
+STUDENT_CNN = {"enabled": True, "kind": "cnn", "time_budget_s": 600}
+STUDENT_2L = {
+    "enabled": True,
+    "kind": "transformer",
+    "layers": 2,
+    "lr": 5e-5,
+    "batch_size": 64,
+    "time_budget_s": 900,
+}
+
+
 def minilm_fused(int8_queries: bool = False) -> dict[str, dict[str, Any]]:
     """The other sections' overrides of a MiniLM row with BM25 fused in (unit vectors,
     ONNX batches of 64), queries encoded in int8 or float32."""
@@ -227,7 +240,7 @@ ROWS: dict[str, tuple] = {
     "static student of MiniLM + BM25 fusion": (
         "students",
         {},
-        {**minilm_fused(), "student": {"enabled": True, "kind": "static", "time_budget_s": 900}},
+        {**minilm_fused(), "student": STUDENT_STATIC},
     ),
     # MiniLM's two lower layers, fine-tuned into the 6-layer model's space, int8 queries.
     "2-layer MiniLM student of MiniLM + BM25 fusion": (
@@ -235,20 +248,13 @@ ROWS: dict[str, tuple] = {
         {},
         {
             **minilm_fused(),
-            "student": {
-                "enabled": True,
-                "kind": "transformer",
-                "layers": 2,
-                "lr": 5e-5,
-                "batch_size": 64,
-                "time_budget_s": 900,
-            },
+            "student": STUDENT_2L,
         },
     ),
     "CNN student of MiniLM + BM25 fusion": (
         "students",
         {},
-        {**minilm_fused(), "student": {"enabled": True, "kind": "cnn", "time_budget_s": 600}},
+        {**minilm_fused(), "student": STUDENT_CNN},
     ),
     # Each student alone (no BM25): the fused row's student, reused, not trained again.
     **{
@@ -262,25 +268,9 @@ ROWS: dict[str, tuple] = {
             },
         )
         for name, student in (
-            (
-                "static student of MiniLM + BM25 fusion",
-                {"enabled": True, "kind": "static", "time_budget_s": 900},
-            ),
-            (
-                "2-layer MiniLM student of MiniLM + BM25 fusion",
-                {
-                    "enabled": True,
-                    "kind": "transformer",
-                    "layers": 2,
-                    "lr": 5e-5,
-                    "batch_size": 64,
-                    "time_budget_s": 900,
-                },
-            ),
-            (
-                "CNN student of MiniLM + BM25 fusion",
-                {"enabled": True, "kind": "cnn", "time_budget_s": 600},
-            ),
+            ("static student of MiniLM + BM25 fusion", STUDENT_STATIC),
+            ("2-layer MiniLM student of MiniLM + BM25 fusion", STUDENT_2L),
+            ("CNN student of MiniLM + BM25 fusion", STUDENT_CNN),
         )
     },
 }

@@ -28,42 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from qpr.text.pretrained import DEFAULT_PACKAGE, package_model_dir
+from qpr.model.transformer import load_bert
+from qpr.text.pretrained import DEFAULT_PACKAGE
 
 PAD_ID = 0  # BERT's [PAD]
-
-
-def load_bert(package: str, *, pooler: bool) -> nn.Module:
-    """The packaged BertModel, quietly, refusing a checkpoint with missing or mismatched
-    weights (transformers would start those at random and only log it)."""
-    from transformers import BertModel
-    from transformers.utils import logging as hf_logging
-
-    model_dir = package_model_dir(package)
-    # Its per-tensor progress bar and load report would fill every training log.
-    bar_was_enabled = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        bert, info = BertModel.from_pretrained(
-            str(model_dir),
-            local_files_only=True,
-            add_pooling_layer=pooler,
-            output_loading_info=True,
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar_was_enabled:
-            hf_logging.enable_progress_bar()
-    unexpected = {k for k in info["unexpected_keys"] if pooler or not k.startswith("pooler.")}
-    if info["missing_keys"] or info["mismatched_keys"] or unexpected:
-        raise ValueError(
-            f"{model_dir} does not hold a complete BertModel: missing "
-            f"{sorted(info['missing_keys'])}, mismatched {sorted(info['mismatched_keys'])}, "
-            f"unexpected {sorted(unexpected)}"
-        )
-    return bert
 
 
 class CrossEncoder(nn.Module):

@@ -50,6 +50,39 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return summed / counts
 
 
+def load_bert(package: str, *, pooler: bool) -> nn.Module:
+    """The packaged BertModel, quietly, refusing a checkpoint with missing or mismatched
+    weights (transformers would start those at random and only log it)."""
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
+    model_dir = package_model_dir(package)
+    # Its per-tensor progress bar and load report would fill every training log.
+    bar_was_enabled = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        bert, info = BertModel.from_pretrained(
+            str(model_dir),
+            local_files_only=True,
+            add_pooling_layer=pooler,
+            output_loading_info=True,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar_was_enabled:
+            hf_logging.enable_progress_bar()
+    unexpected = {k for k in info["unexpected_keys"] if pooler or not k.startswith("pooler.")}
+    if info["missing_keys"] or info["mismatched_keys"] or unexpected:
+        raise ValueError(
+            f"{model_dir} does not hold a complete BertModel: missing "
+            f"{sorted(info['missing_keys'])}, mismatched {sorted(info['mismatched_keys'])}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    return bert
+
+
 class TransformerEncoder(nn.Module):
     """φ: LongTensor[B, L] of word-piece ids (0 = [PAD]) → FloatTensor[B, output_dim].
 
@@ -86,39 +119,11 @@ class TransformerEncoder(nn.Module):
         layers: int | None = None,
     ) -> None:
         super().__init__()
-        from transformers import BertModel
-        from transformers.utils import logging as hf_logging
-
         if projection_dim is not None and projection_dim < 1:
             raise ValueError(f"projection_dim must be >= 1 or None, got {projection_dim}")
-        model_dir = package_model_dir(package)
-        # transformers' per-tensor progress bar and its load report (which lists the
-        # pooler weights left out on purpose) would fill every training log; a real
-        # problem (a missing weight) is checked below instead.
-        bar_was_enabled = hf_logging.is_progress_bar_enabled()
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-        try:
-            # No pooler: sentence embeddings are mean-pooled, the [CLS] pooler would be
-            # dead weight without gradients in every checkpoint.
-            self.bert, info = BertModel.from_pretrained(
-                str(model_dir),
-                local_files_only=True,
-                add_pooling_layer=False,
-                output_loading_info=True,
-            )
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bar_was_enabled:
-                hf_logging.enable_progress_bar()
-        unexpected = {k for k in info["unexpected_keys"] if not k.startswith("pooler.")}
-        if info["missing_keys"] or info["mismatched_keys"] or unexpected:
-            raise ValueError(
-                f"{model_dir} does not hold a complete BertModel: missing "
-                f"{sorted(info['missing_keys'])}, mismatched {sorted(info['mismatched_keys'])}, "
-                f"unexpected {sorted(unexpected)}"
-            )
+        # No pooler: sentence embeddings are mean-pooled, the [CLS] pooler would be dead
+        # weight without gradients in every checkpoint.
+        self.bert = load_bert(package, pooler=False)
         if layers is not None:
             # The lower layers alone (a query student): the packaged weights of layers
             # 0..layers-1, the rest dropped.
