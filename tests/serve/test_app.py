@@ -268,6 +268,12 @@ def test_bad_search_requests(client, payload, status, code, words) -> None:
         (b'{"question": "hi", "threshold": NaN}', {}, 400, "invalid_json", ["NaN"]),
         (b'{"question": "hi", "threshold": Infinity}', {}, 400, "invalid_json", []),
         (b"", {}, 400, "empty_body", ["empty"]),
+        # Nested past the parser's recursion limit in 2 KB: refused, not a 500.
+        (b"[" * 1000 + b"]" * 1000, {}, 400, "invalid_json", ["nested"]),
+        (b'{"question": ' + b"[" * 3000 + b"]" * 3000 + b"}", {}, 400, "invalid_json", []),
+        # A lone surrogate is valid JSON but no Unicode text: refused before any search.
+        (b'{"question": "caf\\ud800 au lait"}', {}, 400, "invalid_unicode", ["surrogate"]),
+        (b'{"questions": ["ok", "\\udfff"]}', {}, 400, "invalid_unicode", []),
         (b"question=hi", {"content-type": "application/x-www-form-urlencoded"}, 415, "", []),
     ],
 )

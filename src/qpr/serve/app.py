@@ -275,6 +275,20 @@ def _parse(body: bytes, headers: Any, model: type[BaseModel], example: str) -> A
         payload = json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # A few KB of brackets reach the parser's recursion limit; no request nests deeper
+        # than 2 levels.
+        raise ApiError(400, "invalid_json", "the body is nested too deeply") from None
+    try:
+        # "\ud800" is valid JSON but no Unicode text: it would fail later, when the
+        # response (which echoes the question) is encoded.
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            400,
+            "invalid_unicode",
+            f"the body holds a lone surrogate ({exc.object[exc.start : exc.end]!a}): send text",
+        ) from None
     if not isinstance(payload, dict):
         raise ApiError(
             422,
