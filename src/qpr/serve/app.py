@@ -54,6 +54,7 @@ import qpr
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
+from qpr.serve.redact import RedactingFilter, redact, redact_tree
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
@@ -61,6 +62,10 @@ from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
 __all__ = ["ApiError", "create_app", "source_from_settings"]
 
 log = logging.getLogger("qpr.serve")
+# Every module of the service logs here: credentials in a message or traceback are masked
+# before any handler writes them (qpr.serve.redact).
+if not any(isinstance(f, RedactingFilter) for f in log.filters):
+    log.addFilter(RedactingFilter())
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -628,7 +633,7 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
                 if reloader.last_refusal is not None
                 else reloader.last_error or "loading"
             )
-            return _respond({"status": "not ready", "reason": reason}, status=503)
+            return _respond({"status": "not ready", "reason": redact(reason)}, status=503)
         return _respond({"status": "ready", "model": _model_brief(served)})
 
     @app.get("/version")
@@ -636,24 +641,26 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
         """The serving model, the service's commit, and the reloader's state."""
         served = holder.current
         return _respond(
-            {
-                "model": None if served is None else served.info.as_dict(),
-                "service": {
-                    "package_version": qpr.__version__,
-                    "git_commit": state.git_commit,
-                    "started_at": time.strftime(
-                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at)
-                    ),
-                },
-                "reload": reloader.status(),
-                "limits": {
-                    "max_k": settings.max_k,
-                    "default_k": settings.default_k,
-                    "max_question_chars": settings.max_question_chars,
-                    "max_body_bytes": settings.max_body_bytes,
-                    "max_batch": settings.max_batch,
-                },
-            }
+            redact_tree(
+                {
+                    "model": None if served is None else served.info.as_dict(),
+                    "service": {
+                        "package_version": qpr.__version__,
+                        "git_commit": state.git_commit,
+                        "started_at": time.strftime(
+                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at)
+                        ),
+                    },
+                    "reload": reloader.status(),
+                    "limits": {
+                        "max_k": settings.max_k,
+                        "default_k": settings.default_k,
+                        "max_question_chars": settings.max_question_chars,
+                        "max_body_bytes": settings.max_body_bytes,
+                        "max_batch": settings.max_batch,
+                    },
+                }
+            )
         )
 
     @app.get("/metrics")
