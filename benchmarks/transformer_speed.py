@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from qpr.model import build_encoder
     from qpr.model.onnx import export_onnx
-    from qpr.model.quantize import quantize_query_encoder, row_cosines
-    from qpr.retrieval.encoders import encode, load_session
+    from qpr.model.quantize import quantize_query_encoder
+    from qpr.retrieval.encoders import encode, load_session, row_cosines
     from qpr.text.wordpiece import WordPieceTokenizer
 
     started = time.perf_counter()

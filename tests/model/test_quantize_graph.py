@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qpr.artifacts import QUANTIZED_FROM
 from qpr.io import file_sha256
-from qpr.model.quantize import quantize_query_encoder, row_cosines
-from qpr.retrieval.encoders import load_session
+from qpr.model.quantize import quantize_query_encoder
+from qpr.retrieval.encoders import load_session, row_cosines
 
 
 def _graph(path: Path, *, with_matmul: bool) -> np.ndarray:

@@ -23,8 +23,6 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
-
 from qpr.artifacts import QUANTIZED_FROM
 from qpr.io import atomic_path, file_sha256
 
@@ -73,17 +71,3 @@ def quantize_query_encoder(source: str | os.PathLike[str], target: str | os.Path
         onnx.helper.set_model_props(model, props)
         onnx.save(model, tmp)
     return target
-
-
-def row_cosines(reference: np.ndarray, approx: np.ndarray) -> np.ndarray:
-    """float64 [N]: cosine of each row of approx [N, D] with the same row of reference
-    [N, D]. A zero row on either side gives 0 (it points nowhere)."""
-    reference = np.asarray(reference, np.float64)
-    approx = np.asarray(approx, np.float64)
-    if reference.ndim != 2 or reference.shape != approx.shape:
-        raise ValueError(
-            f"need two [N, D] arrays of one shape, got {reference.shape} and {approx.shape}"
-        )
-    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(approx, axis=1)
-    dots = (reference * approx).sum(axis=1)
-    return np.divide(dots, norms, out=np.zeros(len(dots)), where=norms > 0)

@@ -338,8 +338,8 @@ def int8_query_encoder(
     (their int8 vectors float32 [N, D], {"query_cosine_min", "_p1" (1st percentile),
     "_median" against `reference` (their float32 vectors), "query_encoder_bytes",
     "quantize_seconds"})."""
-    from qpr.model.quantize import quantize_query_encoder, row_cosines
-    from qpr.retrieval.encoders import encode_corpus, load_session
+    from qpr.model.quantize import quantize_query_encoder
+    from qpr.retrieval.encoders import encode_corpus, load_session, row_cosines
 
     started = time.perf_counter()
     quantize_query_encoder(encoder_onnx, target)

@@ -178,8 +178,8 @@ def run_train(
         )
 
     # train.max_epochs 0 keeps the encoder as built: an empty history, nothing trained.
-    history = pd.DataFrame(
-        result.history or None, columns=None if result.history else _HISTORY_COLUMNS
+    history = (
+        pd.DataFrame(result.history) if result.history else pd.DataFrame(columns=_HISTORY_COLUMNS)
     )
     require(
         "trained_model",

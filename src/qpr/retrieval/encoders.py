@@ -125,6 +125,20 @@ def encode_corpus(
     return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)
 
 
+def row_cosines(reference: np.ndarray, approx: np.ndarray) -> np.ndarray:
+    """float64 [N]: cosine of each row of approx [N, D] with the same row of reference
+    [N, D]. A zero row on either side gives 0 (it points nowhere)."""
+    reference = np.asarray(reference, np.float64)
+    approx = np.asarray(approx, np.float64)
+    if reference.ndim != 2 or reference.shape != approx.shape:
+        raise ValueError(
+            f"need two [N, D] arrays of one shape, got {reference.shape} and {approx.shape}"
+        )
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(approx, axis=1)
+    dots = (reference * approx).sum(axis=1)
+    return np.divide(dots, norms, out=np.zeros(len(dots)), where=norms > 0)
+
+
 def probe_cosine(
     query_session: ort.InferenceSession,
     document_session: ort.InferenceSession,
@@ -138,5 +152,4 @@ def probe_cosine(
     (a query student), near 0 for an encoder of another space."""
     queries = encode(query_session, vocab, texts, max_len=max_len)
     documents = encode(document_session, vocab, texts, max_len=max_len)
-    norms = np.linalg.norm(queries, axis=1) * np.linalg.norm(documents, axis=1)
-    return float(np.mean(np.sum(queries * documents, axis=1) / np.clip(norms, 1e-12, None)))
+    return float(np.mean(row_cosines(documents, queries)))

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from qpr.model.losses.alignment import QueryAlignmentLoss
+from qpr.training.embed import embed_token_ids
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,11 @@ def _trimmed(tokens: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(tokens[:, :width]))
 
 
-@torch.no_grad()
 def encode_rows(student: nn.Module, tokens: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """float32 [len(rows), D] student vectors of `rows`, in batches of 1024."""
-    student.eval()
-    parts = [
-        student(_trimmed(tokens[rows[s : s + 1024]])).numpy() for s in range(0, len(rows), 1024)
-    ]
-    return np.concatenate(parts).astype(np.float32, copy=False)
+    """float32 [len(rows), D] student vectors of `rows` (`qpr.training.embed`)."""
+    ids = tokens[rows]
+    with torch.no_grad():
+        return embed_token_ids(student, ids, (ids != 0).sum(axis=1)).numpy()
 
 
 def validate(student: nn.Module, data: StudentData, k: int = 10) -> dict[str, float]:

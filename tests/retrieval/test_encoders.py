@@ -1,13 +1,14 @@
-"""Pure helpers of the int8 query encoder (qpr.model.quantize) and the self-retrieval check with
-query vectors of their own (qpr.retrieval.dense)."""
+"""Pure helpers: row cosines (qpr.retrieval.encoders; the int8 query encoder's gate and the
+student's probe) and the self-retrieval check with query vectors of their own
+(qpr.retrieval.dense)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from qpr.model.quantize import row_cosines
 from qpr.retrieval.dense import IndexConfig, build_index, self_check_rows, self_retrieval_rate
+from qpr.retrieval.encoders import row_cosines
 
 
 def test_row_cosines_hand_computed() -> None:
