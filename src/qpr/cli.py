@@ -719,12 +719,21 @@ def serve(
     threads: Annotated[
         int | None, typer.Option(help="ONNX Runtime intra-op threads (default 1).")
     ] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve a non-loopback --host without an API key (QPR_SERVE_AUTH=off).",
+        ),
+    ] = False,
 ) -> None:
     """Run the search service (POST /search, /search/batch; GET /healthz, /readyz,
     /version, /metrics). It polls its model source and swaps in a new model once it passed
-    its checks. Limits and other knobs: QPR_SERVE_* variables (docs/serving.md)."""
+    its checks. Off loopback it needs an API key (QPR_SERVE_API_KEY_FILE). Limits and other
+    knobs: QPR_SERVE_* variables (docs/serving.md)."""
     import logging
 
+    from qpr.serve.auth import check_exposure
     from qpr.serve.settings import ServeSettings, SettingsError
 
     if models_dir is not None and registry_name is not None:
@@ -739,6 +748,7 @@ def serve(
         )
         if models_dir is not None:
             settings = settings.replace(registry_name=None)  # the option beats the variable
+        settings = check_exposure(settings, host, insecure_no_auth=insecure_no_auth)
     except SettingsError as err:
         _fail(str(err))
     import uvicorn

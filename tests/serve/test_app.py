@@ -170,7 +170,9 @@ def test_health_ready_version(client: TestClient, bundle_dir: Path) -> None:
     version = client.get("/version").json()
     model = version["model"]
     assert model["name"] == "local" and model["version"] is None
-    assert model["source"] == f"local:{bundle_dir.resolve()}"
+    # no absolute path: outside the project directory, the bundle's folder name only
+    assert model["source"] == f"local:{bundle_dir.name}"
+    assert str(bundle_dir.parent) not in json.dumps(version)
     assert len(model["fingerprint"]) == 64
     assert (model["questions"], model["dim"], model["threshold"]) == (50, 8, STORED_THRESHOLD)
     assert model["fusion"] is None  # this bundle ranks by its encoder alone
@@ -281,6 +283,42 @@ def test_bad_bodies(client, body, headers, status, code, words) -> None:
     headers = {"content-type": "application/json", **headers}
     response = client.post("/search", content=body, headers=headers)
     assert_refused(response, status, code or "unsupported_media_type", *words)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "words"),
+    [
+        (None, ["got none"]),
+        ("text/plain", ["text/plain"]),
+        ("application/x-www-form-urlencoded", []),
+        ("application/jsonx", []),
+        ("application/vnd.api+json", []),
+        ("text/json", []),
+        ("application/json; charset=latin-1", ["UTF-8", "latin-1"]),
+        ("application/json; charset=utf-16", ["utf-16"]),
+    ],
+)
+def test_content_type_must_be_json(client, content_type, words) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    for path in ("/search", "/search/batch"):
+        response = client.post(path, content=b'{"question": "hi"}', headers=headers)
+        assert_refused(response, 415, "unsupported_media_type", *words)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "Application/JSON",
+        "application/json; charset=utf-8",
+        'application/json;charset="UTF-8"',
+        "application/json; charset=utf8; q=1",
+    ],
+)
+def test_json_content_types_are_accepted(client, content_type) -> None:
+    body = json.dumps({"question": QUESTIONS[0], "k": 1}).encode()
+    response = client.post("/search", content=body, headers={"content-type": content_type})
+    assert response.status_code == 200, response.text
 
 
 def test_oversize_body_by_content_length(client: TestClient) -> None:

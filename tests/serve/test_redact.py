@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.serve.redact import MASK, RedactingFilter, redact, redact_tree
+from qpr.serve.redact import MASK, RedactingFilter, hide_paths, redact, redact_tree
 
 SECRET = "hunter2-s3cr3t"
 
@@ -64,3 +64,33 @@ def test_a_planted_secret_appears_in_no_response_or_log(
     for body in (ready.text, version.text, caplog.text):
         assert SECRET not in body
     assert MASK in ready.text
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("local:/srv/project/models", "local:models"),
+        ("local:/elsewhere/bundles/v7", "local:v7"),
+        ("/srv/project", "."),
+        (
+            "cannot open /srv/project/models/encoder.onnx: no such file.",
+            "cannot open models/encoder.onnx: no such file.",
+        ),
+        ("read '/data/x/index.faiss' (size 0)", "read 'index.faiss' (size 0)"),
+        ("file:///srv/mlruns/1/artifacts", "artifacts"),
+        # not paths on this host: URLs, MLflow model URIs, one-part paths
+        ("https://mlflow.example/api/2.0/x", "https://mlflow.example/api/2.0/x"),
+        ("mlflow:models:/qpr@champion", "mlflow:models:/qpr@champion"),
+        ("see /etc", "see /etc"),
+    ],
+)
+def test_absolute_paths_are_hidden(text: str, shown: str) -> None:
+    assert hide_paths(text, "/srv/project") == shown
+
+
+def test_hide_paths_walks_a_tree() -> None:
+    tree = {"model": {"source": "local:/srv/project/models", "dim": 8}, "log": ["/a/b/c"]}
+    assert hide_paths(tree, Path("/srv/project")) == {
+        "model": {"source": "local:models", "dim": 8},
+        "log": ["c"],
+    }

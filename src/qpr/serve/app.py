@@ -9,11 +9,15 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
 - ``POST /search/batch`` ``{"questions": [str, ...], "k"?, "threshold"?}`` → ``results``
   in input order, same fields.
 - ``GET /healthz`` liveness: 200 while the process runs.
-- ``GET /readyz`` readiness: 200 once a model serves, else 503 (load balancers wait).
+- ``GET /readyz`` readiness: 200 once a model serves, else 503 (load balancers wait);
+  the model or the reason only with the API key, when one is set.
 - ``GET /version`` the serving model (name, version, alias, fingerprint, ...), the
   service's git commit, and the reloader's state (refused reloads, last error).
 - ``GET /metrics`` Prometheus text: requests by endpoint/method/status, latency
   histogram, model info gauge, reload outcomes, answered/unanswered questions.
+
+Access (`qpr.serve.auth`): with an API key set, everything but /healthz and /readyz needs
+it; a Host header outside ``allowed_hosts`` gets 400.
 
 Input handling: bodies are read by `_Guard` (an ASGI middleware) up to
 ``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed) and
@@ -52,9 +56,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import qpr
 from qpr.retrieval.bundle import Bundle, SearchResult
+from qpr.serve.auth import AccessControl, resolve_key
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
-from qpr.serve.redact import RedactingFilter, redact, redact_tree
+from qpr.serve.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
@@ -108,6 +113,12 @@ def _error_body(
     if details:
         body["details"] = details
     return _json_bytes(body)
+
+
+def _public(tree: Any) -> Any:
+    """What the service says about itself, made fit to show: credentials masked, paths
+    relative to the project directory (the host's layout is not the caller's business)."""
+    return hide_paths(redact_tree(tree), Path.cwd())
 
 
 def _request_id(request: Request) -> str:
@@ -259,14 +270,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse(body: bytes, headers: Any, model: type[BaseModel], example: str) -> Any:
-    content_type = headers.get("content-type", "")
-    if content_type and "json" not in content_type.lower():
+def _check_content_type(content_type: str) -> None:
+    """415 unless application/json, in UTF-8 when a charset is named: a form post or a
+    text/plain body from a browser is not a search (nor a cross-site request to allow)."""
+    media, *params = (part.strip().lower() for part in content_type.split(";"))
+    if media != "application/json":
+        shown = f"got {content_type[:100]!r}" if content_type else "got none"
         raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"send JSON (Content-Type: application/json), got {content_type!r}",
+            415, "unsupported_media_type", f"send Content-Type: application/json, {shown}"
         )
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip() == "charset" and value.strip().strip('"') not in {"utf-8", "utf8"}:
+            raise ApiError(
+                415, "unsupported_media_type", f"send UTF-8 JSON, got charset {value.strip()!r}"
+            )
+
+
+def _parse(body: bytes, headers: Any, model: type[BaseModel], example: str) -> Any:
+    _check_content_type(headers.get("content-type", ""))
     if not body.strip():
         raise ApiError(400, "empty_body", f"the body is empty; send e.g. {example}")
     try:
@@ -432,6 +454,7 @@ def create_app(
         threads, nprobe and ef_search); tests substitute their own.
     """
     settings = settings or ServeSettings.from_env()
+    key = resolve_key(settings)
     state = _service_state(source or source_from_settings(settings), settings, load)
     app = FastAPI(
         title="QPR search",
@@ -445,6 +468,9 @@ def create_app(
     _add_error_handlers(app)
     _add_search_routes(app, state)
     _add_status_routes(app, state)
+    # Added first, so inside _Guard: refusals get the request id and are counted.
+    access: Any = AccessControl
+    app.add_middleware(access, key=key, allowed_hosts=settings.allowed_hosts, render=_error_body)
     guarded: Any = _Guard
     app.add_middleware(guarded, max_body_bytes=settings.max_body_bytes, telemetry=state.telemetry)
     return app
@@ -624,16 +650,20 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
         return _respond({"status": "ok"})
 
     @app.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
         """Readiness: 200 when a model serves, 503 (with the reason) when none does."""
         served = holder.current
+        if not request.scope.get("state", {}).get("authenticated", True):
+            # Open to probes; the model and the reason are for callers with the key.
+            status = "not ready" if served is None else "ready"
+            return _respond({"status": status}, status=503 if served is None else 200)
         if served is None:
             reason = (
                 reloader.last_refusal.reason
                 if reloader.last_refusal is not None
                 else reloader.last_error or "loading"
             )
-            return _respond({"status": "not ready", "reason": redact(reason)}, status=503)
+            return _respond({"status": "not ready", "reason": _public(reason)}, status=503)
         return _respond({"status": "ready", "model": _model_brief(served)})
 
     @app.get("/version")
@@ -641,7 +671,7 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
         """The serving model, the service's commit, and the reloader's state."""
         served = holder.current
         return _respond(
-            redact_tree(
+            _public(
                 {
                     "model": None if served is None else served.info.as_dict(),
                     "service": {

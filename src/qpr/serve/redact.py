@@ -8,6 +8,9 @@ and MLflow repeats the URI word for word in its errors. Those errors reach /read
 - the value of a query parameter whose name says secret (token, password, key, ...);
 - the value of every environment variable whose name says secret (``*PASSWORD*``,
   ``*TOKEN*``, ``*SECRET*``, ``*_KEY*``), wherever it appears.
+
+`hide_paths` shortens absolute paths for /version and /readyz: where the service's files
+live on the host is nobody's business but the operator's (who has the log).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from pathlib import PurePosixPath
 from typing import Any
 
 MASK = "***"
@@ -23,6 +27,11 @@ _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;](?:[A-Za-z0-9_-]*(?:token|password|passwd|secret|key|signature|sig|auth))"
     r"=)[^&\s'\"]+",
     re.IGNORECASE,
+)
+# An absolute POSIX path of two or more parts, alone or after a scheme ("local:/srv/m",
+# "file:///srv/m"), not inside a URL ("https://h/a/b") or a one-part URI ("models:/qpr@x").
+_ABS_PATH = re.compile(
+    r"(?<![^\s'\"(=:\[,])(?:file://)?(/[^/\s'\"(),:\[\]]+(?:/[^/\s'\"(),:\[\]]+)+)"
 )
 _SECRET_ENV = re.compile(r"PASSWORD|PASSWD|TOKEN|SECRET|_KEY|CREDENTIAL", re.IGNORECASE)
 
@@ -50,6 +59,29 @@ def redact_tree(value: Any) -> Any:
         return {k: redact_tree(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact_tree(v) for v in value]
+    return value
+
+
+def hide_paths(value: Any, root: str | os.PathLike[str]) -> Any:
+    """Every absolute path in the strings of a JSON-like tree made relative to `root` (the
+    project directory), or cut to its last part when outside it."""
+    if isinstance(value, str):
+        base = PurePosixPath(os.fspath(root))
+
+        def short(match: re.Match[str]) -> str:
+            path = PurePosixPath(match[1].rstrip("."))
+            tail = match[1][len(match[1].rstrip(".")) :]
+            if path == base:
+                return "." + tail
+            if path.is_relative_to(base):
+                return path.relative_to(base).as_posix() + tail
+            return path.name + tail
+
+        return _ABS_PATH.sub(short, value)
+    if isinstance(value, dict):
+        return {k: hide_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [hide_paths(v, root) for v in value]
     return value
 
 

@@ -29,6 +29,16 @@ variable                           default    meaning
 ``QPR_SERVE_MODELS_DIR``           models     local bundle to serve (when no registry name)
 ``QPR_SERVE_REGISTRY_NAME``        (none)     serve the MLflow registered model of this name
 ``QPR_SERVE_ALIAS``                champion   ... at this alias
+``QPR_SERVE_API_KEY_FILE``         (none)     file holding the API key (whitespace stripped);
+                                              preferred over the variable below
+``QPR_SERVE_API_KEY``              (none)     the API key itself; with either, requests need
+                                              it (`qpr.serve.auth`)
+``QPR_SERVE_AUTH``                 (auto)     ``off``: no key even off loopback; ``on``:
+                                              refuse to start without a key
+``QPR_SERVE_ALLOWED_HOSTS``        (auto)     Host header names served, comma-separated;
+                                              ``*`` any, ``*.example.com`` subdomains;
+                                              unset: loopback names under ``qpr serve`` on
+                                              loopback, else any
 =================================  =========  ==============================================
 
 Why parsed here and not by pydantic-settings: compared input by input
@@ -79,6 +89,11 @@ class ServeSettings:
     models_dir: str = "models"
     registry_name: str | None = None
     alias: str = "champion"
+    # repr=False: settings may be logged; the key must not be.
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    api_key_file: str | None = None
+    auth: bool | None = None  # None: a key when one is set, required off loopback
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -104,6 +119,12 @@ class ServeSettings:
             raise SettingsError(f"ef_search must be >= 1, got {self.ef_search}")
         if not self.alias:
             raise SettingsError("alias must not be empty")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise SettingsError("set QPR_SERVE_API_KEY_FILE or QPR_SERVE_API_KEY, not both")
+        if self.auth is False and (self.api_key is not None or self.api_key_file is not None):
+            raise SettingsError("QPR_SERVE_AUTH=off but an API key is set: drop one of them")
+        if self.allowed_hosts is not None and not self.allowed_hosts:
+            raise SettingsError("allowed_hosts is empty: name a host, or * for any")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ServeSettings:
@@ -122,7 +143,8 @@ class ServeSettings:
                 values[field.name] = parse(raw.strip())
             except ValueError:
                 raise SettingsError(f"{key}={raw!r} is not a valid {what}") from None
-            given[field.name] = f"{key}={raw!r}"
+            # A secret field (repr=False) is named in messages, never shown.
+            given[field.name] = f"{key}={raw!r}" if field.repr else key
         chosen = {k: v for k, v in overrides.items() if v is not None}
         values.update(chosen)
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
@@ -153,6 +175,13 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def _parse_hosts(raw: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().strip("[]").lower() for h in raw.split(",") if h.strip())
+    if not hosts or any(not h or " " in h or "/" in h for h in hosts):
+        raise ValueError(raw)
+    return hosts
+
+
 # field → (what the value must look like, parser)
 _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max_k": ("integer", int),
@@ -171,4 +200,8 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "models_dir": ("path", str),
     "registry_name": ("model name", str),
     "alias": ("alias", str),
+    "api_key": ("key", str),
+    "api_key_file": ("path", str),
+    "auth": ("on/off", _parse_bool),
+    "allowed_hosts": ("comma-separated list of host names", _parse_hosts),
 }

@@ -1,0 +1,357 @@
+"""qpr.serve.auth: the API key, the Host check, and the refusal to serve exposed without one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from qpr.serve.app import create_app
+from qpr.serve.auth import check_exposure, host_allowed, is_loopback, resolve_key
+from qpr.serve.settings import ServeSettings, SettingsError
+from qpr.serve.sources import LocalSource
+from tests.serve.test_app import QIDS, QUESTIONS, SETTINGS, assert_refused, build_bundle
+
+KEY = "k3y-for-tests-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bundle(tmp_path_factory.mktemp("models"), QUESTIONS, QIDS)
+
+
+@pytest.fixture(scope="module")
+def keyed(bundle_dir: Path) -> Iterator[TestClient]:
+    """A service with a key and a Host list, as `qpr serve` on loopback sets it up."""
+    settings = SETTINGS.replace(api_key=KEY, allowed_hosts=("localhost", "127.0.0.1", "::1"))
+    app = create_app(LocalSource(bundle_dir), settings)
+    with TestClient(app, base_url="http://localhost:8000") as client:
+        yield client
+
+
+SEARCH = {"question": QUESTIONS[0], "k": 2}
+
+
+# ---------------------------------------------------------------- the key
+
+
+def test_search_without_the_key_is_refused(keyed: TestClient) -> None:
+    for path, body in (("/search", SEARCH), ("/search/batch", {"questions": [QUESTIONS[0]]})):
+        response = keyed.post(path, json=body)
+        assert_refused(response, 401, "unauthorized", "API key is required", "X-API-Key")
+        assert response.headers["www-authenticate"] == 'Bearer realm="qpr"'
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": f"Bearer {KEY}"},
+        {"Authorization": f"bearer  {KEY} "},  # the scheme is case-insensitive
+        {"X-API-Key": KEY},
+        {"Authorization": "Bearer wrong-key-wrong-key", "X-API-Key": KEY},  # either may hold it
+    ],
+)
+def test_either_header_opens(keyed: TestClient, headers: dict[str, str]) -> None:
+    response = keyed.post("/search", json=SEARCH, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["hits"][0]["id"] == QIDS[0]
+    batch = keyed.post("/search/batch", json={"questions": [QUESTIONS[1]]}, headers=headers)
+    assert batch.status_code == 200, batch.text
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": "Bearer not-the-key-at-all"},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": KEY},
+        {"X-API-Key": KEY[:-1]},
+        {"X-API-Key": KEY + "x"},
+        {"X-API-Key": "é-not-ascii".encode()},
+    ],
+)
+def test_a_wrong_key_is_refused(keyed: TestClient, headers: dict[str, Any]) -> None:
+    response = keyed.post("/search", json=SEARCH, headers=headers)
+    body = assert_refused(response, 401, "unauthorized", "not valid")
+    assert KEY not in json.dumps(body)
+    assert response.headers["www-authenticate"] == 'Bearer realm="qpr", error="invalid_token"'
+
+
+@pytest.mark.parametrize("path", ["/version", "/metrics", "/openapi.json", "/nowhere"])
+def test_internals_need_the_key(keyed: TestClient, path: str) -> None:
+    assert_refused(keyed.get(path), 401, "unauthorized")
+    opened = keyed.get(path, headers={"X-API-Key": KEY})
+    assert opened.status_code == (404 if path == "/nowhere" else 200)
+
+
+def test_probes_stay_open_but_readyz_details_need_the_key(keyed: TestClient) -> None:
+    assert keyed.get("/healthz").json() == {"status": "ok"}
+    bare = keyed.get("/readyz")
+    assert bare.status_code == 200 and bare.json() == {"status": "ready"}
+    full = keyed.get("/readyz", headers={"Authorization": f"Bearer {KEY}"})
+    assert full.status_code == 200 and full.json()["model"]["name"] == "local"
+
+
+def test_readyz_hides_the_reason_without_the_key(tmp_path: Path) -> None:
+    app = create_app(LocalSource(tmp_path / "missing"), SETTINGS.replace(api_key=KEY))
+    with TestClient(app) as client:
+        bare = client.get("/readyz")
+        assert bare.status_code == 503 and bare.json() == {"status": "not ready"}
+        full = client.get("/readyz", headers={"X-API-Key": KEY})
+        assert full.status_code == 503 and full.json()["reason"]
+        assert str(tmp_path) not in full.text  # no absolute path either
+
+
+def test_refusals_are_counted(keyed: TestClient) -> None:
+    keyed.post("/search", json=SEARCH)
+    text = keyed.get("/metrics", headers={"X-API-Key": KEY}).text
+    assert 'qpr_http_requests_total{endpoint="/search",method="POST",status="401"}' in text
+
+
+def test_without_a_key_everything_is_open(bundle_dir: Path) -> None:
+    with TestClient(create_app(LocalSource(bundle_dir), SETTINGS)) as client:
+        assert client.post("/search", json=SEARCH).status_code == 200
+        assert client.get("/version").status_code == 200
+        assert client.get("/readyz").json()["model"]["name"] == "local"
+
+
+# ---------------------------------------------------------------- where the key comes from
+
+
+def test_the_key_file_is_read_and_stripped(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_text(f"  {KEY}\n", encoding="utf-8")
+    assert resolve_key(ServeSettings(api_key_file=str(path))) == KEY
+    assert resolve_key(ServeSettings(api_key=f" {KEY} ")) == KEY
+    assert resolve_key(ServeSettings()) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        (ServeSettings(api_key_file="/nonexistent/key"), "cannot read it"),
+        (ServeSettings(api_key="short"), "at least 16"),
+        (ServeSettings(api_key="has a space in the middle"), "printable ASCII"),
+        (ServeSettings(api_key="   "), "QPR_SERVE_API_KEY: the key is empty"),
+        (ServeSettings(auth=True), "QPR_SERVE_AUTH=on needs a key"),
+    ],
+)
+def test_unusable_keys_stop_the_start(settings: ServeSettings, words: str) -> None:
+    with pytest.raises(SettingsError, match=words):
+        resolve_key(settings)
+
+
+def test_an_empty_or_unreadable_key_file_is_named(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n \n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=f"QPR_SERVE_API_KEY_FILE={empty}: the file is empty"):
+        resolve_key(ServeSettings(api_key_file=str(empty)))
+    with pytest.raises(SettingsError, match="cannot read it"):
+        resolve_key(ServeSettings(api_key_file=str(tmp_path)))  # a directory
+    with pytest.raises(SettingsError, match="cannot read it"):
+        create_app(LocalSource(tmp_path), ServeSettings(api_key_file=str(tmp_path / "none")))
+
+
+def test_the_key_is_never_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("QPR_SERVE_API_KEY", KEY)
+    settings = ServeSettings.from_env()
+    assert settings.api_key == KEY and KEY not in repr(settings)
+    monkeypatch.setenv("QPR_SERVE_API_KEY_FILE", str(tmp_path / "key"))
+    with pytest.raises(SettingsError, match="not both") as caught:
+        ServeSettings.from_env()
+    assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"QPR_SERVE_AUTH": "off"}, {"auth": False}),
+        ({"QPR_SERVE_AUTH": "on"}, {"auth": True}),
+        (
+            {"QPR_SERVE_ALLOWED_HOSTS": " API.example.com, [::1] ,*.corp"},
+            {"allowed_hosts": ("api.example.com", "::1", "*.corp")},
+        ),
+    ],
+)
+def test_auth_variables_are_parsed(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], expected: dict[str, Any]
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    settings = ServeSettings.from_env()
+    assert {name: getattr(settings, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("variables", "words"),
+    [
+        ({"QPR_SERVE_AUTH": "maybe"}, "QPR_SERVE_AUTH='maybe' is not a valid on/off"),
+        ({"QPR_SERVE_AUTH": "off", "QPR_SERVE_API_KEY": KEY}, "drop one"),
+        ({"QPR_SERVE_ALLOWED_HOSTS": ",,"}, "QPR_SERVE_ALLOWED_HOSTS"),
+        ({"QPR_SERVE_ALLOWED_HOSTS": "http://x/"}, "QPR_SERVE_ALLOWED_HOSTS"),
+    ],
+)
+def test_bad_auth_variables_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], words: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match=words) as caught:
+        ServeSettings.from_env()
+    assert KEY not in str(caught.value)
+
+
+# ---------------------------------------------------------------- the Host check
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed", "ok"),
+    [
+        ("localhost:8000", ("localhost",), True),
+        ("LOCALHOST", ("localhost",), True),
+        ("127.0.0.1:80", ("127.0.0.1",), True),
+        ("[::1]:8000", ("::1",), True),
+        ("[::1]", ("::1",), True),
+        ("evil.example", ("localhost", "127.0.0.1"), False),
+        ("localhost.evil.example", ("localhost",), False),
+        ("", ("localhost",), False),
+        ("api.example.com", ("*.example.com",), True),
+        ("example.com", ("*.example.com",), False),
+        ("anything:1", ("*",), True),
+    ],
+)
+def test_host_allowed(host: str, allowed: tuple[str, ...], ok: bool) -> None:
+    assert host_allowed(host, allowed) is ok
+
+
+def test_a_bad_host_gets_400(keyed: TestClient) -> None:
+    key = {"X-API-Key": KEY}
+    for host in ("evil.example", "localhost.evil.example:8000", "127.0.0.2"):
+        response = keyed.post("/search", json=SEARCH, headers={**key, "Host": host})
+        assert_refused(response, 400, "invalid_host", repr(host))
+        assert_refused(keyed.get("/version", headers={**key, "Host": host}), 400, "invalid_host")
+    for host in ("127.0.0.1:8000", "[::1]:8000", "localhost"):
+        response = keyed.post("/search", json=SEARCH, headers={**key, "Host": host})
+        assert response.status_code == 200, (host, response.text)
+
+
+def test_probes_skip_the_host_check(keyed: TestClient) -> None:
+    # Orchestrators probe by the pod's address, which is no allowed name.
+    assert keyed.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
+    assert keyed.get("/readyz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
+
+
+# ---------------------------------------------------------------- exposure (qpr serve)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.20", False),
+        ("myhost.lan", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_loopback_serves_without_a_key_and_checks_hosts() -> None:
+    settings = check_exposure(ServeSettings(), "127.0.0.1")
+    assert settings.auth is None and settings.allowed_hosts == ("localhost", "127.0.0.1", "::1")
+    assert check_exposure(ServeSettings(), "127.0.0.2").allowed_hosts[-1] == "127.0.0.2"
+    given = ServeSettings(allowed_hosts=("search.local",))
+    assert check_exposure(given, "127.0.0.1").allowed_hosts == ("search.local",)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "myhost.lan"])
+def test_exposed_without_a_key_is_refused(host: str) -> None:
+    with pytest.raises(SettingsError, match=f"refusing to serve on {host} without an API key"):
+        check_exposure(ServeSettings(), host)
+
+
+def test_exposed_with_a_key_or_auth_off_is_allowed() -> None:
+    keyed = check_exposure(ServeSettings(api_key=KEY), "0.0.0.0")
+    assert keyed.allowed_hosts == ("*",)
+    assert check_exposure(ServeSettings(auth=False), "0.0.0.0").auth is False
+    flagged = check_exposure(ServeSettings(), "::", insecure_no_auth=True)
+    assert flagged.auth is False and flagged.allowed_hosts == ("*",)
+    with pytest.raises(SettingsError, match="drop one"):
+        check_exposure(ServeSettings(api_key=KEY), "0.0.0.0", insecure_no_auth=True)
+
+
+def _serve(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[Any, dict[str, Any]]:
+    """`qpr serve ARGS` with uvicorn.run replaced: the exit, and what it would have run."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from qpr.cli import app
+
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: started.update(app=asgi, **kw))
+    return CliRunner().invoke(app, ["serve", *args]), started
+
+
+def test_serve_refuses_an_exposed_host_without_a_key(
+    monkeypatch: pytest.MonkeyPatch, bundle_dir: Path
+) -> None:
+    monkeypatch.delenv("QPR_SERVE_API_KEY", raising=False)
+    monkeypatch.delenv("QPR_SERVE_API_KEY_FILE", raising=False)
+    monkeypatch.delenv("QPR_SERVE_AUTH", raising=False)
+    result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir), "--host", "0.0.0.0")
+    assert result.exit_code == 1 and not started
+    assert "refusing to serve on 0.0.0.0" in result.output
+    assert "--insecure-no-auth" in result.output
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_serve_exposed_with_auth_explicitly_off(
+    monkeypatch: pytest.MonkeyPatch, bundle_dir: Path, how: str
+) -> None:
+    args = ["--models-dir", str(bundle_dir), "--host", "0.0.0.0"]
+    if how == "flag":
+        args.append("--insecure-no-auth")
+    else:
+        monkeypatch.setenv("QPR_SERVE_AUTH", "off")
+    monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    result, started = _serve(monkeypatch, *args)
+    assert result.exit_code == 0, result.output
+    assert started["host"] == "0.0.0.0"
+    with TestClient(started["app"], base_url="http://203.0.113.7:8000") as client:
+        assert client.post("/search", json=SEARCH).status_code == 200
+
+
+def test_serve_exposed_with_a_key_file(
+    monkeypatch: pytest.MonkeyPatch, bundle_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "key").write_text(KEY + "\n", encoding="utf-8")
+    monkeypatch.setenv("QPR_SERVE_API_KEY_FILE", str(tmp_path / "key"))
+    monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir), "--host", "::")
+    assert result.exit_code == 0, result.output
+    with TestClient(started["app"], base_url="http://search.example") as client:
+        assert client.post("/search", json=SEARCH).status_code == 401
+        ok = client.post("/search", json=SEARCH, headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200
+
+
+def test_serve_on_loopback_checks_the_host(
+    monkeypatch: pytest.MonkeyPatch, bundle_dir: Path
+) -> None:
+    monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir))
+    assert result.exit_code == 0, result.output
+    with TestClient(started["app"], base_url="http://127.0.0.1:8000") as client:
+        assert client.post("/search", json=SEARCH).status_code == 200
+        rebound = client.post("/search", json=SEARCH, headers={"Host": "attacker.example"})
+        assert_refused(rebound, 400, "invalid_host")
