@@ -193,6 +193,7 @@ def test_auth_variables_are_parsed(
         ({"QPR_SERVE_AUTH": "off", "QPR_SERVE_API_KEY": KEY}, "drop one"),
         ({"QPR_SERVE_ALLOWED_HOSTS": ",,"}, "QPR_SERVE_ALLOWED_HOSTS"),
         ({"QPR_SERVE_ALLOWED_HOSTS": "http://x/"}, "QPR_SERVE_ALLOWED_HOSTS"),
+        ({"QPR_SERVE_ALLOWED_HOSTS": "api.example.com:443"}, "QPR_SERVE_ALLOWED_HOSTS"),
     ],
 )
 def test_bad_auth_variables_are_refused(

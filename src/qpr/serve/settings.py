@@ -56,6 +56,7 @@ flight, each in its own worker thread, more OpenMP threads would oversubscribe t
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -179,6 +180,10 @@ def _parse_hosts(raw: str) -> tuple[str, ...]:
     hosts = tuple(h.strip().strip("[]").lower() for h in raw.split(",") if h.strip())
     if not hosts or any(not h or " " in h or "/" in h for h in hosts):
         raise ValueError(raw)
+    for host in hosts:
+        # Names are matched without the port; "api.example.com:443" would never match.
+        if ":" in host:
+            ipaddress.IPv6Address(host)  # ValueError unless an IPv6 address
     return hosts
 
 
