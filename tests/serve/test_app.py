@@ -126,7 +126,7 @@ def test_search_returns_ranked_paraphrases(client: TestClient, bundle_dir: Path)
     assert len(body["hits"]) == 3
     top = body["hits"][0]
     assert set(top) == {"id", "text", "cluster_id", "distance", "score"}
-    assert (top["id"], top["text"], top["cluster_id"]) == (QIDS[7], QUESTIONS[7], 3)
+    assert (top["question_id"], top["text"], top["cluster_id"]) == (QIDS[7], QUESTIONS[7], 3)
     assert top["distance"] == pytest.approx(0.0, abs=1e-5)
     assert top["score"] == pytest.approx(1.0, abs=1e-5)
     distances = [h["distance"] for h in body["hits"]]
@@ -158,7 +158,7 @@ def test_batch_matches_single_searches(client: TestClient) -> None:
     for question, got in zip(questions, body["results"], strict=True):
         want = client.post("/search", json={"question": question, "k": 4}).json()
         assert got["answered"] == want["answered"]
-        assert [h["id"] for h in got["hits"]] == [h["id"] for h in want["hits"]]
+        assert [h["question_id"] for h in got["hits"]] == [h["question_id"] for h in want["hits"]]
     assert [r["answered"] for r in body["results"]] == [False, True, True]
     assert body["model"]["name"] == "local"
 
@@ -469,7 +469,7 @@ def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
         response = httpx.post(
             f"http://127.0.0.1:{port}/search", json={"question": QUESTIONS[2], "k": 2}
         )
-        assert response.status_code == 200 and response.json()["hits"][0]["id"] == QIDS[2]
+        assert response.status_code == 200 and response.json()["hits"][0]["question_id"] == QIDS[2]
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
