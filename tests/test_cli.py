@@ -101,3 +101,23 @@ def test_data_scale_writes_shards_the_loader_reads(tmp_path):
 def test_data_scale_refuses_a_bad_count(tmp_path):
     result = runner.invoke(app, ["data", "scale", "--questions", "lots", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "not a count" in result.output
+
+
+def test_search_json_hits_have_the_service_field_names(tmp_path):
+    from qpr.retrieval.bundle import HIT_FIELDS
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    args = ["search", QUESTIONS[7], "-k", "3", "--models-dir", str(models), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert [tuple(h) for h in hits] == [HIT_FIELDS] * 3
+    assert (hits[0]["question_id"], hits[0]["answer_id"]) == (QIDS[7], "ans-3")
+    explained = runner.invoke(app, [*args, "--explain"])
+    assert explained.exit_code == 0, explained.output
+    part = json.loads(explained.output)["hits"][0]["explain"]
+    assert part["fused_score"] == hits[0]["score"] and part["dense_weight"] == 1.0
+    table = runner.invoke(app, ["search", QUESTIONS[7], "--models-dir", str(models), "--explain"])
+    assert table.exit_code == 0, table.output
+    assert "ans-3" in table.output and "matched" in table.output

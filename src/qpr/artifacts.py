@@ -39,6 +39,7 @@ from qpr.errors import QPRError
 from qpr.io import PathLike, write_json_atomic
 
 __all__ = [
+    "ANSWER_ID",
     "BM25_FILE",
     "ENCODER_FILE",
     "IDS_FILE",
@@ -101,6 +102,9 @@ ENCODER_FILE = Path("encoder.onnx")
 INDEX_FILE = INDEX_DIR / "index.faiss"
 IDS_FILE = INDEX_DIR / "index.ids.npy"  # qpr.retrieval.dense.IdMap.path_for(INDEX_FILE)
 QUESTIONS_FILE = INDEX_DIR / "questions.parquet"
+# Its columns: question_id, text, cluster_id and (bundles indexed since hits carry answers)
+# the answer of each question's cluster, which the service returns with every hit.
+ANSWER_ID = "answer_id"
 SEARCH_FILE = Path("search.json")
 LEGACY_SEARCH_FILE = Path("threshold.json")  # what bundles held before search.json
 BM25_FILE = INDEX_DIR / "bm25.npz"  # only in bundles that fuse BM25 in

@@ -17,13 +17,16 @@ from collections.abc import Callable
 from datetime import date
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from qpr import environment
+
+if TYPE_CHECKING:
+    from qpr.retrieval.bundle import Hit
 
 app = typer.Typer(
     name="qpr",
@@ -660,47 +663,62 @@ def search(
         typer.Option(help="No-answer distance threshold (default: the one chosen on val)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Show each hit's score parts: dense and BM25 shares, matched words, alpha.",
+        ),
+    ] = False,
 ) -> None:
-    """Find the known questions that ask the same thing, nearest first, with their L2
-    distance and cluster (answer) id. "answered" says whether the best match is within the
-    model's no-answer threshold."""
-    from dataclasses import asdict
-
+    """Find the known questions that ask the same thing, nearest first, with their answer
+    id and L2 distance. "answered" says whether the best match is within the model's
+    no-answer threshold."""
     from qpr.retrieval.bundle import Bundle, BundleError
 
     try:
         bundle = Bundle.load(models_dir)
-        result = bundle.search(question, k=k, threshold=threshold)
+        result = bundle.search(question, k=k, threshold=threshold, explain=explain)
     except (BundleError, ValueError) as err:
         _fail(str(err))
     if as_json:
+        # Hit.as_dict: the same field names as the service and the MLflow pyfunc.
+        hits = [h.as_dict() for h in result.hits]
         console.print_json(
-            json.dumps(
-                {
-                    "query": result.query,
-                    "answered": result.answered,
-                    "hits": [asdict(h) for h in result.hits],
-                }
-            )
+            json.dumps({"query": result.query, "answered": result.answered, "hits": hits})
         )
         return
-    table = Table(title=f"paraphrases of: {question!r}")
-    for column, justify in (
-        ("#", "right"),
-        ("question", "left"),
-        ("cluster", "right"),
-        ("distance", "right"),
-        ("score", "right"),
-    ):
-        table.add_column(column, justify=justify)
-    for rank, hit in enumerate(result.hits, 1):
-        table.add_row(
-            str(rank), hit.text, str(hit.cluster_id), f"{hit.distance:.4f}", f"{hit.score:.3f}"
-        )
-    console.print(table)
+    console.print(_hits_table(question, result.hits, explain))
     limit = bundle.threshold if threshold is None else threshold
     verdict = "[green]answered[/]" if result.answered else "[yellow]no answer[/]"
     console.print(f"{verdict} (threshold {limit if limit is not None else 'none'})")
+
+
+def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:
+    """The hits as `qpr search` prints them; with explain, the parts of each score."""
+    table = Table(title=f"paraphrases of: {question!r}")
+    columns = ["#", "question", "answer", "distance", "score"]
+    if explain:
+        columns += ["dense", "bm25", "matched", "alpha"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("question", "matched") else "right")
+    for rank, hit in enumerate(hits, 1):
+        cells = [str(rank), hit.text, str(hit.answer_id), f"{hit.distance:.4f}", f"{hit.score:.3f}"]
+        if explain and hit.explain is not None:
+            part = hit.explain
+            bm25 = (
+                "-"
+                if part.bm25_score is None
+                else f"{part.bm25_score:.2f} ({part.bm25_scaled:.2f})"
+            )
+            cells += [
+                f"{part.dense_scaled:.3f}",
+                bm25,
+                " ".join(part.matched_words),
+                f"{part.dense_weight:.2f}",
+            ]
+        table.add_row(*cells)
+    return table
 
 
 @app.command("serve")

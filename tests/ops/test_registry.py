@@ -161,3 +161,19 @@ def test_an_older_bundle_is_staged_with_its_threshold_json(tmp_path: Path) -> No
     staged = _stage_bundle(models, {"success_1": 0.9}, tmp_path / "staged")
     assert (staged / LEGACY_SEARCH_FILE).read_text(encoding="utf-8") == str(LEGACY_SEARCH_FILE)
     assert not (staged / SEARCH_FILE).exists()
+
+
+def test_predict_names_hit_columns_as_the_cli_and_the_service(tmp_path: Path) -> None:
+    from qpr.ops.registry import PREDICTION_COLUMNS, QPRSearchModel
+    from qpr.retrieval.bundle import HIT_FIELDS, Bundle
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    model = QPRSearchModel()
+    model._bundle = Bundle.load(build_bundle(tmp_path / "models", QUESTIONS, QIDS))
+    model._k = 2
+    frame = model.predict(None, [QUESTIONS[7], QUESTIONS[3]])
+    assert tuple(frame.columns) == PREDICTION_COLUMNS == ("query", "rank", *HIT_FIELDS, "answered")
+    top = frame[frame["rank"] == 1]
+    assert top["answer_id"].tolist() == ["ans-3", "ans-1"]
+    assert top["question_id"].tolist() == [QIDS[7], QIDS[3]]
+    assert top["score"].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)

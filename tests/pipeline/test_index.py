@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 
 def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings) -> None:
@@ -26,6 +27,7 @@ def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings
     run_export(settings, paths, log=quiet)
     first = run_index(settings, paths, log=quiet)
     assert first["vectors_reused"] == 0
+    _assert_hits_carry_the_logged_answers(settings, paths)
     vectors = paths.index_cache_dir / "vectors"
     cached = sorted(vectors.glob("*.npy"))
     assert [p.name.split("-")[0] for p in cached] == ["questions"]
@@ -106,3 +108,32 @@ def test_shards_build_the_index_of_the_whole(tmp_path: Path, tiny_settings) -> N
     b = load_index(b_path, nprobe=8)
     for x, y in zip(search(a, probe, 5), search(b, probe, 5), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def _assert_hits_carry_the_logged_answers(settings, paths) -> None:
+    """Each hit's answer_id is the answer the logs gave its question (by normalised text:
+    the cluster stage joins a question's logged forms)."""
+    from qpr.artifacts import SearchConfig
+    from qpr.data.loaders import read_logs
+    from qpr.retrieval.bundle import Bundle
+    from qpr.text.normalize import normalize
+
+    logs = read_logs(Path(settings.data.path))
+    logged: dict[str, set[str]] = {}
+    for question, answer in zip(logs["question"], logs["answer_id"], strict=True):
+        logged.setdefault(normalize(str(question)), set()).add(answer)
+    SearchConfig().write(paths.models_dir)  # the evaluate stage's file, not run here
+    bundle = Bundle.load(paths.models_dir)
+    asked = logs["question"].drop_duplicates().head(20).tolist()
+    hits = [hit for result in bundle.search_batch(asked, k=3) for hit in result.hits]
+    assert hits and all(hit.answer_id in logged[normalize(hit.text)] for hit in hits)
+
+
+def test_quora_answer_ids_are_the_smallest_qid_of_the_cluster(tmp_path: Path) -> None:
+    from qpr.pipeline.index import with_answer_ids
+
+    questions = pd.DataFrame(
+        {"question_id": [7, 3, 5, 9], "text": list("abcd"), "cluster_id": [3, 3, -1, 3]}
+    )
+    got = with_answer_ids(questions, tmp_path, "quora")  # Quora needs no clusters file
+    assert got["answer_id"].tolist() == ["3", "3", "5", "3"]

@@ -238,3 +238,16 @@ def test_term_counts_round_trip(tmp_path) -> None:
     again = TermCounts.load(counts.save(tmp_path / "c.npz"))
     assert again.terms == counts.terms and again.stemmer == "english"
     np.testing.assert_array_equal(again.tf, counts.tf)
+
+
+def test_matches_gives_the_search_score_and_the_query_words_behind_stems() -> None:
+    docs = ["losing my keys again", "he loses keys", "a quiet garden", "keys keys keys"]
+    index = BM25Index.build(docs, stemmer="english")
+    question = "Losing keys, losing KEYS"
+    scores, rows = index.search(question, len(docs))
+    for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
+        if row >= 0:
+            assert index.matches(question, row)[0] == pytest.approx(score, rel=1e-5)
+    assert index.matches(question, 1) == (pytest.approx(index.matches(question, 1)[0]),
+                                          ("losing", "keys"))  # fmt: skip
+    assert index.matches(question, 2) == (0.0, ())

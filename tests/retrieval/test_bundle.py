@@ -574,3 +574,103 @@ def test_an_older_fused_bundle_loads_as_it_did(bundle: Bundle, copy_dir: Path) -
     assert old.fusion == new.fusion == fusion
     for question in ("repair bicycle", UNSEEN, QUESTIONS[3]):
         assert old.search(question, k=5) == new.search(question, k=5)
+
+
+# ---------------------------------------------------------------- answers and explain
+
+
+def _answers(models: Path) -> dict[int, str]:
+    """questions.parquet with an answer_id per question (its cluster's; its own for the
+    questions in no cluster), as the index stage writes it; {question_id: answer_id}."""
+    table = pq.read_table(models / QUESTIONS_FILE)
+    qids = table.column("question_id").to_pylist()
+    clusters = table.column("cluster_id").to_pylist()
+    answers = [f"ans-{c}" if c >= 0 else f"own-{q}" for q, c in zip(qids, clusters, strict=True)]
+    pq.write_table(table.append_column("answer_id", pa.array(answers, pa.string())),
+                   models / QUESTIONS_FILE)  # fmt: skip
+    return dict(zip(qids, answers, strict=True))
+
+
+def test_hits_carry_the_answer_id_of_their_question(copy_dir: Path) -> None:
+    from qpr.retrieval.bundle import HIT_FIELDS
+
+    answers = _answers(copy_dir)
+    loaded = Bundle.load(copy_dir)
+    for result in loaded.search_batch(QUESTIONS[:10], k=5):
+        assert all(hit.answer_id == answers[hit.question_id] for hit in result.hits)
+        assert all(tuple(hit.as_dict()) == HIT_FIELDS for hit in result.hits)  # no explain
+        assert all(hit.explain is None for hit in result.hits)
+
+
+def test_a_bundle_without_answer_ids_loads_with_null_answers(
+    copy_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="qpr.retrieval.bundle"):
+        loaded = Bundle.load(copy_dir)  # the fixture's table predates answer ids
+    assert "no answer_id column" in caplog.text and "run the index stage again" in caplog.text
+    hits = loaded.search(QUESTIONS[3], k=3).hits
+    assert hits and all(hit.answer_id is None for hit in hits)
+    assert all(hit.as_dict()["answer_id"] is None for hit in hits)
+
+
+def test_answer_ids_must_be_strings(copy_dir: Path) -> None:
+    table = pq.read_table(copy_dir / QUESTIONS_FILE)
+    ints = pa.array(range(table.num_rows), pa.int64())
+    pq.write_table(table.append_column("answer_id", ints), copy_dir / QUESTIONS_FILE)
+    with pytest.raises(BundleError, match="answer_id must be strings"):
+        Bundle.load(copy_dir)
+
+
+def _assert_recomposes(hit, weight: float, question: str) -> None:
+    """The explanation's parts give the hit's score; its words are the question's."""
+    from qpr.text.words import tokenize
+
+    part = hit.explain
+    assert part is not None and part.dense_weight == weight
+    assert part.fused_score == hit.score and part.dense_distance == hit.distance
+    recomposed = weight * part.dense_scaled + (1.0 - weight) * part.bm25_scaled
+    assert recomposed == pytest.approx(hit.score, abs=1e-5)
+    assert 0.0 <= part.dense_scaled <= 1.0 and 0.0 <= part.bm25_scaled <= 1.0
+    assert set(part.matched_words) <= set(tokenize([question])[0])
+    assert (part.bm25_score > 0) == bool(part.matched_words)
+    assert hit.as_dict()["explain"]["matched_words"] == list(part.matched_words)
+
+
+@pytest.mark.parametrize(
+    ("weight", "dense_candidates"), [(0.5, 3), (0.3, None), (0.8, 20)], ids=str
+)
+def test_explain_parts_recompose_the_fused_score(
+    copy_dir: Path, weight: float, dense_candidates: int | None
+) -> None:
+    _make_hybrid(copy_dir, weight, candidates=6, dense_candidates=dense_candidates)
+    hybrid = Bundle.load(copy_dir)
+    questions = ["repair bicycle", UNSEEN, QUESTIONS[3], "how to clean a boat", QUESTIONS[40]]
+    batch = hybrid.search_batch(questions, k=8, explain=True)
+    for question, result in zip(questions, batch, strict=True):
+        alone = hybrid.search(question, k=8, explain=True)
+        plain = hybrid.search(question, k=8)
+        assert [h.question_id for h in alone.hits] == [h.question_id for h in plain.hits]
+        for hit in [*alone.hits, *result.hits]:
+            _assert_recomposes(hit, weight, question)
+
+
+def test_explain_shows_the_query_words_behind_matched_stems(copy_dir: Path) -> None:
+    from qpr.retrieval.bm25 import BM25Index
+
+    _make_hybrid(copy_dir, 0.0, candidates=10, dense_candidates=3)
+    stemmed = BM25Index.build(QUESTIONS, stemmer="english")
+    stemmed.save(copy_dir / BM25_FILE)
+    question = "repairing bicycles quickly"
+    top = Bundle.load(copy_dir).search(question, k=1, explain=True).hits[0]
+    assert top.text in ("how do i repair my bicycle", "what is the best way to repair a bicycle?")
+    assert top.explain is not None
+    assert top.explain.matched_words == ("repairing", "bicycles")  # words, not stems
+    assert top.explain.bm25_scaled == 1.0 and top.score == pytest.approx(1.0)
+
+
+def test_explain_in_a_dense_only_bundle(bundle: Bundle) -> None:
+    for hit in bundle.search("repair bicycle", k=4, explain=True).hits:
+        part = hit.explain
+        assert part is not None and part.dense_weight == 1.0
+        assert part.bm25_score is None and part.bm25_scaled is None and not part.matched_words
+        assert part.dense_scaled == part.fused_score == hit.score

@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
+from qpr.retrieval.fusion import (
+    candidate_union,
+    fuse,
+    fuse_union,
+    fuse_union_one,
+    scaled_at,
+    values_at,
+)
 
 
 def test_fuse_union_one_returns_slots_into_the_union() -> None:
@@ -130,3 +137,21 @@ def test_fuse_union_refuses_rows_outside_the_union() -> None:
         fuse_union(np.zeros((1, 3)), union, np.array([[1.0, 2.0]]), np.array([[2, 9]]), 0.5, 2)
     with pytest.raises(ValueError, match="dense_weight"):
         fuse_union(np.zeros((1, 3)), union, np.array([[1.0]]), np.array([[2]]), -0.1, 2)
+
+
+def test_scaled_at_reads_each_side_of_fuse_for_the_kept_rows() -> None:
+    rng = np.random.default_rng(3)
+    dense_rows = np.array([[4, 9, 2, 7, -1]])
+    dense_sims = -rng.random((1, 5)).astype(np.float32)
+    lexical_rows = np.array([[9, 5, 2, -1]])
+    lexical_scores = np.array([[3.0, 1.5, 0.5, -np.inf]], np.float32)
+    for weight in (0.0, 0.4, 1.0):
+        scores, rows = fuse(dense_sims, dense_rows, lexical_scores, lexical_rows, weight, 5)
+        kept = rows[0][rows[0] >= 0]
+        dense = scaled_at(dense_sims[0], dense_rows[0], kept)
+        lexical = scaled_at(lexical_scores[0], lexical_rows[0], kept)
+        np.testing.assert_allclose(weight * dense + (1 - weight) * lexical, scores[0][: kept.size],
+                                   atol=1e-6)  # fmt: skip
+    # row 4: not a BM25 candidate; 9: the best; 5: (1.5 - 0.5) / (3 - 0.5)
+    got = scaled_at(lexical_scores[0], lexical_rows[0], np.array([4, 9, 5]))
+    np.testing.assert_allclose(got, [0.0, 1.0, 0.4], rtol=1e-6)

@@ -30,6 +30,7 @@ from qpr.artifacts import (
     VOCAB_FILE,
     SearchConfig,
 )
+from qpr.retrieval.bundle import HIT_FIELDS
 from qpr.serve.app import create_app
 from qpr.serve.metrics import LATENCY_BUCKETS
 from qpr.serve.settings import ServeSettings
@@ -82,6 +83,7 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
             "question_id": pa.array(qids, pa.int64()),
             "text": pa.array(questions, pa.string()),
             "cluster_id": pa.array([i // 2 for i in range(len(questions))], pa.int64()),
+            "answer_id": pa.array([f"ans-{i // 2}" for i in range(len(questions))], pa.string()),
         }
     )
     pq.write_table(table, models / QUESTIONS_FILE)
@@ -125,8 +127,9 @@ def test_search_returns_ranked_paraphrases(client: TestClient, bundle_dir: Path)
     assert body["threshold"] == STORED_THRESHOLD
     assert len(body["hits"]) == 3
     top = body["hits"][0]
-    assert set(top) == {"id", "text", "cluster_id", "distance", "score"}
-    assert (top["id"], top["text"], top["cluster_id"]) == (QIDS[7], QUESTIONS[7], 3)
+    assert tuple(top) == HIT_FIELDS  # the CLI's and the pyfunc's names; no explain asked
+    assert (top["question_id"], top["text"], top["cluster_id"]) == (QIDS[7], QUESTIONS[7], 3)
+    assert top["answer_id"] == "ans-3"
     assert top["distance"] == pytest.approx(0.0, abs=1e-5)
     assert top["score"] == pytest.approx(1.0, abs=1e-5)
     distances = [h["distance"] for h in body["hits"]]
@@ -158,9 +161,37 @@ def test_batch_matches_single_searches(client: TestClient) -> None:
     for question, got in zip(questions, body["results"], strict=True):
         want = client.post("/search", json={"question": question, "k": 4}).json()
         assert got["answered"] == want["answered"]
-        assert [h["id"] for h in got["hits"]] == [h["id"] for h in want["hits"]]
+        assert [h["question_id"] for h in got["hits"]] == [h["question_id"] for h in want["hits"]]
     assert [r["answered"] for r in body["results"]] == [False, True, True]
     assert body["model"]["name"] == "local"
+
+
+def test_explain_adds_the_parts_of_each_score(client: TestClient) -> None:
+    body = client.post("/search", json={"question": QUESTIONS[7], "k": 3, "explain": True})
+    assert body.status_code == 200
+    for hit in body.json()["hits"]:
+        part = hit.pop("explain")
+        assert tuple(hit) == HIT_FIELDS
+        assert set(part) == {
+            "dense_distance",
+            "dense_scaled",
+            "bm25_score",
+            "bm25_scaled",
+            "matched_words",
+            "dense_weight",
+            "fused_score",
+        }
+        # a dense-only bundle: the whole score is the dense side's
+        assert part["dense_weight"] == 1.0 and part["fused_score"] == hit["score"]
+        assert part["bm25_score"] is None and part["matched_words"] == []
+    batch = client.post(
+        "/search/batch", json={"questions": [QUESTIONS[3], UNSEEN], "k": 2, "explain": True}
+    ).json()
+    assert all("explain" in h for r in batch["results"] for h in r["hits"])
+    plain = client.post("/search/batch", json={"questions": [QUESTIONS[3]], "k": 2}).json()
+    assert all("explain" not in h for r in plain["results"] for h in r["hits"])
+    refused = client.post("/search", json={"question": QUESTIONS[7], "explain": "yes"})
+    assert_refused(refused, 422, "invalid_request", "explain")
 
 
 def test_health_ready_version(client: TestClient, bundle_dir: Path) -> None:
@@ -507,7 +538,7 @@ def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
         response = httpx.post(
             f"http://127.0.0.1:{port}/search", json={"question": QUESTIONS[2], "k": 2}
         )
-        assert response.status_code == 200 and response.json()["hits"][0]["id"] == QIDS[2]
+        assert response.status_code == 200 and response.json()["hits"][0]["question_id"] == QIDS[2]
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)

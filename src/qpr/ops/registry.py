@@ -62,7 +62,7 @@ import qpr
 from qpr.artifacts import OPTIONAL_FILES, REQUIRED_FILES, SEARCH_FILE, search_config_file
 from qpr.errors import QPRError
 from qpr.io import json_text
-from qpr.retrieval.bundle import Bundle, BundleError
+from qpr.retrieval.bundle import HIT_FIELDS, Bundle, BundleError
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -100,15 +100,19 @@ BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under art
 METRICS_FILE = "metrics.json"
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
-PREDICTION_COLUMNS = (
-    "query",
-    "rank",
-    "question_id",
-    "text",
-    "cluster_id",
-    "distance",
-    "answered",
-)
+# query and rank, then a hit's fields as the CLI and the service name them, then answered.
+PREDICTION_COLUMNS = ("query", "rank", *HIT_FIELDS, "answered")
+_COLUMN_TYPES = {
+    "query": ("str", "string"),
+    "rank": ("int64", "long"),
+    "answer_id": ("object", "string"),
+    "question_id": ("int64", "long"),
+    "text": ("str", "string"),
+    "cluster_id": ("int64", "long"),
+    "distance": ("float64", "double"),
+    "score": ("float64", "double"),
+    "answered": ("bool", "boolean"),
+}
 
 # Version tags (all under qpr.* so they never collide with MLflow's own).
 TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by
@@ -310,22 +314,12 @@ class QPRSearchModel(PythonModel):
         k = int((params or {}).get("k") or self._k)
         results = self._bundle.search_batch(_questions(model_input), k=k)
         rows = [
-            (r.query, rank, h.question_id, h.text, h.cluster_id, h.distance, r.answered)
+            (r.query, rank, *(getattr(h, name) for name in HIT_FIELDS), r.answered)
             for r in results
             for rank, h in enumerate(r.hits, 1)
         ]
         frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
-        return frame.astype(
-            {
-                "query": "str",
-                "rank": "int64",
-                "question_id": "int64",
-                "text": "str",
-                "cluster_id": "int64",
-                "distance": "float64",
-                "answered": "bool",
-            }
-        )
+        return frame.astype({name: kind for name, (kind, _) in _COLUMN_TYPES.items()})
 
 
 def _questions(model_input: Any) -> list[str]:
@@ -354,17 +348,7 @@ def _signature() -> ModelSignature:
         # Unnamed: a list or Series of questions is accepted as is; a named "question"
         # column would make MLflow reject a plain list before predict sees it.
         inputs=Schema([ColSpec("string")]),
-        outputs=Schema(
-            [
-                ColSpec("string", "query"),
-                ColSpec("long", "rank"),
-                ColSpec("long", "question_id"),
-                ColSpec("string", "text"),
-                ColSpec("long", "cluster_id"),
-                ColSpec("double", "distance"),
-                ColSpec("boolean", "answered"),
-            ]
-        ),
+        outputs=Schema([ColSpec(_COLUMN_TYPES[name][1], name) for name in PREDICTION_COLUMNS]),
         params=ParamSchema([ParamSpec("k", "long", DEFAULT_K)]),
     )
 

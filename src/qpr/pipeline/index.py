@@ -1,7 +1,8 @@
 """The index stage: every index question encoded with ONNX Runtime → a FAISS index.
 
 Writes models/index/{index.faiss, index.ids.npy, questions.parquet}: the index, the
-row → question_id map and the questions for display; with index.lexical.enabled also
+row → question_id map and the questions for display (with each one's answer_id,
+`with_answer_ids`); with index.lexical.enabled also
 bm25.npz, the BM25 weights of the same rows (qpr.retrieval.bm25), fused with the dense
 ranking. Gate: one vector per question, all finite and non-zero, and sampled questions
 retrieve themselves first.
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from qpr.artifacts import BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
+from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
 from qpr.io import write_json_atomic
 from qpr.paths import ProjectPaths
@@ -66,6 +67,7 @@ def run_index(
 
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
+    questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
     vocab = load_tokenizer(paths.vocab)
     cfg = settings.index
     texts = questions["text"].tolist()
@@ -131,6 +133,30 @@ def run_index(
         f"self-retrieval {self_rate:.3f}"
     )
     return metrics
+
+
+def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> pd.DataFrame:
+    """`questions` with the answer of each one's cluster (str, None when unknown), which
+    the bundle hands out with every hit, so the service needs no other file.
+
+    Logs: the cluster stage's clusters.parquet keeps each cluster's logged answer_id as its
+    source_key. Quora pairs have no answers: a cluster's id is its smallest question id
+    (`qpr.data.clustering.components`), and that is its answer id; a question in no
+    cluster (-1) answers itself.
+    """
+    if source == "quora":
+        own = questions["question_id"].to_numpy(np.int64)
+        cluster = questions["cluster_id"].to_numpy(np.int64)
+        answers = np.where(cluster >= 0, cluster, own).astype(str).tolist()
+        return questions.assign(**{ANSWER_ID: answers})
+    clusters = pd.read_parquet(
+        cluster_dir / "clusters.parquet", columns=["cluster_id", "source_key"]
+    )
+    answer_of = dict(
+        zip(clusters["cluster_id"].tolist(), clusters["source_key"].tolist(), strict=True)
+    )
+    answers = [answer_of.get(c) for c in questions["cluster_id"].tolist()]
+    return questions.assign(**{ANSWER_ID: pd.Series(answers, index=questions.index, dtype=object)})
 
 
 def _indexer(settings: Settings, paths: ProjectPaths, engine: Mapper) -> Indexer:
@@ -305,7 +331,7 @@ def _write_index_files(
 
     index_path = save_index(index, staging / INDEX_FILE.name)
     IdMap(questions["question_id"].to_numpy(np.int64)).save(IdMap.path_for(index_path))
-    questions[["question_id", "text", "cluster_id"]].to_parquet(
+    questions[["question_id", "text", "cluster_id", ANSWER_ID]].to_parquet(
         staging / QUESTIONS_FILE.name, index=False
     )
     if not indexer.lexical.enabled:

@@ -216,6 +216,26 @@ class BM25Index:
         ids = [self.terms[w] for w in words if w in self.terms]
         return np.asarray(ids, np.int64)
 
+    def matches(self, text: str, row: int) -> tuple[float, tuple[str, ...]]:
+        """(document `row`'s BM25 score for the question, the question's words it shares).
+        The words are the question's own (lower-cased), not their stems: a user sees
+        "losing" matched, not "lose". Each once, in question order."""
+        words = tokenize([text])[0]
+        # Stemming maps word to stem one for one, so the two lists align.
+        stems = tokenize([text], stemmer=self.stemmer)[0]
+        indptr, terms, weights = self.by_document
+        start, end = int(indptr[row]), int(indptr[row + 1])
+        weight_of = dict(zip(terms[start:end].tolist(), weights[start:end].tolist(), strict=True))
+        score, matched = 0.0, []
+        for word, stem in zip(words, stems, strict=True):
+            weight = weight_of.get(self.terms.get(stem, -1))
+            if weight is None:
+                continue
+            score += weight  # repeats count, as in `search`
+            if word not in matched:
+                matched.append(word)
+        return score, tuple(matched)
+
     @functools.cached_property
     def by_document(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The weights document-major: (indptr int64 [N + 1], terms int32 [nnz], weights

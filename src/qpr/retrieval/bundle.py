@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qpr.artifacts import (
+    ANSWER_ID,
     BM25_FILE,
     ENCODER_FILE,
     IDS_FILE,
@@ -81,7 +82,14 @@ from qpr.retrieval.dense import (
 )
 from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
-from qpr.retrieval.fusion import candidate_union, fuse, fuse_union, fuse_union_one, values_at
+from qpr.retrieval.fusion import (
+    candidate_union,
+    fuse,
+    fuse_union,
+    fuse_union_one,
+    scaled_at,
+    values_at,
+)
 from qpr.retrieval.reranker import Reranker, RerankerError
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
@@ -90,8 +98,10 @@ if TYPE_CHECKING:
     from qpr.text.wordpiece import WordPieceTokenizer
 
 __all__ = [
+    "HIT_FIELDS",
     "Bundle",
     "BundleError",
+    "Explanation",
     "Hit",
     "IndexedQuestions",
     "QueryEncoder",
@@ -109,15 +119,63 @@ class BundleError(QPRError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class Explanation:
+    """A hit's first-stage score taken apart (``explain=True``).
+
+    dense_distance: the hit's L2 distance to the query (`Hit.distance`).
+    dense_scaled: the dense side before weighting. Fused: minus the distance, min-max scaled
+        over the query's dense candidates to [0, 1]. Dense-only bundle: 1 / (1 + distance).
+    bm25_score: the hit's BM25 score for the query; None in a bundle without BM25.
+    bm25_scaled: the BM25 side before weighting: min-max scaled over the query's BM25
+        candidates, 0 when BM25 did not return the hit; None without BM25.
+    matched_words: the query's words whose stems the hit shares, as the query wrote them
+        (lower-cased), in query order.
+    dense_weight: α; 1.0 for a dense-only bundle.
+    fused_score: α·dense_scaled + (1 - α)·bm25_scaled, the first stage's score. Re-ranking
+        reorders hits but keeps this score.
+    """
+
+    dense_distance: float
+    dense_scaled: float
+    bm25_score: float | None
+    bm25_scaled: float | None
+    matched_words: tuple[str, ...]
+    dense_weight: float
+    fused_score: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (what ``explain`` holds in the service's and the CLI's hits)."""
+        return {
+            "dense_distance": self.dense_distance,
+            "dense_scaled": self.dense_scaled,
+            "bm25_score": self.bm25_score,
+            "bm25_scaled": self.bm25_scaled,
+            "matched_words": list(self.matched_words),
+            "dense_weight": self.dense_weight,
+            "fused_score": self.fused_score,
+        }
+
+
+# A hit's fields as every interface names them: the CLI's --json, the service's JSON and
+# the MLflow pyfunc's columns (one set of names, so a client can switch between them).
+HIT_FIELDS = ("answer_id", "question_id", "text", "cluster_id", "distance", "score")
+
+
+@dataclass(frozen=True)
 class Hit:
     """One indexed question found for a query.
 
+    answer_id: the answer of the hit's paraphrase cluster. Logs: the logged answer_id.
+        Quora pairs, which have no answers: the smallest question id of the cluster (of
+        the question itself when it is in no cluster). None: the bundle predates answer
+        ids (its questions table has no answer_id column).
     distance: FAISS L2 distance = squared euclidean distance between the two embeddings,
         >= 0, smaller = closer; the unit of the "no answer" threshold.
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
         per-query min-max scaling, in [0, 1] (qpr.retrieval.fusion.fuse); the distance then
         need not grow with the rank. Neither is a calibrated probability.
+    explain: the parts of the score, only when the search asked for them.
     """
 
     question_id: int
@@ -125,6 +183,15 @@ class Hit:
     cluster_id: int  # -1: the question belongs to no paraphrase cluster
     distance: float
     score: float
+    answer_id: str | None = None
+    explain: Explanation | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """`HIT_FIELDS`, plus ``explain`` when the search asked for it."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in HIT_FIELDS}
+        if self.explain is not None:
+            out["explain"] = self.explain.as_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -160,13 +227,15 @@ class QueryEncoder:
 @dataclass(frozen=True)
 class IndexedQuestions:
     """What a query is searched against: the FAISS index, each row's question (id, text,
-    cluster id), and the rows' BM25 weights when the bundle fuses BM25 in."""
+    cluster id, answer id), and the rows' BM25 weights when the bundle fuses BM25 in.
+    answer_ids None: the bundle predates answer ids (`Hit.answer_id` is then None)."""
 
     index: faiss.Index
     qids: np.ndarray
     texts: list[str]
     cluster_ids: np.ndarray
     bm25: BM25Index | None = None
+    answer_ids: list[str | None] | None = None
 
 
 class Bundle:
@@ -200,6 +269,8 @@ class Bundle:
         self._qids = questions.qids
         self._texts = questions.texts
         self._cluster_ids = questions.cluster_ids
+        self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
+        self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
@@ -362,17 +433,30 @@ class Bundle:
 
     # -- search ---------------------------------------------------------------------------
 
-    def search(self, question: str, k: int = 10, *, threshold: float | None = None) -> SearchResult:
+    def search(
+        self,
+        question: str,
+        k: int = 10,
+        *,
+        threshold: float | None = None,
+        explain: bool = False,
+    ) -> SearchResult:
         """The k indexed questions closest to ``question``, closest first.
 
         k is clipped to the index size. threshold: None uses the bundle's (answered = any
         hit when the bundle has none); pass math.inf to answer every query with a hit.
+        explain: each hit carries its `Explanation` (the parts of its score).
         ValueError for an empty question or one with no words after normalisation.
         """
-        return self.search_batch([question], k, threshold=threshold)[0]
+        return self.search_batch([question], k, threshold=threshold, explain=explain)[0]
 
     def search_batch(
-        self, questions: Sequence[str], k: int = 10, *, threshold: float | None = None
+        self,
+        questions: Sequence[str],
+        k: int = 10,
+        *,
+        threshold: float | None = None,
+        explain: bool = False,
     ) -> list[SearchResult]:
         """`search` for many questions: one encoder call (ONNX: per 256 questions), one FAISS
         search.
@@ -381,17 +465,25 @@ class Bundle:
         so batching changes speed, not vectors). ValueError names the first bad question.
         With a re-ranker (``rerank_top`` N) the first stage finds max(k, N) hits, the
         cross-encoder re-orders the first N of each, and the first k are kept.
+        explain: each hit carries its `Explanation`; it searches each question's
+        candidates again, so it costs about one more search a question.
         """
         if self._reranker is None or self._config.rerank_top is None:
-            return self._first_stage(questions, k, threshold)
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        top = self._config.rerank_top
-        limit = self._threshold if threshold is None else float(threshold)
-        return [
-            _reranked(result, self._reranker.rerank(result.query, result.hits, top)[:k], limit)
-            for result in self._first_stage(questions, max(k, top), threshold)
-        ]
+            results = self._first_stage(questions, k, threshold)
+            first_k = k
+        else:
+            if k < 1:
+                raise ValueError(f"k must be >= 1, got {k}")
+            top = self._config.rerank_top
+            first_k = max(k, top)
+            limit = self._threshold if threshold is None else float(threshold)
+            results = [
+                _reranked(result, self._reranker.rerank(result.query, result.hits, top)[:k], limit)
+                for result in self._first_stage(questions, first_k, threshold)
+            ]
+        if explain:
+            results = [self._explained(result, min(first_k, self.size)) for result in results]
+        return results
 
     def _first_stage(
         self, questions: Sequence[str], k: int, threshold: float | None
@@ -515,6 +607,45 @@ class Bundle:
             question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
         )
 
+    def _explained(self, result: SearchResult, k: int) -> SearchResult:
+        """`result` with each hit's `Explanation`: the query's candidates found again as
+        the first stage found them with `k`, and each side's scaled share read for the hits."""
+        if not result.hits:
+            return result
+        hits = result.hits
+        if self._bm25 is None:
+            parts = [Explanation(h.distance, h.score, None, None, (), 1.0, h.score) for h in hits]
+            return replace(
+                result, hits=[replace(h, explain=e) for h, e in zip(hits, parts, strict=True)]
+            )
+        config = self._config
+        weight, lexical_candidates = config.dense_weight, config.lexical_candidates
+        assert weight is not None and lexical_candidates is not None  # a fused config
+        rows = self._id_map.to_rows(np.asarray([h.question_id for h in hits], np.int64))
+        vector = self._embed([self._tokens(result.query, 0, 1)])
+        candidates = min(max(k, lexical_candidates), self.size)
+        lexical_scores, lexical_rows = self._bm25.search(result.query, candidates)
+        if config.dense_candidates is None:  # bundles evaluated before exact scoring
+            dense_distances, dense_rows = search(self._index, vector, candidates)
+            dense_rows, dense_sims = dense_rows[0], -dense_distances[0]
+        else:
+            _, dense_rows = search(
+                self._index, vector, min(max(k, config.dense_candidates), self.size)
+            )
+            union = candidate_union(dense_rows, lexical_rows[None])[0]
+            dense_rows = union[union >= 0]
+            dense_sims = -self._row_distances(vector, dense_rows)
+        dense = scaled_at(dense_sims, dense_rows, rows).tolist()
+        lexical = scaled_at(lexical_scores, lexical_rows, rows).tolist()
+        explained = []
+        for i, (hit, row) in enumerate(zip(hits, rows.tolist(), strict=True)):
+            bm25_score, words = self._bm25.matches(result.query, row)
+            part = Explanation(
+                hit.distance, dense[i], bm25_score, lexical[i], words, weight, hit.score
+            )
+            explained.append(replace(hit, explain=part))
+        return replace(result, hits=explained)
+
     def _result(
         self,
         query: str,
@@ -528,6 +659,7 @@ class Bundle:
                 question_id=int(self._qids[row]),
                 text=self._texts[row],
                 cluster_id=int(self._cluster_ids[row]),
+                answer_id=self._answer_ids[row],
                 # FAISS's float arithmetic can give -1e-7 for an identical vector.
                 distance=max(distance, 0.0),
                 score=1.0 / (1.0 + max(distance, 0.0)) if scores is None else scores[i],
@@ -682,7 +814,7 @@ def _load_questions(
         raise BundleError(
             f"{ids_path} maps {len(id_map)} rows but {index_path} holds {index.ntotal} vectors"
         )
-    texts, cluster_ids = _read_questions(paths[QUESTIONS_FILE], id_map, index.ntotal)
+    texts, cluster_ids, answer_ids = _read_questions(paths[QUESTIONS_FILE], id_map, index.ntotal)
     bm25 = None
     if config.fused:
         try:
@@ -694,7 +826,7 @@ def _load_questions(
                 f"{paths[BM25_FILE]} weighs {bm25.num_docs} questions but {index_path} "
                 f"holds {index.ntotal}: they come from different index runs"
             )
-    return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25)
+    return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25, answer_ids)
 
 
 def _open_encoder(
@@ -814,10 +946,16 @@ def _parse_max_len(value: str | None, path: Path) -> int:
     return max_len
 
 
-def _read_questions(path: Path, id_map: IdMap, ntotal: int) -> tuple[list[str], np.ndarray]:
-    """Texts and cluster ids aligned to index rows (the parquet may be in any order)."""
+def _read_questions(
+    path: Path, id_map: IdMap, ntotal: int
+) -> tuple[list[str], np.ndarray, list[str | None] | None]:
+    """Texts, cluster ids and answer ids aligned to index rows (the parquet may be in any
+    order); answer ids None for a table written before the index stage kept them."""
+    columns = ["question_id", "text", "cluster_id"]
     try:
-        table = pq.read_table(path, columns=["question_id", "text", "cluster_id"])
+        if ANSWER_ID in pq.read_schema(path).names:
+            columns.append(ANSWER_ID)
+        table = pq.read_table(path, columns=columns)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise BundleError(f"cannot read questions {path}: {exc}") from exc
     if table.num_rows != ntotal:
@@ -849,4 +987,26 @@ def _read_questions(path: Path, id_map: IdMap, ntotal: int) -> tuple[list[str], 
         texts[row] = text
     cluster_ids = np.empty(ntotal, dtype=np.int64)
     cluster_ids[rows] = clusters_in
-    return texts, cluster_ids
+    return texts, cluster_ids, _answer_ids(path, table, rows, ntotal)
+
+
+def _answer_ids(
+    path: Path, table: pa.Table, rows: np.ndarray, ntotal: int
+) -> list[str | None] | None:
+    """The answer_id column aligned to index rows; None (logged) when the table has none."""
+    if ANSWER_ID not in table.column_names:
+        # Older bundles still serve; their hits say plainly that no answer id is known.
+        log.warning(
+            "%s has no %s column (written before the index stage kept answer ids): hits "
+            "carry answer_id null; run the index stage again to fill it",
+            path,
+            ANSWER_ID,
+        )
+        return None
+    kind = table.schema.field(ANSWER_ID).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise BundleError(f"{path}: {ANSWER_ID} must be strings, got {kind}")
+    answers: list[str | None] = [None] * ntotal
+    for row, answer in zip(rows.tolist(), table.column(ANSWER_ID).to_pylist(), strict=True):
+        answers[row] = answer
+    return answers

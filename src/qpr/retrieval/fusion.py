@@ -73,6 +73,19 @@ def _unit_range(scores: np.ndarray) -> np.ndarray:
     return np.where(finite & (hi == lo), 1.0, out).astype(np.float32)
 
 
+def scaled_at(scores: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """One side of one query's fusion, read for some rows: float32 [len(wanted)], each
+    wanted row's score min-max scaled over the side's candidates as `fuse` scales it, 0
+    where the side did not return the row. scores float [C] for rows int64 [C] (-1 =
+    empty). What `explain` reports: α times the dense value plus (1 - α) times the
+    lexical one is the fused score."""
+    rows = np.asarray(rows, np.int64)
+    valid = rows >= 0
+    scaled = _unit_range(np.where(valid, np.asarray(scores, np.float32), -np.inf)[None])[0]
+    share = dict(zip(rows[valid].tolist(), scaled[valid].tolist(), strict=True))
+    return np.asarray([share.get(row, 0.0) for row in np.asarray(wanted).tolist()], np.float32)
+
+
 def fuse(
     dense_sims: np.ndarray,
     dense_rows: np.ndarray,

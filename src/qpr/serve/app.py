@@ -3,9 +3,9 @@
 Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID``):
 
 - ``POST /search`` ``{"question": str, "k"?: int, "threshold"?: number|null}`` → the k
-  closest known questions (``id, text, cluster_id, distance, score``), ``answered``
+  closest known questions (`qpr.retrieval.bundle.HIT_FIELDS`), ``answered``
   (top-1 within the threshold: the request's, else the model's stored one), the threshold
-  used, and which model answered.
+  used, and which model answered. ``"explain": true`` adds each hit's score parts.
 - ``POST /search/batch`` ``{"questions": [str, ...], "k"?, "threshold"?}`` → ``results``
   in input order, same fields.
 - ``GET /healthz`` liveness: 200 while the process runs.
@@ -253,6 +253,7 @@ class _SearchBody(BaseModel):
     question: str
     k: int | None = None
     threshold: float | None = None
+    explain: bool = False  # each hit with the parts of its score (Bundle.search)
 
 
 class _BatchBody(BaseModel):
@@ -260,6 +261,7 @@ class _BatchBody(BaseModel):
     questions: list[str]
     k: int | None = None
     threshold: float | None = None
+    explain: bool = False
 
 
 _SEARCH_EXAMPLE = '{"question": "how do i reset my password?", "k": 10}'
@@ -369,16 +371,8 @@ def _respond(payload: Any, status: int = 200) -> Response:
 
 
 def _hits(result: SearchResult) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": h.question_id,
-            "text": h.text,
-            "cluster_id": h.cluster_id,
-            "distance": h.distance,
-            "score": h.score,
-        }
-        for h in result.hits
-    ]
+    # Hit.as_dict: the field names the CLI and the MLflow pyfunc use too.
+    return [h.as_dict() for h in result.hits]
 
 
 def _model_brief(served: Served) -> dict[str, Any]:
@@ -586,7 +580,12 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         served = state.serving()
         try:
             result = await run_in_threadpool(
-                openmp.call, served.bundle.search, body.question, k, threshold=threshold
+                openmp.call,
+                served.bundle.search,
+                body.question,
+                k,
+                threshold=threshold,
+                explain=body.explain,
             )
         except ValueError as exc:  # e.g. only punctuation: no words to search with
             raise ApiError(422, "invalid_question", str(exc)) from None
@@ -620,7 +619,12 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         served = state.serving()
         try:
             results = await run_in_threadpool(
-                openmp.call, served.bundle.search_batch, body.questions, k, threshold=threshold
+                openmp.call,
+                served.bundle.search_batch,
+                body.questions,
+                k,
+                threshold=threshold,
+                explain=body.explain,
             )
         except ValueError as exc:
             raise ApiError(422, "invalid_question", str(exc)) from None

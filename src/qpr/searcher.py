@@ -1,0 +1,247 @@
+"""The Python API: search a trained bundle, or index your own questions with its encoder.
+
+A thin facade over `qpr.retrieval.bundle.Bundle` (search) and
+`qpr.retrieval.indexer.Indexer` (indexing), as ColBERT's `Searcher` and `Indexer` are:
+
+    from qpr import Searcher
+
+    searcher = Searcher.load("models")  # or "models:/qpr@champion"
+    result = searcher.search("how do i reset my password", k=5)
+    result.hits[0].answer_id
+
+    mine = Searcher.build(
+        questions=["how do i reset my password", "where is my invoice"],
+        answer_ids=["pw-reset", "billing"],
+        encoder="models",  # a bundle folder, or its encoder.onnx
+        out="my-index",
+    )
+
+A built index is a bundle folder like the pipeline's: `Searcher.load("my-index")` and
+``qpr serve --models-dir my-index`` read it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qpr.artifacts import SearchConfig
+    from qpr.retrieval.bundle import Bundle, SearchResult
+
+__all__ = ["Searcher"]
+
+REGISTRY_SCHEME = "models:/"
+# Candidates per query of a fused index built here when the encoder's bundle names none:
+# the evaluate stage's usual choice.
+_LEXICAL_CANDIDATES = 100
+_DENSE_CANDIDATES = 20
+
+
+class Searcher:
+    """A loaded bundle to search; `load` a folder or a registry URI, or `build` one."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        self._bundle = bundle
+
+    @classmethod
+    def load(cls, source: str | os.PathLike[str], *, threads: int = 1) -> Searcher:
+        """The bundle in a folder, or a registered model: ``models:/<name>@<alias>``
+        (``models:/<name>``: its champion), fetched as the service fetches it
+        (`qpr.serve.sources.RegistrySource`, MLflow's tracking URI from the environment).
+        BundleError when the files do not belong together; SourceError when the registry
+        has no such model or alias."""
+        from qpr.retrieval.bundle import Bundle
+
+        text = os.fspath(source)
+        if not text.startswith(REGISTRY_SCHEME):
+            return cls(Bundle.load(text, threads=threads))
+        return cls(_from_registry(text, threads))
+
+    @property
+    def bundle(self) -> Bundle:
+        """The loaded bundle (its threshold, size, fingerprint, search config)."""
+        return self._bundle
+
+    def search(
+        self, question: str, k: int = 10, *, threshold: float | None = None, explain: bool = False
+    ) -> SearchResult:
+        """The k known questions closest to `question`, each with its answer_id
+        (`qpr.retrieval.bundle.Bundle.search`)."""
+        return self._bundle.search(question, k, threshold=threshold, explain=explain)
+
+    def search_batch(
+        self,
+        questions: Sequence[str],
+        k: int = 10,
+        *,
+        threshold: float | None = None,
+        explain: bool = False,
+    ) -> list[SearchResult]:
+        """`search` for many questions at once, results in input order."""
+        return self._bundle.search_batch(questions, k, threshold=threshold, explain=explain)
+
+    @classmethod
+    def build(
+        cls,
+        questions: Sequence[str],
+        answer_ids: Sequence[str],
+        *,
+        encoder: str | os.PathLike[str],
+        out: str | os.PathLike[str],
+        question_ids: Sequence[int] | None = None,
+        factory: str = "Flat",
+        log: Callable[[str], None] = lambda _: None,
+    ) -> Searcher:
+        """Index `questions` (answer_ids[i] answers questions[i]) into the bundle folder
+        `out`, and load it.
+
+        encoder: a bundle folder (its encoder.onnx and vocab.json; its threshold and BM25
+            fusion are kept, since they are in the encoder's units), or an encoder.onnx
+            with vocab.json beside it (dense search only, no threshold).
+        question_ids: int ids of the questions; default 0, 1, 2, ...
+        factory: the FAISS index ("Flat": exact, fine up to ~10^5 questions).
+        Questions of one answer share a cluster id. `out` is replaced.
+        """
+        texts, answers, qids = _checked(questions, answer_ids, question_ids)
+        onnx, vocab, config = _encoder_files(Path(encoder))
+        root = Path(out)
+        staging = root.with_name(root.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            _write_bundle(staging, texts, answers, qids, (onnx, vocab, config, factory), log)
+            shutil.rmtree(root, ignore_errors=True)
+            staging.rename(root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return cls.load(root)
+
+
+def _from_registry(uri: str, threads: int) -> Bundle:
+    """The bundle of a ``models:/name@alias`` URI, checked against its registered
+    fingerprint; its downloaded files are removed once it is in memory."""
+    from qpr.retrieval.bundle import Bundle, BundleError
+    from qpr.serve.sources import RegistrySource
+
+    name, _, alias = uri[len(REGISTRY_SCHEME) :].partition("@")
+    if not name or "/" in name:
+        raise ValueError(f"expected models:/<name>@<alias>, got {uri!r}")
+    source = RegistrySource(name, alias or "champion")
+    candidate = source.poll()
+    with source.materialize(candidate) as folder:
+        bundle = Bundle.load(folder, threads=threads)
+    expected = candidate.expected_fingerprint
+    if expected and expected != bundle.fingerprint:
+        raise BundleError(
+            f"{uri}: the downloaded bundle's fingerprint {bundle.fingerprint[:12]}… differs "
+            f"from the registered {expected[:12]}…"
+        )
+    return bundle
+
+
+def _checked(
+    questions: Sequence[str], answer_ids: Sequence[str], question_ids: Sequence[int] | None
+) -> tuple[list[str], list[str], list[int]]:
+    texts, answers = list(questions), list(answer_ids)
+    if isinstance(questions, str) or not texts:
+        raise ValueError("questions must be a non-empty list of strings")
+    if len(answers) != len(texts):
+        raise ValueError(f"{len(texts)} questions but {len(answers)} answer ids")
+    if not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError("every question must be a non-empty string")
+    qids = list(range(len(texts))) if question_ids is None else [int(q) for q in question_ids]
+    if len(qids) != len(texts) or len(set(qids)) != len(qids):
+        raise ValueError("question_ids must be unique, one per question")
+    return texts, [str(a) for a in answers], qids
+
+
+def _encoder_files(encoder: Path) -> tuple[Path, Path, SearchConfig | None]:
+    """(encoder.onnx, vocab.json, the bundle's search config or None) of `encoder`."""
+    from qpr.artifacts import ENCODER_FILE, VOCAB_FILE, SearchConfig, search_config_file
+
+    if encoder.is_dir():
+        onnx, vocab = encoder / ENCODER_FILE, encoder / VOCAB_FILE
+        config = SearchConfig.read(encoder) if search_config_file(encoder).is_file() else None
+    else:
+        onnx, vocab, config = encoder, encoder.with_name(VOCAB_FILE.name), None
+    for path in (onnx, vocab):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: pass a bundle folder or its encoder.onnx")
+    return onnx, vocab, config
+
+
+def _write_bundle(
+    root: Path,
+    texts: list[str],
+    answers: list[str],
+    qids: list[int],
+    model: tuple[Path, Path, SearchConfig | None, str],
+    log: Callable[[str], None],
+) -> None:
+    """The bundle files into `root`: the encoder and vocabulary copied, the index, id map,
+    questions (with answer ids) and, when the encoder's bundle fuses, BM25 and its α."""
+    import numpy as np
+    import pandas as pd
+
+    from qpr.artifacts import (
+        ANSWER_ID,
+        BM25_FILE,
+        ENCODER_FILE,
+        INDEX_FILE,
+        QUESTIONS_FILE,
+        VOCAB_FILE,
+    )
+    from qpr.data.clustering import stable_id
+    from qpr.retrieval.dense import IdMap, IndexConfig, save_index
+    from qpr.retrieval.indexer import Indexer, LexicalConfig
+
+    onnx, vocab, source_config, factory = model
+    fused = source_config is not None and source_config.fused
+    (root / INDEX_FILE).parent.mkdir(parents=True)
+    shutil.copyfile(onnx, root / ENCODER_FILE)
+    shutil.copyfile(vocab, root / VOCAB_FILE)
+    with tempfile.TemporaryDirectory(prefix="qpr-build-") as work:
+        shard = Path(work) / "questions.parquet"
+        pd.DataFrame({"question": texts}).to_parquet(shard)
+        indexer = Indexer(
+            config=IndexConfig(factory, nprobe=1, use_gpu=False),
+            encoder=root / ENCODER_FILE,
+            vocab=root / VOCAB_FILE,
+            work_dir=Path(work),
+            lexical=LexicalConfig(enabled=fused),
+            threads=1,
+        )
+        built = indexer.index([shard], log=log)
+    save_index(built.index, root / INDEX_FILE)
+    IdMap(np.asarray(qids, np.int64)).save(IdMap.path_for(root / INDEX_FILE))
+    # One cluster per answer, with the id the cluster stage gives a logged answer.
+    clusters = [stable_id(f"answer:{a}") for a in answers]
+    pd.DataFrame(
+        {"question_id": qids, "text": texts, "cluster_id": clusters, ANSWER_ID: answers}
+    ).astype({"question_id": "int64", "cluster_id": "int64"}).to_parquet(
+        root / QUESTIONS_FILE, index=False
+    )
+    if built.bm25 is not None:
+        built.bm25.save(root / BM25_FILE)
+    _search_config(source_config, fused).write(root)
+
+
+def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
+    """The encoder's bundle's threshold and fusion (same encoder, same distances), with
+    the index file's own depth (a new index)."""
+    from qpr.artifacts import SearchConfig
+
+    if source is None:
+        return SearchConfig(chosen_on="none")
+    return SearchConfig(
+        threshold=source.threshold,
+        dense_weight=source.dense_weight if fused else None,
+        lexical_candidates=(source.lexical_candidates or _LEXICAL_CANDIDATES) if fused else None,
+        dense_candidates=(source.dense_candidates or _DENSE_CANDIDATES) if fused else None,
+        target_precision=source.target_precision,
+        chosen_on=source.chosen_on,
+    )
