@@ -58,7 +58,7 @@ def test_search_without_the_key_is_refused(keyed: TestClient) -> None:
 def test_either_header_opens(keyed: TestClient, headers: dict[str, str]) -> None:
     response = keyed.post("/search", json=SEARCH, headers=headers)
     assert response.status_code == 200, response.text
-    assert response.json()["hits"][0]["id"] == QIDS[0]
+    assert response.json()["hits"][0]["question_id"] == QIDS[0]
     batch = keyed.post("/search/batch", json={"questions": [QUESTIONS[1]]}, headers=headers)
     assert batch.status_code == 200, batch.text
 
