@@ -85,7 +85,6 @@ def test_dropping_the_cluster_is_searching_an_index_without_it():
         row_cluster,
         own,
         dense_candidates=dense_k,
-        lexical_candidates=lexical_k,
         extra=extra,
         dense_weight=weight,
     )

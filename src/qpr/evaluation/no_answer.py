@@ -124,26 +124,24 @@ def fused_top1_without_cluster(
     own: np.ndarray,
     *,
     dense_candidates: int,
-    lexical_candidates: int,
     extra: int,
     dense_weight: float,
 ) -> np.ndarray:
     """float64 [Q] the rank-1 distance of the served fusion once the query's own cluster
-    is gone: the index's top `dense_candidates` and BM25's top `lexical_candidates`
-    outside the cluster, each scored by its exact distance and fused at `dense_weight`
+    is gone: the index's top `dense_candidates` and BM25's top Cl - `extra` outside the
+    cluster, each scored by its exact distance and fused at `dense_weight`
     (`qpr.evaluation.fusion_tuning.fused_result`, as `Bundle.search` serves it).
 
-    lexical: BM25 (scores float32 [Q, Cl], rows int64 [Q, Cl]) with Cl >=
-    lexical_candidates + extra; extra: the largest cluster's size (the over-fetch).
+    lexical: BM25 (scores float32 [Q, Cl], rows int64 [Q, Cl]) fetched `extra` deeper
+    than the served candidates; extra: the largest cluster's size (the over-fetch).
     """
     from qpr.retrieval.dense import distances_to, search
     from qpr.retrieval.fusion import candidate_union, fuse_union
 
     distances, dense_rows = search(index, vectors, dense_candidates + extra)
     dense_rows, _ = drop_own_cluster(dense_rows, distances, row_cluster, own, dense_candidates)
-    lex_rows, lex_scores = drop_own_cluster(
-        lexical[1], lexical[0], row_cluster, own, lexical_candidates
-    )
+    served = lexical[1].shape[1] - extra
+    lex_rows, lex_scores = drop_own_cluster(lexical[1], lexical[0], row_cluster, own, served)
     rows = candidate_union(dense_rows, lex_rows)
     sims = -distances_to(index, vectors, rows)
     _, top = fuse_union(sims, rows, lex_scores, lex_rows, dense_weight, 1)

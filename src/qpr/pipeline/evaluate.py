@@ -284,7 +284,6 @@ def _no_paraphrase(
                 row_cluster,
                 own,
                 dense_candidates=dense_candidates,
-                lexical_candidates=candidates,
                 extra=extra,
                 dense_weight=dense_weight,
             )
