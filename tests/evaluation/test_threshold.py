@@ -37,6 +37,10 @@ def test_threshold_curve_and_pick_hand_example():
     assert pick_threshold(curve, 0.9) == pytest.approx(0.2)
     assert pick_threshold(curve, 0.75) == pytest.approx(0.4)  # non-monotone: last qualifying
     assert pick_threshold(curve, 1.01) is None
+    # unmeasured false answers do not block a choice (the warnings say so)
+    assert pick_threshold(curve, 0.9, 0.2) == pytest.approx(0.2)
+    empty = threshold_curve(d, correct, points=5, unanswerable=np.empty(0))
+    assert choose_threshold(empty, 0.9, 0.2).threshold == pytest.approx(0.2)
 
 
 def test_threshold_curve_similarities_and_queries_with_no_result():
@@ -103,8 +107,12 @@ def test_warnings_name_what_is_wrong():
         "rule": "target",
         "test_answered_share": 0.5,
         "test_false_answer_rate": 0.2,
+        "val_unanswerable": 10,
+        "test_unanswerable": 10,
     }
     assert warnings_for(fine) == []
+    unmeasured = warnings_for({**fine, "test_unanswerable": 0})
+    assert unmeasured == ["no test query without a paraphrase: false answers not measured"]
     shy = warnings_for({**fine, "test_answered_share": 0.019})
     assert len(shy) == 1 and "1.9%" in shy[0]
     rash = warnings_for({**fine, "test_false_answer_rate": 0.25})

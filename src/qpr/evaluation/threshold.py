@@ -108,7 +108,8 @@ def pick_threshold(
     """
     ok = curve["precision_at_1"] >= target_precision
     if max_false_answer_rate is not None:
-        ok &= curve["false_answer_rate"] <= max_false_answer_rate
+        # NaN (nothing measured) passes: warnings_for says the bound was never tested.
+        ok &= curve["false_answer_rate"].fillna(0.0) <= max_false_answer_rate
     if not ok.any():
         return None
     return float(curve.loc[ok, "threshold"].iloc[-1])
@@ -133,7 +134,7 @@ def choose_threshold(
     both = pick_threshold(curve, target_precision, max_false_answer_rate)
     if both is not None:
         return Choice(both, "target", True)
-    within = curve[curve["false_answer_rate"] <= max_false_answer_rate]
+    within = curve[curve["false_answer_rate"].fillna(0.0) <= max_false_answer_rate]
     if not within.empty:
         return Choice(float(within["threshold"].iloc[-1]), "bound", False)
     if curve.empty:
@@ -177,6 +178,9 @@ def warnings_for(summary: dict) -> list[str]:
             f"{summary['max_false_answer_rate']:.0%} false answers on validation "
             f"(chosen by rule {summary['rule']!r})"
         )
+    for split in ("val", "test"):
+        if not summary.get(f"{split}_unanswerable"):
+            out.append(f"no {split} query without a paraphrase: false answers not measured")
     if share is not None and share < WARN_ANSWERED_BELOW:
         out.append(f"answers only {share:.1%} of the answerable test queries")
     if false is not None and false > WARN_FALSE_ANSWERS_ABOVE:
