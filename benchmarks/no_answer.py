@@ -32,13 +32,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import describe
 
 from qpr.artifacts import SearchConfig
 from qpr.config import Settings, load_settings
-from qpr.evaluation.queries import QuerySet, query_set
+from qpr.evaluation.no_answer import Unanswerable, query_clusters
+from qpr.evaluation.queries import QuerySet, SystemResult, query_set
 from qpr.evaluation.threshold import choose_threshold, outcome, threshold_report
 from qpr.io import write_json_atomic, write_text_atomic
 from qpr.paths import ProjectPaths
@@ -69,13 +71,11 @@ IN_DOMAIN = (
 )
 
 
-def sample(queries: QuerySet, questions, n: int | None, seed: int) -> QuerySet:
+def sample(queries: QuerySet, questions: pd.DataFrame, n: int | None, seed: int) -> QuerySet:
     """At most `n` of the queries, whole clusters at a time (seeded), so a held-out
     cluster keeps all its questions."""
     if n is None or len(queries.query_ids) <= n:
         return queries
-    from qpr.evaluation.no_answer import query_clusters
-
     clusters = query_clusters(queries, questions)
     order = np.random.default_rng(seed).permutation(np.unique(clusters))
     sizes = np.array([np.sum(clusters == c) for c in order])
@@ -177,7 +177,9 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
     }
 
 
-def bound_only(curve, settings: Settings, test, unanswerable) -> dict:
+def bound_only(
+    curve: pd.DataFrame, settings: Settings, test: SystemResult, unanswerable: Unanswerable
+) -> dict:
     """The most answering threshold within the false-answer bound, with no precision
     target, and what it gives on test."""
     limit = settings.evaluate.max_false_answer_rate
@@ -316,8 +318,6 @@ def main() -> None:
             run["probe"] = probe(root, run["chosen"])
         print(json.dumps(run["threshold"], indent=1), flush=True)
         runs.append(run)
-    import pandas as pd
-
     evaluate = settings.evaluate
     payload = {
         "date": pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC"),
