@@ -135,10 +135,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"{ev['val']['success_10']:.4f}, MRR {ev['val']['recip_rank']:.4f}.",
         "",
         "No-answer threshold (squared L2 distance) chosen on validation for P@1 ≥ "
-        f"{threshold.get('target_precision')}: {fmt(threshold.get('value'))}; on test it "
-        f"answers {fmt(threshold.get('test_answered_share'))} of the queries with P@1 "
-        f"{fmt(threshold.get('test_precision_at_1'))}.",
+        f"{threshold.get('target_precision')} and at most "
+        f"{fmt(threshold.get('max_false_answer_rate'))} false answers: "
+        f"{fmt(threshold.get('value'))} (rule {threshold.get('rule')}); on test it "
+        f"answers {fmt(threshold.get('test_answered_share'))} of the answerable queries with "
+        f"P@1 {fmt(threshold.get('test_precision_at_1'))}, and "
+        f"{fmt(threshold.get('test_false_answer_rate'))} of those with no paraphrase.",
         "",
+        *[f"**WARNING**: {warning}." for warning in threshold.get("warnings") or []],
     ]
     return "\n".join(lines)
 

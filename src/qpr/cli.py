@@ -840,8 +840,11 @@ def _print_results(metrics: dict) -> None:
         console.print(
             f"no-answer threshold {chosen.get('value')} (target P@1 "
             f"{chosen.get('target_precision')}): answers {chosen.get('test_answered_share')} "
-            f"of test queries at P@1 {chosen.get('test_precision_at_1')}"
+            f"of test queries at P@1 {chosen.get('test_precision_at_1')}, and "
+            f"{chosen.get('test_false_answer_rate')} of those with no paraphrase"
         )
+        for warning in chosen.get("warnings") or []:
+            console.print(f"[bold red]WARNING[/]: no-answer threshold: {warning}")
 
 
 def _format_value(value: object) -> str:

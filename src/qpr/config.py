@@ -239,6 +239,10 @@ class EvaluateSettings(_Section):
         "untrained",
     )
     target_precision: float = Field(0.9, gt=0.0, le=1.0)  # the "no answer" threshold aims here
+    # ... answering at most this share of the queries with no paraphrase (false answers)
+    max_false_answer_rate: float = Field(0.2, ge=0.0, le=1.0)
+    # the share of val / test clusters held out to make queries with no paraphrase
+    no_paraphrase_share: float = Field(0.2, gt=0.0, lt=1.0)
     min_success_1: float = Field(0.0, ge=0.0, le=1.0)  # quality floor before registration
 
 

@@ -1,4 +1,4 @@
-"""TREC files and measures against hand-computed examples, baselines, threshold curve."""
+"""TREC files and measures against hand-computed examples, baselines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from qpr.evaluation.baselines import bm25_search, jaccard_search
-from qpr.evaluation.threshold import pick_threshold, plot_threshold_curve, threshold_curve
 from qpr.evaluation.trec import (
     MEASURES,
     format_table,
@@ -215,40 +214,6 @@ def test_bm25_ranks_the_obvious_document_first_and_excludes_self():
     assert np.all(scores[2] == -np.inf)
     _, rows = bm25_search(CORPUS, [CORPUS[3]], 2, exclude_rows=np.array([3]))
     assert 3 not in rows[0] and rows[0, 0] == 2
-
-
-# ---------------------------------------------------------------- threshold
-
-
-def test_threshold_curve_and_pick_hand_example():
-    d = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
-    correct = np.array([True, True, False, True])
-    curve = threshold_curve(d, correct, points=5)
-    np.testing.assert_allclose(curve["threshold"], [0.1, 0.2, 0.3, 0.4], rtol=1e-6)
-    np.testing.assert_allclose(curve["answered_share"], [0.25, 0.5, 0.75, 1.0])
-    np.testing.assert_allclose(curve["precision_at_1"], [1.0, 1.0, 2 / 3, 0.75])
-    assert pick_threshold(curve, 0.9) == pytest.approx(0.2)
-    assert pick_threshold(curve, 0.75) == pytest.approx(0.4)  # non-monotone: last qualifying
-    assert pick_threshold(curve, 1.01) is None
-
-
-def test_threshold_curve_similarities_and_queries_with_no_result():
-    sims = np.array([0.9, 0.8, -np.inf, 0.5])  # third query retrieved nothing
-    correct = np.array([True, False, False, True])
-    curve = threshold_curve(sims, correct, points=3, higher_is_better=True)
-    np.testing.assert_allclose(curve["threshold"], [0.9, 0.8, 0.5])
-    np.testing.assert_allclose(curve["answered_share"], [0.25, 0.5, 0.75])  # never 1
-    np.testing.assert_allclose(curve["precision_at_1"], [1.0, 0.5, 2 / 3])
-    assert pick_threshold(curve, 0.6) == pytest.approx(0.5)
-
-
-def test_plot_threshold_curve_writes_png(tmp_path):
-    rng = np.random.default_rng(0)
-    d = rng.random(200)
-    curve = threshold_curve(d, d < rng.random(200))
-    chosen = pick_threshold(curve, 0.5)
-    path = plot_threshold_curve(curve, tmp_path / "plots" / "threshold.png", chosen)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_format_table():

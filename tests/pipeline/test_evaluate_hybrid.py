@@ -79,6 +79,36 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     for question, expected in zip(new, fused_rows, strict=True):
         served = [h.question_id for h in bundle.search(question, k=10).hits]
         assert served == [int(row_qids[r]) for r in expected if r >= 0]
+    _off_topic_is_not_answered(paths, metrics["threshold"], bundle)
+
+
+# Off the synthetic logs' topics (trivia, small talk): no paraphrase exists in the index.
+OFF_TOPIC = ("book me a flight to mars", "set an alarm for six tomorrow morning")
+# New wordings of questions the synthetic logs hold (seed 7): a paraphrase is indexed.
+IN_DOMAIN = ("who is the actor that plays neo in the matrix", "who directed the movie oppenheimer")
+
+
+def _off_topic_is_not_answered(paths: ProjectPaths, threshold: dict, bundle) -> None:
+    """The threshold is chosen with false answers measured, and the service refuses an
+    off-topic question while it answers in-domain paraphrases. Before false answers were
+    measured the threshold answered every validation query, "book me a flight to mars"
+    included. This 16-dimension, 3-epoch model is too weak to push every off-topic
+    question away (several land near some indexed one); the pipeline's model refuses nine
+    probes of nine (docs/results/no_answer.md)."""
+    assert threshold["val_unanswerable"] > 0 and threshold["test_unanswerable"] > 0
+    assert threshold["rule"] == "target" and threshold["meets_target"]
+    assert threshold["val_false_answer_rate"] <= threshold["max_false_answer_rate"]
+    assert threshold["val_precision_at_1"] >= threshold["target_precision"]
+    assert 0.0 <= threshold["test_false_answer_rate"] <= 1.0
+    assert bundle.threshold == threshold["value"]
+    report = (paths.evaluation_dir / "threshold.md").read_text(encoding="utf-8")
+    assert "false_answer_rate" in report
+    for question in OFF_TOPIC:
+        result = bundle.search(question, k=3)
+        assert not result.answered, (question, result.hits[0])
+    for question in IN_DOMAIN:
+        result = bundle.search(question, k=3)
+        assert result.answered, (question, result.hits[0])
 
 
 def test_without_lexical_the_dense_ranking_is_served(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ questions of its cluster; it searches the full index with itself excluded; top k
 Measures are trec_eval's (pytrec_eval), a query that retrieves nothing counts as a miss.
 With BM25 in the bundle, the fusion weight and how deep fused searches go are chosen on
 the validation split (`qpr.evaluation.fusion_tuning`). The "no answer" threshold is
-chosen on the validation split and reported on test (`qpr.evaluation.threshold`).
+chosen on the validation split and reported on test (`qpr.evaluation.threshold`); a
+seeded share of each split's clusters is held out to make queries with no paraphrase,
+which it must refuse (`qpr.evaluation.no_answer`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from qpr.evaluation.fusion_tuning import (
     fused_result,
     hybrid_candidates,
     plot_fusion_curve,
+)
+from qpr.evaluation.no_answer import (
+    Unanswerable,
+    dense_top1_without_cluster,
+    fused_top1_without_cluster,
+    held_out_mask,
+    query_clusters,
+    row_clusters,
 )
 from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
 from qpr.evaluation.threshold import threshold_report
@@ -75,6 +85,7 @@ class _Searched:
     what fusion needs (query rows, query vectors, BM25 scores and rows)."""
 
     dense: SystemResult
+    vectors: np.ndarray  # float32 [Q, D] the queries' embeddings
     fusion_inputs: tuple[np.ndarray, ...] | None
     seconds: float  # both retrievers' time
 
@@ -160,13 +171,13 @@ def _search_split(inputs: _Inputs, queries: QuerySet, k: int, candidates: int) -
         seconds=dense_seconds,
     )
     if inputs.bm25 is None:
-        return _Searched(dense, None, dense_seconds)
+        return _Searched(dense, vectors, None, dense_seconds)
     started = time.perf_counter()
     lex_scores, lex_rows = lexical_search(
         inputs.bm25, queries.texts, candidates, exclude_rows=query_rows
     )
     seconds = dense_seconds + time.perf_counter() - started
-    return _Searched(dense, (query_rows, vectors, lex_scores, lex_rows), seconds)
+    return _Searched(dense, vectors, (query_rows, vectors, lex_scores, lex_rows), seconds)
 
 
 def _tune_fusion(
@@ -233,6 +244,51 @@ def _fused_results(
         lexical_alone = fused_result(candidates, 0.0, inputs.index, inputs.ids.qids, k)
         results[split] = {"model": model, "lexical": replace(lexical_alone, name="lexical")}
     return results
+
+
+def _no_paraphrase(
+    settings: Settings,
+    inputs: _Inputs,
+    splits: dict[str, tuple[QuerySet, _Searched]],
+    dense_weight: float | None,
+    candidates: int,
+    dense_candidates: int,
+) -> dict[str, Unanswerable]:
+    """Per split, the queries of a seeded share of its clusters, each searched as served
+    with its own cluster gone from the index (`qpr.evaluation.no_answer`): their rank-1
+    distances are what the threshold sees for a question with no paraphrase."""
+    from qpr.retrieval.bm25 import lexical_search
+
+    questions = inputs.questions
+    row_cluster = row_clusters(inputs.ids.qids, questions)
+    clustered = questions[questions["cluster_id"] >= 0]
+    extra = int(clustered.groupby("cluster_id").size().max())  # the largest cluster
+    out: dict[str, Unanswerable] = {}
+    for position, (split, (queries, searched)) in enumerate(splits.items()):
+        clusters = query_clusters(queries, questions)
+        held = held_out_mask(
+            clusters, settings.evaluate.no_paraphrase_share, settings.seed + position
+        )
+        vectors, own = searched.vectors[held], clusters[held]
+        top1 = np.full(held.shape, np.inf)
+        if held.any() and (inputs.bm25 is None or dense_weight is None):
+            top1[held] = dense_top1_without_cluster(
+                inputs.index, vectors, row_cluster, own, 1 + extra
+            )
+        elif held.any():
+            texts = [t for t, h in zip(queries.texts, held, strict=True) if h]
+            top1[held] = fused_top1_without_cluster(
+                inputs.index,
+                vectors,
+                lexical_search(inputs.bm25, texts, candidates + extra),
+                row_cluster,
+                own,
+                dense_candidates=dense_candidates,
+                extra=extra,
+                dense_weight=dense_weight,
+            )
+        out[split] = Unanswerable(held, top1)
+    return out
 
 
 def _baselines(
@@ -318,6 +374,45 @@ def _write_results_table(
     )
 
 
+def _threshold(
+    settings: Settings,
+    paths: ProjectPaths,
+    val: SystemResult,
+    test: SystemResult,
+    no_paraphrase: dict[str, Unanswerable],
+    log: Callable[[str], None],
+) -> tuple[float | None, dict]:
+    """The no-answer threshold chosen on val, its report and plot, logged loudly when it
+    answers too little or too much: (threshold or None, metrics.json's "threshold")."""
+    chosen, threshold, _ = threshold_report(
+        val,
+        test,
+        paths.evaluation_dir,
+        paths.plots_dir / "evaluate" / "threshold.png",
+        target=settings.evaluate.target_precision,
+        max_false_answer_rate=settings.evaluate.max_false_answer_rate,
+        no_paraphrase=no_paraphrase,
+    )
+    _log_threshold(threshold, log)
+    return chosen, threshold
+
+
+def _log_threshold(threshold: dict, log: Callable[[str], None]) -> None:
+    """One line on the chosen no-answer threshold; a loud one per warning."""
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    log(
+        f"no-answer threshold {threshold['value']} (rule {threshold['rule']}): on test it "
+        f"answers {pct(threshold['test_answered_share'])} of the answerable queries at P@1 "
+        f"{threshold['test_precision_at_1']} and {pct(threshold['test_false_answer_rate'])} "
+        f"of the {threshold['test_unanswerable']} with no paraphrase"
+    )
+    for warning in threshold["warnings"]:
+        log(f"WARNING: no-answer threshold: {warning}")
+
+
 def run_evaluate(
     settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
 ) -> dict:
@@ -369,13 +464,9 @@ def run_evaluate(
 
     # The no-answer threshold, chosen on val; the search config the service reads.
     val, test = results["val"]["model"], results["test"]["model"]
-    chosen, threshold, _ = threshold_report(
-        val,
-        test,
-        cfg.target_precision,
-        out_dir,
-        paths.plots_dir / "evaluate" / "threshold.png",
-    )
+    weight = None if fusion is None else fusion["dense_weight"]
+    no_paraphrase = _no_paraphrase(settings, inputs, splits, weight, candidates, dense_candidates)
+    chosen, threshold = _threshold(settings, paths, val, test, no_paraphrase, log)
     write_search_config(
         paths,
         settings,
