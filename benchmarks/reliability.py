@@ -326,7 +326,12 @@ def hostile_set() -> list[tuple[str, bytes]]:
         ("batch of ints", batch(b'{"questions": [1, 2]}')),
         ("batch empty", batch(b'{"questions": []}')),
     ]
-    raw = [
+    return cases + framing_cases()
+
+
+def framing_cases() -> list[tuple[str, bytes]]:
+    """Requests broken at the HTTP level: lengths, chunking, heads, methods, paths."""
+    return [
         ("truncated body", b'POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"q'),
         (
             "content-length lies high",
@@ -385,7 +390,6 @@ def hostile_set() -> list[tuple[str, bytes]]:
         ),
         ("incomplete head", b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Le"),
     ]
-    return cases + raw
 
 
 async def send_once(port: int, raw: bytes, timeout: float) -> int:
@@ -601,11 +605,24 @@ async def normal_traffic(port: int, texts: list[str], seconds: float) -> dict[st
 
 def section_held(models: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     client_limit = raise_fd_limit(args.held + 256)
-    server = Server(models, work / "held.log", fd_limit=args.server_fd_limit)
+    runs = [held_run(models, work, args, int(limit)) for limit in args.server_fd_limits.split(",")]
+    return {
+        "held_connections": args.held,
+        "client_fd_limit": client_limit,
+        "phase_seconds": args.phase_seconds,
+        "normal_connections": NORMAL_CONNECTIONS,
+        "client_timeout_s": CLIENT_TIMEOUT,
+        "runs": runs,
+    }
+
+
+def held_run(models: Path, work: Path, args: argparse.Namespace, fd_limit: int) -> dict[str, Any]:
+    """Idle, then held, against one server whose open-files limit is `fd_limit`."""
+    server = Server(models, work / f"held-{fd_limit}.log", fd_limit=fd_limit)
     texts = questions(models)
     try:
         asyncio.run(normal_traffic(server.port, texts, 3))  # warm-up, not counted
-        say("held: idle run")
+        say(f"held: idle run, server open-files limit {fd_limit}")
         log0 = server.log_bytes()
         idle = asyncio.run(normal_traffic(server.port, texts, args.phase_seconds))
         idle["log_bytes"] = server.log_bytes() - log0
@@ -636,12 +653,7 @@ def section_held(models: Path, work: Path, args: argparse.Namespace) -> dict[str
     finally:
         server.stop()
     return {
-        "held_connections": args.held,
-        "server_fd_limit": args.server_fd_limit,
-        "client_fd_limit": client_limit,
-        "phase_seconds": args.phase_seconds,
-        "normal_connections": NORMAL_CONNECTIONS,
-        "client_timeout_s": CLIENT_TIMEOUT,
+        "server_fd_limit": fd_limit,
         "idle": idle,
         "held": loaded,
         "p99_ratio": round(loaded["p99"] / idle["p99"], 2) if idle["p99"] else None,
@@ -776,17 +788,21 @@ def targets(sections: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         rows.append((f"5xx over {total:,} hostile and random requests", "0", str(n), n == 0))
     if "held" in sections:
         h = sections["held"]
-        timeouts = h["held"]["outcomes"].get("timeout", 0)
-        rows.append(
-            (
-                f"normal requests timed out ({h['held_connections']:,} held connections)",
-                "0",
-                str(timeouts),
-                timeouts == 0,
+        for run in h["runs"]:
+            where = f"{h['held_connections']:,} held connections, fd limit {run['server_fd_limit']}"
+            failed = sum(v for k, v in run["held"]["outcomes"].items() if k != "ok")
+            rows.append(
+                (f"normal requests failed or timed out ({where})", "0", str(failed), failed == 0)
             )
-        )
-        ratio = h["p99_ratio"]
-        rows.append(("p99 held / p99 idle", "<= 2", f"{ratio}", ratio is not None and ratio <= 2))
+            ratio = run["p99_ratio"]
+            rows.append(
+                (
+                    f"p99 held / p99 idle ({where})",
+                    "<= 2",
+                    f"{ratio}",
+                    ratio is not None and ratio <= 2,
+                )
+            )
     if "swaps" in sections:
         s = sections["swaps"]
         rows.append(
@@ -851,24 +867,28 @@ def render(report: dict[str, Any]) -> str:
             f"POST /search back to back for {h['phase_seconds']} s, timeout "
             f"{h['client_timeout_s']} s. Held: a second process keeps {h['held_connections']:,} "
             "connections that sent a head and part of a body, reopening each one the server "
-            f"closes. Server open-files limit {h['server_fd_limit']} (its connection cap is "
-            f"that minus 64); client limit {h['client_fd_limit']}.",
+            "closes at once. The server's connection cap is its open-files limit minus 64 "
+            f"(at most QPR_SERVE_MAX_CONNECTIONS, 1000); client limit {h['client_fd_limit']}.",
             "",
-            "| run | requests | outcomes | p50 ms | p99 ms | max ms | server log bytes |",
-            "|---|---:|---|---:|---:|---:|---:|",
+            "| server fd limit | run | requests | outcomes | p50 ms | p99 ms | max ms | log |",
+            "|---:|---|---:|---|---:|---:|---:|---:|",
         ]
-        for name in ("idle", "held"):
-            run = h[name]
+        for run in h["runs"]:
+            for name in ("idle", "held"):
+                r = run[name]
+                lines.append(
+                    f"| {run['server_fd_limit']} | {name} | {r['requests']:,} | {r['outcomes']} | "
+                    f"{r['p50']} | {r['p99']} | {r['max']} | {r['log_bytes']:,} |"
+                )
+        lines.append("")
+        for run in h["runs"]:
             lines.append(
-                f"| {name} | {run['requests']:,} | {run['outcomes']} | {run['p50']} | "
-                f"{run['p99']} | {run['max']} | {run['log_bytes']:,} |"
+                f"- fd limit {run['server_fd_limit']}: held connections opened "
+                f"{run['held'].get('held_opened'):,}, closed by the server "
+                f"{run['held'].get('held_closed_by_server'):,} (evicted past the cap or timed "
+                f"out); /readyz afterwards {run['ready_after']}; whole server log "
+                f"{run['server_log_bytes']:,} bytes."
             )
-        lines += [
-            "",
-            f"Held connections opened {h['held'].get('held_opened')}, closed by the server "
-            f"{h['held'].get('held_closed_by_server')} (evicted past the cap or timed out). "
-            f"/readyz afterwards: {h['ready_after']}.",
-        ]
     if "swaps" in sections:
         s = sections["swaps"]
         lines += [
@@ -907,12 +927,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
     parser.add_argument("--fuzz-requests", type=int, default=100_000)
     parser.add_argument("--held", type=int, default=1000)
-    parser.add_argument("--server-fd-limit", type=int, default=256)
+    parser.add_argument(
+        "--server-fd-limits",
+        default="256,4096",
+        help="the server's open-files limits, one held run each (256: the issue's)",
+    )
     parser.add_argument("--phase-seconds", type=float, default=30.0)
     parser.add_argument("--swaps", type=int, default=6)
     args = parser.parse_args(argv)
     if args.quick:
         args.fuzz_requests, args.held, args.phase_seconds, args.swaps = 5000, 300, 8.0, 2
+        args.server_fd_limits = "256"
     return args
 
 
@@ -941,6 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run[name](copy, work, args)
             result["measured_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
             result["wall_seconds"] = round(time.perf_counter() - started, 1)
+            result["git_commit"] = report["machine"]["git_commit"]  # sections may differ
             report["sections"][name] = result
             write(args.out, report)  # at once: a killed run keeps what it finished
             say(f"{name}: done in {result['wall_seconds']} s")

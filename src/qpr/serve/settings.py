@@ -44,6 +44,8 @@ variable                           default    meaning
 ``QPR_SERVE_MAX_CONNECTIONS``      1000       open connections; past it the longest-stalled one
                                               is closed (lowered below the open-files limit)
 ``QPR_SERVE_BACKLOG``              1024       connections the kernel queues before accept
+``QPR_SERVE_LIMIT_CONCURRENCY``    (none)     uvicorn's 503 past this many connections or
+                                              requests in progress, stalled ones included
 ``QPR_SERVE_SHUTDOWN_SECONDS``     10         grace for in-flight requests at shutdown
 ``QPR_SERVE_LOG_BURST``            10         log records of one kind let through per interval
 ``QPR_SERVE_LOG_INTERVAL``         60         ... the interval, seconds; the rest are counted
@@ -105,6 +107,7 @@ class ServeSettings:
     keep_alive: int = 5
     max_connections: int = 1000
     backlog: int = 1024
+    limit_concurrency: int | None = None
     shutdown_seconds: int = 10
     log_burst: int = 10
     log_interval: float = 60.0
@@ -138,6 +141,8 @@ class ServeSettings:
                 raise SettingsError(f"{name} must be > 0 seconds, got {value}")
         if not self.startup_wait >= 0:
             raise SettingsError(f"startup_wait must be >= 0 seconds, got {self.startup_wait}")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise SettingsError(f"limit_concurrency must be >= 1, got {self.limit_concurrency}")
         if self.nprobe is not None and self.nprobe < 1:
             raise SettingsError(f"nprobe must be >= 1, got {self.nprobe}")
         if self.ef_search is not None and self.ef_search < 1:
@@ -219,6 +224,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "keep_alive": ("integer (seconds)", int),
     "max_connections": ("integer", int),
     "backlog": ("integer", int),
+    "limit_concurrency": ("integer", int),
     "shutdown_seconds": ("integer (seconds)", int),
     "log_burst": ("integer", int),
     "log_interval": ("number of seconds", float),
