@@ -816,14 +816,20 @@ def targets(sections: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     return rows
 
 
+def when(section: dict[str, Any]) -> str:
+    commit = str(section.get("git_commit"))[:12]
+    return f"_Measured {section['measured_at']}, commit {commit}, in {section['wall_seconds']} s._"
+
+
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     sections = report["sections"]
     lines = [
         "# Service reliability: hostile input, held connections, hot swaps",
         "",
-        f"Measured by `benchmarks/reliability.py` (commit {str(m.get('git_commit'))[:12]}"
-        f"{', dirty tree' if m.get('dirty') else ''}); each section's time is in the JSON.",
+        f"Measured by `benchmarks/reliability.py` (last run at commit "
+        f"{str(m.get('git_commit'))[:12]}{', dirty tree' if m.get('dirty') else ''}); each "
+        "section says when and at which commit it ran (a run skips sections already stored).",
         "",
         f"**Machine**: {m['cpu_model']}, {m['cpus_usable']} usable cores, {m['memory_gib']} GiB, "
         f"{m['platform']}, Python {m['python']}; "
@@ -845,6 +851,8 @@ def render(report: dict[str, Any]) -> str:
             "",
             "## Fuzz",
             "",
+            when(f),
+            "",
             f"One `qpr serve` on the bundle. {f['hostile']['requests']} hand-made hostile "
             f"requests, each on its own connection, all at once: statuses "
             f"{f['hostile']['statuses']} (0: closed without an answer, as for broken framing "
@@ -862,6 +870,8 @@ def render(report: dict[str, Any]) -> str:
         lines += [
             "",
             "## Held connections",
+            "",
+            when(h),
             "",
             f"Normal traffic: {h['normal_connections']} keep-alive connections sending "
             f"POST /search back to back for {h['phase_seconds']} s, timeout "
@@ -895,6 +905,8 @@ def render(report: dict[str, Any]) -> str:
             "",
             "## Hot swaps under load",
             "",
+            when(s),
+            "",
             f"The models dir is a symlink flipped between two valid bundles (same files, "
             f"search configs differ) {s['swaps_asked']} times; poll every {s['poll_seconds']} s; "
             f"{NORMAL_CONNECTIONS} keep-alive connections send POST /search throughout. Swaps "
@@ -925,6 +937,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated sections of {','.join(SECTIONS)}")
     parser.add_argument("--fresh", action="store_true", help="redo sections already stored")
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
+    parser.add_argument("--render", action="store_true", help="rewrite the .md from the JSON")
     parser.add_argument("--fuzz-requests", type=int, default=100_000)
     parser.add_argument("--held", type=int, default=1000)
     parser.add_argument(
@@ -950,6 +963,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = args.models.resolve()
     wanted = args.only.split(",") if args.only else list(SECTIONS)
     path = args.out / f"{NAME}.json"
+    if args.render:
+        write(args.out, json.loads(path.read_text()))
+        return 0
     report: dict[str, Any] = {"sections": {}}
     if path.is_file() and not args.fresh:
         report = json.loads(path.read_text())
