@@ -48,4 +48,5 @@ def test_install_covers_asyncio_and_uvicorn_once() -> None:
     for name in ("asyncio", "uvicorn.error", "qpr.serve"):
         limiters = [f for f in logging.getLogger(name).filters if isinstance(f, RateLimitFilter)]
         assert limiters == [second]
+        logging.getLogger(name).removeFilter(second)  # leave the loggers as found
     assert first is not second

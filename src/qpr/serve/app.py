@@ -16,7 +16,8 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
   histogram, model info gauge, reload outcomes, answered/unanswered questions.
 
 Input handling: bodies are read by `_Guard` (an ASGI middleware) up to
-``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed) and
+``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed), within
+``body_timeout`` seconds (else 408; `qpr.serve.connections` bounds the rest), and
 parsed here, not by FastAPI, so that invalid UTF-8, invalid JSON, wrong types, unknown
 fields, empty or overlong questions and k out of range each get a 4xx with a message that
 says what to fix. Anything unexpected becomes a 500 with the request id; the trace goes
@@ -694,6 +695,8 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
                         "max_question_chars": settings.max_question_chars,
                         "max_body_bytes": settings.max_body_bytes,
                         "max_batch": settings.max_batch,
+                        "header_timeout": settings.header_timeout,
+                        "body_timeout": settings.body_timeout,
                     },
                 }
             )
