@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help install install-gpu data run repro metrics experiments test test-fast lint format lock clean \
-        bench-quora bench-serve bench-embedding bench-scale \
+        bench-quora bench-serve bench-reliability bench-embedding bench-scale \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
@@ -75,6 +75,10 @@ bench-quora: install ## Quora table: losses, encoders, sweeps (hours on 2 cores;
 
 bench-serve: install ## Search latency, recall vs exact and throughput on the Quora index
 	$(BIN)/python benchmarks/serve_latency.py
+
+# make bench-reliability FRESH=1: every section again (finished ones are skipped otherwise)
+bench-reliability: install ## Service under fuzzing, 1,000 held connections, hot swaps (~6 min)
+	$(BIN)/python benchmarks/reliability.py $(if $(FRESH),--fresh)
 
 bench-embedding: install ## Embedding-size study (seed 001): quality vs memory and time
 	$(BIN)/python benchmarks/embedding_size.py

@@ -772,6 +772,7 @@ def serve(
     import uvicorn
 
     from qpr.serve.app import create_app
+    from qpr.serve.connections import uvicorn_options
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -782,6 +783,7 @@ def serve(
         port=port,
         access_log=settings.access_log,
         log_level="info",
+        **uvicorn_options(settings),
     )
 
 

@@ -47,8 +47,15 @@ MAX_LEN = 16
 # answered (distance ~0), an unseen one is not.
 STORED_THRESHOLD = 1e-6
 # Small limits, so that the tests of the limits stay small.
+# startup_wait: the tests start on a loaded model (the service itself opens at once).
 SETTINGS = ServeSettings(
-    max_k=20, default_k=5, max_question_chars=200, max_body_bytes=16384, max_batch=4, poll_seconds=0
+    max_k=20,
+    default_k=5,
+    max_question_chars=200,
+    max_body_bytes=16384,
+    max_batch=4,
+    poll_seconds=0,
+    startup_wait=60,
 )
 
 
@@ -445,6 +452,7 @@ def test_limits_from_environment(monkeypatch: pytest.MonkeyPatch, bundle_dir: Pa
     monkeypatch.setenv("QPR_SERVE_DEFAULT_K", "2")
     monkeypatch.setenv("QPR_SERVE_MODELS_DIR", str(bundle_dir))
     monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    monkeypatch.setenv("QPR_SERVE_STARTUP_WAIT", "60")
     with TestClient(create_app()) as env_client:
         assert len(env_client.post("/search", json={"question": UNSEEN}).json()["hits"]) == 2
         refused = env_client.post("/search", json={"question": UNSEEN, "k": 4})
@@ -481,7 +489,8 @@ def test_service_never_imports_torch(bundle_dir: Path) -> None:
         "# address that is never contacted keeps MLflow from creating a local store\n"
         "RegistrySource('qpr', tracking_uri='http://127.0.0.1:9', registry_uri='http://127.0.0.1:9')\n"
         "import mlflow.artifacts\n"
-        f"app = create_app(LocalSource({str(bundle_dir)!r}), ServeSettings(poll_seconds=0))\n"
+        f"app = create_app(LocalSource({str(bundle_dir)!r}), "
+        "ServeSettings(poll_seconds=0, startup_wait=60))\n"
         "with TestClient(app) as c:\n"
         f"    r = c.post('/search', json={{'question': {QUESTIONS[0]!r}}})\n"
         "    assert r.status_code == 200, r.text\n"

@@ -325,6 +325,7 @@ def test_serve_exposed_with_auth_explicitly_off(
     else:
         monkeypatch.setenv("QPR_SERVE_AUTH", "off")
     monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    monkeypatch.setenv("QPR_SERVE_STARTUP_WAIT", "60")  # the first model loads before serving
     result, started = _serve(monkeypatch, *args)
     assert result.exit_code == 0, result.output
     assert started["host"] == "0.0.0.0"
@@ -338,6 +339,7 @@ def test_serve_exposed_with_a_key_file(
     (tmp_path / "key").write_text(KEY + "\n", encoding="utf-8")
     monkeypatch.setenv("QPR_SERVE_API_KEY_FILE", str(tmp_path / "key"))
     monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    monkeypatch.setenv("QPR_SERVE_STARTUP_WAIT", "60")  # the first model loads before serving
     result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir), "--host", "::")
     assert result.exit_code == 0, result.output
     with TestClient(started["app"], base_url="http://search.example") as client:
@@ -350,6 +352,7 @@ def test_serve_on_loopback_checks_the_host(
     monkeypatch: pytest.MonkeyPatch, bundle_dir: Path
 ) -> None:
     monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
+    monkeypatch.setenv("QPR_SERVE_STARTUP_WAIT", "60")  # the first model loads before serving
     result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir))
     assert result.exit_code == 0, result.output
     with TestClient(started["app"], base_url="http://127.0.0.1:8000") as client:

@@ -56,7 +56,7 @@ def test_a_planted_secret_appears_in_no_response_or_log(
     monkeypatch.setenv("QPR_REGISTRY_TOKEN", SECRET)
     models = tmp_path / f"models?token={SECRET}"
     models.mkdir()
-    app = create_app(LocalSource(models), ServeSettings(poll_seconds=0))
+    app = create_app(LocalSource(models), ServeSettings(poll_seconds=0, startup_wait=60))
     with caplog.at_level(logging.INFO, logger="qpr.serve"), TestClient(app) as client:
         ready = client.get("/readyz")
         version = client.get("/version")

@@ -65,7 +65,7 @@ Q2 = [
 ]
 IDS1 = [1000 + i for i in range(len(Q1))]
 IDS2 = [5000 + i for i in range(len(Q2))]
-SETTINGS = ServeSettings(poll_seconds=0, canaries=4, default_k=3)
+SETTINGS = ServeSettings(poll_seconds=0, canaries=4, default_k=3, startup_wait=60)
 
 
 def build_bundle(
@@ -490,3 +490,73 @@ def test_registry_source_follows_the_champion_alias(
     assert reloader.check() == SWAPPED
     assert holder.current.info.version == "3"  # type: ignore[union-attr]
     assert holder.current.bundle.search(Q2[0], k=1).hits[0].question_id == IDS2[0]  # type: ignore[union-attr]
+
+
+def test_symlinked_models_dir_is_resolved_at_every_poll(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """A deploy that flips a symlink from one bundle directory to another is served."""
+    link = tmp_path / "current"
+    link.symlink_to(bundles["v1"])
+    app = create_app(LocalSource(link), SETTINGS)
+    reloader: Reloader = app.state.service.reloader
+    with TestClient(app) as client:
+        first = version_of(client)["model"]["fingerprint"]
+        assert reloader.check() == UNCHANGED
+        flipped = tmp_path / ".current.tmp"
+        flipped.symlink_to(bundles["v2"])
+        os.replace(flipped, link)  # atomic, as a deploy flips it
+        assert reloader.check() == SWAPPED
+        model = version_of(client)["model"]
+        assert (
+            model["fingerprint"] != first and model["resolved_dir"] == bundles["v2"].name
+        )  # paths hidden
+        assert (
+            client.post("/search", json={"question": Q2[2]}).json()["hits"][0]["question_id"]
+            == IDS2[2]
+        )
+        # a link to a broken bundle is refused like any other: v2 keeps serving
+        flipped.symlink_to(bundles["wrong_index"])
+        os.replace(flipped, link)
+        assert reloader.check() == REFUSED
+        assert version_of(client)["model"]["fingerprint"] == model["fingerprint"]
+
+
+def test_start_in_an_outage_retries_with_backoff_then_serves(bundles: dict[str, Path]) -> None:
+    """The port answers while the source is down; the reloader retries and recovers."""
+
+    class Flaky(SwitchSource):
+        down = True
+
+        def poll(self) -> Candidate:
+            if self.down:
+                raise SourceError("mlflow:models:/qpr@champion: http://bob:hunter22@db down")
+            return super().poll()
+
+    source = Flaky(bundles["v1"], "1")
+    settings = SETTINGS.replace(startup_wait=0, retry_max_seconds=0.05)
+    app = create_app(source, settings)
+    reloader: Reloader = app.state.service.reloader
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 200
+        assert reloader.first_check.wait(10)
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "hunter22" not in ready.text
+        assert "***@db down" in ready.json()["reason"]
+        assert reloader.next_wait() == 0.05  # backing off, capped
+        source.down = False
+        deadline = time.monotonic() + 10
+        while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/readyz").json()["model"]["version"] == "1"
+        assert reloader.errors >= 1 and reloader.next_wait() == 0  # poll_seconds again
+
+
+def test_backoff_doubles_up_to_the_cap(bundles: dict[str, Path]) -> None:
+    reloader = Reloader(SwitchSource(bundles["v1"], "1"), ModelHolder(), load=_load)
+    reloader.retry_max_seconds = 10
+    waits = []
+    for failures in range(1, 7):
+        reloader._failures = failures
+        waits.append(reloader.next_wait())
+    assert waits == [1, 2, 4, 8, 10, 10]

@@ -20,7 +20,8 @@ Access (`qpr.serve.auth`): with an API key set, everything but /healthz and /rea
 it; a Host header outside ``allowed_hosts`` gets 400.
 
 Input handling: bodies are read by `_Guard` (an ASGI middleware) up to
-``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed) and
+``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed), within
+``body_timeout`` seconds (else 408; `qpr.serve.connections` bounds the rest), and
 parsed here, not by FastAPI, so that invalid UTF-8, invalid JSON, wrong types, unknown
 fields, empty or overlong questions and k out of range each get a 4xx with a message that
 says what to fix. Anything unexpected becomes a 500 with the request id; the trace goes
@@ -33,6 +34,7 @@ imports torch.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -63,6 +65,7 @@ from qpr.serve.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
+from qpr.serve.throttle import install as install_log_throttle
 
 __all__ = ["ApiError", "create_app", "source_from_settings"]
 
@@ -137,10 +140,18 @@ class _Guard:
     its size (Content-Length) or not (chunked), and the app sees one complete body.
     """
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        telemetry: Telemetry,
+        body_timeout: float = 10.0,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.telemetry = telemetry
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -169,22 +180,22 @@ class _Guard:
 
         async def reply(code: int, error: str, text: str) -> None:
             body = _error_body(error, text, request_id)
-            await send_with_id(
-                {
-                    "type": "http.response.start",
-                    "status": code,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            if code == 408:  # the rest of the body may still come: the connection is done
+                headers.append((b"connection", b"close"))
+            await send_with_id({"type": "http.response.start", "status": code, "headers": headers})
             await send_with_id({"type": "http.response.body", "body": body})
 
         try:
             app_receive = receive
             if method in _BODY_METHODS:
                 refusal = await self._read_body(headers, receive)
+                if refusal is None:  # the client left (or was evicted) mid-body
+                    status = 499
+                    return
                 if isinstance(refusal, tuple):
                     await reply(*refusal)
                     return
@@ -201,8 +212,9 @@ class _Guard:
 
     async def _read_body(
         self, headers: dict[str, bytes], receive: Receive
-    ) -> bytes | tuple[int, str, str]:
-        """The whole body, or (status, code, message) when it must be refused."""
+    ) -> bytes | tuple[int, str, str] | None:
+        """The whole body, (status, code, message) when it must be refused, or None when
+        the client disconnected before sending it all."""
         limit = self.max_body_bytes
         raw = headers.get("content-length")
         declared = None if raw is None else raw.decode("latin-1")
@@ -215,10 +227,20 @@ class _Guard:
                 return 413, "body_too_large", f"body of {size} bytes; the limit is {limit}"
         chunks: list[bytes] = []
         total = 0
+        # One deadline for the whole body, not one per chunk: a client dripping a byte every
+        # few seconds would otherwise hold its connection for ever.
+        deadline = time.monotonic() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except TimeoutError:
+                return (
+                    408,
+                    "request_timeout",
+                    f"the body did not arrive within {self.body_timeout:g} s ({total} bytes came)",
+                )
             if message["type"] == "http.disconnect":
-                break
+                return None
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > limit:
@@ -407,7 +429,8 @@ class _ServiceState:
 def source_from_settings(settings: ServeSettings) -> BundleSource:
     """The registry when a model name is set, else the local models directory."""
     if settings.registry_name:
-        return RegistrySource(settings.registry_name, settings.alias)
+        cache = settings.cache_dir or str(Path(settings.models_dir) / ".registry-cache")
+        return RegistrySource(settings.registry_name, settings.alias, cache_dir=cache)
     return LocalSource(settings.models_dir)
 
 
@@ -440,15 +463,17 @@ def create_app(
     """Build the service. With no arguments (``uvicorn qpr.serve.app:create_app
     --factory``) everything comes from ``QPR_SERVE_*`` variables.
 
-    The model is loaded at startup (the lifespan), synchronously: when it loads, the
-    service is ready as soon as it listens; when it does not, the service still starts,
-    /readyz says 503 with the reason, and the poller keeps trying.
+    The model is loaded in the reloader's thread, started by the lifespan: the port opens
+    at once (after at most ``settings.startup_wait`` seconds), /healthz answers 200 and
+    /readyz 503 with the reason until a model serves; a failing source is retried with a
+    backoff (`qpr.serve.reload.Reloader`).
 
     load: how a bundle directory is loaded (default: Bundle.load with the settings'
         threads, nprobe and ef_search); tests substitute their own.
     """
     settings = settings or ServeSettings.from_env()
     key = resolve_key(settings)
+    install_log_throttle(settings.log_burst, settings.log_interval)
     state = _service_state(source or source_from_settings(settings), settings, load)
     app = FastAPI(
         title="QPR search",
@@ -466,7 +491,12 @@ def create_app(
     access: Any = AccessControl
     app.add_middleware(access, key=key, allowed_hosts=settings.allowed_hosts, render=_error_body)
     guarded: Any = _Guard
-    app.add_middleware(guarded, max_body_bytes=settings.max_body_bytes, telemetry=state.telemetry)
+    app.add_middleware(
+        guarded,
+        max_body_bytes=settings.max_body_bytes,
+        telemetry=state.telemetry,
+        body_timeout=settings.body_timeout,
+    )
     return app
 
 
@@ -498,6 +528,7 @@ def _service_state(
         canaries=settings.canaries,
         warmup_k=settings.default_k,
         poll_seconds=settings.poll_seconds,
+        retry_max_seconds=settings.retry_max_seconds,
         on_event=lambda outcome, message: telemetry.reloads.labels(outcome).inc(),
     )
     telemetry.watch_model(lambda: holder.current)
@@ -516,14 +547,16 @@ def _service_state(
 def _lifespan(
     state: _ServiceState,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Load the model before taking requests, poll for new ones while serving."""
+    """Load the model behind an open port, poll for new ones while serving."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(state.reloader.check)
-        if state.holder.current is None:
-            log.error("no model could be loaded from %s; not ready", state.source.description)
+        # Not awaited: a registry that does not answer must not keep the port closed (it
+        # once did for 250 s, /healthz included).
         state.reloader.start()
+        wait = state.settings.startup_wait
+        if wait > 0:
+            await run_in_threadpool(state.reloader.first_check.wait, wait)
         try:
             yield
         finally:
@@ -665,10 +698,14 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
             reason = (
                 reloader.last_refusal.reason
                 if reloader.last_refusal is not None
-                else reloader.last_error or "loading"
+                else reloader.last_error or "loading the model"
             )
             return _respond({"status": "not ready", "reason": _public(reason)}, status=503)
-        return _respond({"status": "ready", "model": _model_brief(served)})
+        ready: dict[str, Any] = {"status": "ready", "model": _model_brief(served)}
+        if reloader.source_down is not None:
+            # Serving a kept copy while the source is unreachable: still ready, but say so.
+            ready["source_unreachable"] = _public(reloader.source_down)
+        return _respond(ready)
 
     @app.get("/version")
     async def version() -> Response:
@@ -692,6 +729,8 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
                         "max_question_chars": settings.max_question_chars,
                         "max_body_bytes": settings.max_body_bytes,
                         "max_batch": settings.max_batch,
+                        "header_timeout": settings.header_timeout,
+                        "body_timeout": settings.body_timeout,
                     },
                 }
             )

@@ -26,6 +26,13 @@ A candidate that fails 2-4 is *refused*: logged with the reason, counted, shown 
 reports another one (a broken upload does not cost a full load every poll). Errors that
 may be transient (download failed, registry unreachable) are retried at the next polls,
 up to `MAX_ATTEMPTS` for one token, then refused too.
+
+Starting: the first check runs in the polling thread, so the port opens while it loads.
+While the source fails, checks are retried after 1, 2, 4, ... seconds, at most
+``retry_max_seconds`` apart. When nothing serves and the source cannot say what to serve
+(registry down), a source with a ``fallback()`` (the registry's local cache of versions
+that served before) offers its newest kept bundle; a source with ``keep(candidate,
+path)`` is handed every bundle that passed its checks, to keep.
 """
 
 from __future__ import annotations
@@ -261,6 +268,7 @@ class Reloader:
         canaries: int = 5,
         warmup_k: int = 10,
         poll_seconds: float = 30.0,
+        retry_max_seconds: float = 60.0,
         on_event: Callable[[str, str], None] | None = None,
     ) -> None:
         self.source = source
@@ -269,6 +277,10 @@ class Reloader:
         self._canaries = canaries
         self._warmup_k = warmup_k
         self.poll_seconds = poll_seconds
+        self.retry_max_seconds = retry_max_seconds
+        self.first_check = threading.Event()  # set once the first check is done, either way
+        self.source_down: str | None = None  # the source's error while it fails, else None
+        self._failures = 0  # checks in a row that left the source failing or nothing served
         self._on_event = on_event or (lambda outcome, message: None)
         self._check_lock = threading.Lock()  # one check at a time (poller vs manual)
         self._stop = threading.Event()
@@ -294,13 +306,30 @@ class Reloader:
             try:
                 candidate = self.source.poll()
             except SourceError as exc:
-                return self._error(str(exc))
+                return self._source_failed(str(exc))
             except Exception as exc:  # a poll must never kill the poller
                 log.exception("polling %s failed", self.source.description)
-                return self._error(f"polling {self.source.description} failed: {exc}")
+                return self._source_failed(f"polling {self.source.description} failed: {exc}")
+            self.source_down = None
             if candidate.token == self._settled_token:
                 return UNCHANGED
             return self._try(candidate)
+
+    def _source_failed(self, message: str) -> str:
+        self.source_down = message
+        outcome = self._error(message)
+        fallback = getattr(self.source, "fallback", None)
+        if self.holder.current is not None or fallback is None:
+            return outcome
+        try:
+            kept = fallback()
+        except Exception:  # the cache is a convenience: never let it break the check
+            log.exception("reading the kept bundles of %s failed", self.source.description)
+            return outcome
+        if kept is None or kept.token == self._settled_token:
+            return outcome
+        log.warning("%s; starting from the kept %s", message, _label(kept))
+        return self._try(kept)
 
     def _try(self, candidate: Candidate) -> str:
         label = _label(candidate)
@@ -309,14 +338,16 @@ class Reloader:
             with self.source.materialize(candidate) as path:
                 bundle = self._load(path)
                 canaries = pick_canaries(path / QUESTIONS_FILE, self._canaries)
-            expected = candidate.expected_fingerprint
-            if expected and expected != bundle.fingerprint:
-                raise ReloadRefused(
-                    f"the downloaded bundle's fingerprint {bundle.fingerprint[:12]}… differs "
-                    f"from the registered {expected[:12]}…: corrupt or incomplete files"
-                )
-            checked = check_bundle(bundle, canaries)
-            warm_up(bundle, [text for _, text in canaries], self._warmup_k)
+                expected = candidate.expected_fingerprint
+                if expected and expected != bundle.fingerprint:
+                    raise ReloadRefused(
+                        f"the downloaded bundle's fingerprint {bundle.fingerprint[:12]}… "
+                        f"differs from the registered {expected[:12]}…: corrupt or incomplete "
+                        "files"
+                    )
+                checked = check_bundle(bundle, canaries)
+                warm_up(bundle, [text for _, text in canaries], self._warmup_k)
+                self._keep(candidate, path)
         except (BundleError, ReloadRefused) as exc:
             return self._refuse(candidate, str(exc))
         except Exception as exc:
@@ -368,6 +399,15 @@ class Reloader:
         self._on_event(SWAPPED, message)
         return SWAPPED
 
+    def _keep(self, candidate: Candidate, path: Path) -> None:
+        keep = getattr(self.source, "keep", None)
+        if keep is None:
+            return
+        try:
+            keep(candidate, path)
+        except Exception:  # a full disk must not stop a good bundle from serving
+            log.warning("could not keep a copy of %s", _label(candidate), exc_info=True)
+
     def _refuse(self, candidate: Candidate, reason: str) -> str:
         self._settled_token = candidate.token
         self._attempts = {}
@@ -398,8 +438,9 @@ class Reloader:
     # -- polling thread -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Poll every `poll_seconds` in a daemon thread (no-op when poll_seconds is 0)."""
-        if self.poll_seconds <= 0 or self._thread is not None:
+        """Check now, then every `poll_seconds`, in a daemon thread. With poll_seconds 0 the
+        thread ends once a model serves."""
+        if self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="qpr-reloader", daemon=True)
@@ -412,11 +453,30 @@ class Reloader:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            try:
-                self.check()
-            except Exception:  # keep polling whatever happens; the log has the trace
-                log.exception("reload check failed")
+        self._check_and_count()
+        self.first_check.set()
+        if self.holder.current is None:
+            log.error("no model could be loaded from %s; not ready", self.source.description)
+        while not (self.poll_seconds <= 0 and self.holder.current is not None):
+            if self._stop.wait(self.next_wait()):
+                return
+            self._check_and_count()
+
+    def _check_and_count(self) -> None:
+        try:
+            outcome = self.check()
+        except Exception:  # keep polling whatever happens; the log has the trace
+            log.exception("reload check failed")
+            outcome = ERROR
+        failing = outcome == ERROR or self.holder.current is None
+        self._failures = self._failures + 1 if failing else 0
+
+    def next_wait(self) -> float:
+        """Seconds to the next check: `poll_seconds`, or while failing 1, 2, 4, ... up to
+        `retry_max_seconds` (a source that is down is not hammered, nor given up on)."""
+        if self._failures == 0:
+            return self.poll_seconds
+        return min(self.retry_max_seconds, 2.0 ** min(self._failures - 1, 30))
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -431,6 +491,7 @@ class Reloader:
             "last_check_at": _iso(self.last_check_at),
             "last_refused": None if self.last_refusal is None else self.last_refusal.as_dict(),
             "last_error": self.last_error,
+            "source_unreachable": self.source_down,
         }
 
 

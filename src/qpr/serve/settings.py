@@ -39,6 +39,26 @@ variable                           default    meaning
                                               ``*`` any, ``*.example.com`` subdomains;
                                               unset: loopback names under ``qpr serve`` on
                                               loopback, else any
+``QPR_SERVE_CACHE_DIR``            (auto)     registry versions that served are kept here, to
+                                              start from in an outage (default:
+                                              <models dir>/.registry-cache)
+``QPR_SERVE_STARTUP_WAIT``         0          seconds startup waits for the first model before
+                                              the port opens (0: open at once, load behind)
+``QPR_SERVE_RETRY_MAX_SECONDS``    60         longest wait between retries of a failing source
+                                              (the wait doubles from 1 s)
+``QPR_SERVE_HEADER_TIMEOUT``       10         seconds a connection may take to send a request
+                                              head; then it is closed
+``QPR_SERVE_BODY_TIMEOUT``         10         seconds a request body may take to arrive; then
+                                              408 and the connection is closed
+``QPR_SERVE_KEEP_ALIVE``           5          seconds an idle keep-alive connection stays open
+``QPR_SERVE_MAX_CONNECTIONS``      1000       open connections; past it the longest-stalled one
+                                              is closed (lowered below the open-files limit)
+``QPR_SERVE_BACKLOG``              1024       connections the kernel queues before accept
+``QPR_SERVE_LIMIT_CONCURRENCY``    (none)     uvicorn's 503 past this many connections or
+                                              requests in progress, stalled ones included
+``QPR_SERVE_SHUTDOWN_SECONDS``     10         grace for in-flight requests at shutdown
+``QPR_SERVE_LOG_BURST``            10         log records of one kind let through per interval
+``QPR_SERVE_LOG_INTERVAL``         60         ... the interval, seconds; the rest are counted
 =================================  =========  ==============================================
 
 Why parsed here and not by pydantic-settings: compared input by input
@@ -95,6 +115,18 @@ class ServeSettings:
     api_key_file: str | None = None
     auth: bool | None = None  # None: a key when one is set, required off loopback
     allowed_hosts: tuple[str, ...] | None = None
+    cache_dir: str | None = None
+    startup_wait: float = 0.0
+    retry_max_seconds: float = 60.0
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    keep_alive: int = 5
+    max_connections: int = 1000
+    backlog: int = 1024
+    limit_concurrency: int | None = None
+    shutdown_seconds: int = 10
+    log_burst: int = 10
+    log_interval: float = 60.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -106,6 +138,11 @@ class ServeSettings:
             "threads": self.threads,
             "faiss_threads": self.faiss_threads,
             "canaries": self.canaries,
+            "keep_alive": self.keep_alive,
+            "max_connections": self.max_connections,
+            "backlog": self.backlog,
+            "shutdown_seconds": self.shutdown_seconds,
+            "log_burst": self.log_burst,
         }
         for name, value in positive.items():
             if value < 1:
@@ -114,6 +151,14 @@ class ServeSettings:
             raise SettingsError(f"default_k={self.default_k} is above max_k={self.max_k}")
         if not self.poll_seconds >= 0:  # NaN too
             raise SettingsError(f"poll_seconds must be >= 0 (0 = never), got {self.poll_seconds}")
+        for name in ("header_timeout", "body_timeout", "retry_max_seconds", "log_interval"):
+            value = getattr(self, name)
+            if not value > 0:  # NaN too
+                raise SettingsError(f"{name} must be > 0 seconds, got {value}")
+        if not self.startup_wait >= 0:
+            raise SettingsError(f"startup_wait must be >= 0 seconds, got {self.startup_wait}")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise SettingsError(f"limit_concurrency must be >= 1, got {self.limit_concurrency}")
         if self.nprobe is not None and self.nprobe < 1:
             raise SettingsError(f"nprobe must be >= 1, got {self.nprobe}")
         if self.ef_search is not None and self.ef_search < 1:
@@ -209,4 +254,16 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "api_key_file": ("path", str),
     "auth": ("on/off", _parse_bool),
     "allowed_hosts": ("comma-separated list of host names", _parse_hosts),
+    "cache_dir": ("path", str),
+    "startup_wait": ("number of seconds", float),
+    "retry_max_seconds": ("number of seconds", float),
+    "header_timeout": ("number of seconds", float),
+    "body_timeout": ("number of seconds", float),
+    "keep_alive": ("integer (seconds)", int),
+    "max_connections": ("integer", int),
+    "backlog": ("integer", int),
+    "limit_concurrency": ("integer", int),
+    "shutdown_seconds": ("integer (seconds)", int),
+    "log_burst": ("integer", int),
+    "log_interval": ("number of seconds", float),
 }

@@ -4,16 +4,22 @@ A source answers two questions: *which model should be served now* (`poll`, chea
 runs every few seconds) and *give me its files* (`materialize`, expensive: only when the
 answer changed). The reloader (`qpr.serve.reload`) drives both.
 
-- `LocalSource`: a ``models/`` directory as the pipeline writes it. The cheap check is a
-  stat signature (inode, size, mtime of the bundle's files, `qpr.artifacts`): the pipeline
-  replaces files by rename, so any rewrite changes it. Content identity is then the bundle
-  fingerprint (sha256 of the files), computed by `Bundle.load`. Meant for development and for images
-  that bake a bundle in; while a `dvc repro` rewrites the directory stage by stage, the
-  intermediate mixes are refused by the load checks and the canaries (see docs/serving.md).
+- `LocalSource`: a ``models/`` directory as the pipeline writes it, or a symlink to one
+  (resolved at every poll: pointing it at another bundle directory is a deploy). The
+  cheap check is the resolved path and a stat signature (inode, size, mtime of the
+  bundle's files, `qpr.artifacts`): the pipeline replaces files by rename, so any rewrite
+  changes it. Content identity is then the bundle fingerprint (sha256 of the files),
+  computed by `Bundle.load`. Meant for development and for images that bake a bundle in;
+  while a `dvc repro` rewrites the directory stage by stage, the intermediate mixes are
+  refused by the load checks and the canaries (see docs/serving.md).
 - `RegistrySource`: the MLflow registry's alias (default ``champion``) of a registered
   model. The cheap check is the version number the alias points at; the files are the
   version's ``artifacts/bundle/`` folder, downloaded into a temporary directory that is
-  deleted once the bundle is in memory.
+  deleted once the bundle is in memory. Each version that passed its checks is kept in a
+  local cache (``keep``); when the registry cannot be reached and nothing serves yet (a
+  start during an outage), the newest kept version serves (``fallback``). A poll makes one
+  quick attempt (MLflow's own retries would hold it for minutes): the reloader retries
+  with its own backoff.
 
 Neither imports torch; `RegistrySource` imports MLflow only when it is constructed.
 """
@@ -21,10 +27,12 @@ Neither imports torch; `RegistrySource` imports MLflow only when it is construct
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +65,15 @@ TAG_GIT_COMMIT = "qpr.git_commit"
 # The files whose stat signature tells a local bundle changed (all that Bundle.load may
 # read: an older bundle's search config is its threshold.json).
 _WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES)
+# A poll is one quick try: MLflow's default (7 retries, backoff factor 2, 120 s timeout)
+# held a start in a registry outage for minutes. Variables the operator set win.
+_QUICK_HTTP = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+# Registry versions kept in the cache: the serving one and the one before.
+_KEEP_VERSIONS = 2
+_KEPT_FILE = "qpr-kept.json"
 
 
 class SourceError(QPRError, RuntimeError):
@@ -105,28 +122,34 @@ class LocalSource:
     """A models/ directory on disk (see the module docstring)."""
 
     def __init__(self, models_dir: str | os.PathLike[str]) -> None:
-        self.models_dir = Path(models_dir).resolve()
+        # Absolute but not resolved: a symlink is followed anew at every poll.
+        self.models_dir = Path(os.path.abspath(models_dir))
 
     @property
     def description(self) -> str:
         return f"local:{self.models_dir}"
 
     def poll(self) -> Candidate:
-        parts = []
+        real = self.models_dir.resolve()
+        parts = [str(real)]
         for rel in _WATCHED:
             try:
-                st = os.stat(self.models_dir / rel)
+                st = os.stat(real / rel)
             except OSError:
                 parts.append(f"{rel.as_posix()}:missing")
                 continue
             parts.append(f"{rel.as_posix()}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
-        return Candidate(token="|".join(parts), name="local", version=None, alias=None, details={})
+        details = {} if real == self.models_dir else {"resolved_dir": str(real)}
+        return Candidate(
+            token="|".join(parts), name="local", version=None, alias=None, details=details
+        )
 
     @contextlib.contextmanager
     def materialize(self, candidate: Candidate) -> Iterator[Path]:
-        # Loaded in place: Bundle.load stats the files before and after reading them and
-        # refuses a directory that changed underneath it.
-        yield self.models_dir
+        # The directory the poll resolved, not the link again: a flip between poll and
+        # load must not mix two bundles. Loaded in place: Bundle.load stats the files
+        # before and after reading them and refuses a directory that changed underneath.
+        yield Path(candidate.details.get("resolved_dir", self.models_dir))
 
 
 class RegistrySource:
@@ -135,6 +158,8 @@ class RegistrySource:
     tracking_uri / registry_uri: None = MLflow's defaults (``MLFLOW_TRACKING_URI`` etc.).
     download_root: where versions are downloaded (a fresh temporary folder each time,
     removed after loading); None = the system temp dir.
+    cache_dir: where versions that served are kept (``<cache_dir>/<name>/<version>``);
+    None = keep nothing.
     """
 
     def __init__(
@@ -145,6 +170,7 @@ class RegistrySource:
         tracking_uri: str | None = None,
         registry_uri: str | None = None,
         download_root: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         client: MlflowClient | None = None,
     ) -> None:
         if not name:
@@ -158,6 +184,7 @@ class RegistrySource:
         self.tracking_uri = tracking_uri
         self.registry_uri = registry_uri
         self.download_root = None if download_root is None else Path(download_root)
+        self.cache_dir = None if cache_dir is None else Path(cache_dir) / name
         self._client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri)
         # run id → its git commit: looked up once per run, not at every poll
         self._commits: dict[str, str | None] = {}
@@ -170,7 +197,8 @@ class RegistrySource:
         from mlflow.exceptions import MlflowException
 
         try:
-            mv = self._client.get_model_version_by_alias(self.name, self.alias)
+            with _quick_http():
+                mv = self._client.get_model_version_by_alias(self.name, self.alias)
         except MlflowException as exc:
             # No such model/alias yet, or the tracking server is down: both transient
             # from the service's point of view (keep serving, ask again later).
@@ -206,8 +234,64 @@ class RegistrySource:
             return None
         return run.data.tags.get("mlflow.source.git.commit")
 
+    def keep(self, candidate: Candidate, path: Path) -> None:
+        """Copy a bundle that passed its checks into the cache (old versions pruned)."""
+        if self.cache_dir is None or candidate.details.get("kept") or candidate.version is None:
+            return
+        final = self.cache_dir / candidate.version
+        if final.is_dir():
+            return
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        # Copied beside, then renamed: a crash mid-copy leaves no half bundle to start from.
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_dir))
+        try:
+            shutil.copytree(path, partial / "bundle")
+            record = {
+                "name": candidate.name,
+                "version": candidate.version,
+                "alias": candidate.alias,
+                "details": dict(candidate.details),
+                "expected_fingerprint": candidate.expected_fingerprint,
+                "kept_at": time.time(),
+            }
+            (partial / _KEPT_FILE).write_text(json.dumps(record))
+            partial.rename(final)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        for old in self._kept()[_KEEP_VERSIONS:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _kept(self) -> list[Path]:
+        """Kept version folders, newest version first."""
+        if self.cache_dir is None or not self.cache_dir.is_dir():
+            return []
+        found = [p for p in self.cache_dir.iterdir() if (p / _KEPT_FILE).is_file()]
+        return sorted(found, key=lambda p: (len(p.name), p.name), reverse=True)
+
+    def fallback(self) -> Candidate | None:
+        """The newest kept version, to serve while the registry cannot be reached."""
+        for folder in self._kept():
+            try:
+                record = json.loads((folder / _KEPT_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            details = {str(k): str(v) for k, v in (record.get("details") or {}).items()}
+            return Candidate(
+                token=f"kept:{self.name}/{folder.name}",
+                name=self.name,
+                version=folder.name,
+                alias=record.get("alias"),
+                details={**details, "kept": str(folder)},
+                expected_fingerprint=record.get("expected_fingerprint"),
+            )
+        return None
+
     @contextlib.contextmanager
     def materialize(self, candidate: Candidate) -> Iterator[Path]:
+        kept = candidate.details.get("kept")
+        if kept:
+            yield Path(kept) / "bundle"
+            return
         from mlflow.artifacts import download_artifacts
 
         if self.download_root is not None:
@@ -240,3 +324,15 @@ class RegistrySource:
             yield bundle
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quick_http() -> Iterator[None]:
+    """MLflow's HTTP retries and timeout lowered for one call (only where unset)."""
+    added = {k: v for k, v in _QUICK_HTTP.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)

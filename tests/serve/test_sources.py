@@ -1,0 +1,88 @@
+"""Bundle sources: the registry during an outage (bounded polls, the kept bundles)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from qpr.serve.app import create_app
+from qpr.serve.reload import Reloader
+from qpr.serve.settings import ServeSettings
+from qpr.serve.sources import Candidate, RegistrySource, SourceError
+from tests.serve.test_reload import IDS1, Q1, build_bundle
+
+SETTINGS = ServeSettings(poll_seconds=0, canaries=4, default_k=3)
+PASSWORD = "s3cret-pw-42"
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bundle(tmp_path_factory.mktemp("bundle") / "v1", Q1, IDS1, seed=0)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: connections are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unreachable_registry(cache_dir: Path | None) -> RegistrySource:
+    uri = f"http://bob:{PASSWORD}@127.0.0.1:{closed_port()}"
+    return RegistrySource("qpr", tracking_uri=uri, registry_uri=uri, cache_dir=cache_dir)
+
+
+def test_poll_of_an_unreachable_registry_fails_fast() -> None:
+    # MLflow's own retries (7, backoff factor 2) held a start for minutes.
+    source = unreachable_registry(None)
+    started = time.monotonic()
+    with pytest.raises(SourceError):
+        source.poll()
+    assert time.monotonic() - started < 5
+
+
+def test_start_in_an_outage_opens_at_once_and_says_why(tmp_path: Path) -> None:
+    app = create_app(unreachable_registry(tmp_path / "cache"), SETTINGS)
+    reloader: Reloader = app.state.service.reloader
+    started = time.monotonic()
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 200
+        assert time.monotonic() - started < 5
+        assert reloader.first_check.wait(10)
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "not ready"
+        assert PASSWORD not in ready.text and "bob:" not in ready.text
+        assert "mlflow:models:/qpr@champion" in ready.json()["reason"]
+        assert client.post("/search", json={"question": Q1[0]}).status_code == 503
+
+
+def test_start_in_an_outage_serves_the_kept_bundle(bundle_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    source = unreachable_registry(cache)
+    kept = Candidate(token="qpr/3", name="qpr", version="3", alias="champion")
+    source.keep(kept, bundle_dir)  # as the reloader does after a version passed its checks
+    source.keep(Candidate(token="qpr/2", name="qpr", version="2", alias="champion"), bundle_dir)
+    assert sorted(p.name for p in (cache / "qpr").iterdir()) == ["2", "3"]
+
+    app = create_app(source, SETTINGS.replace(startup_wait=60))
+    with TestClient(app) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["model"]["version"] == "3"
+        assert PASSWORD not in ready.text and "***@127.0.0.1" in ready.json()["source_unreachable"]
+        hit = client.post("/search", json={"question": Q1[4]}).json()["hits"][0]
+        assert hit["question_id"] == IDS1[4]
+
+
+def test_keep_prunes_old_versions(bundle_dir: Path, tmp_path: Path) -> None:
+    source = unreachable_registry(tmp_path)
+    for version in ("8", "9", "10"):
+        source.keep(Candidate(token=version, name="qpr", version=version, alias="a"), bundle_dir)
+    assert sorted(p.name for p in (tmp_path / "qpr").iterdir()) == ["10", "9"]
+    newest = source.fallback()
+    assert newest is not None and newest.version == "10" and newest.token == "kept:qpr/10"
+    with source.materialize(newest) as path:
+        assert (path / "vocab.json").is_file()
