@@ -553,14 +553,17 @@ def evaluate(params: ParamsOption = Path("params.yaml"), *, options: EvaluateDat
     """Stage 5: TREC evaluation on the test split (success@1/@10, MRR, MAP, nDCG@10,
     recall@20) against the baselines; choose the no-answer threshold on validation.
 
-    With **--data FILE**: evaluate the trained bundle (--models-dir) on any Quora pairs
-    file or QA-log file instead, without retraining. The file is clustered by the cluster
-    stage's own code (logs: gates, cleaning, one cluster per answer, coherence filter;
-    Quora: transitive closure of the duplicate pairs). Every question of a cluster of
-    size >= 2 is a query, its relevant documents are the other questions of its cluster,
-    it is excluded from its own results; the index holds the file's questions encoded by
-    the bundle's encoder (plus, with --with-model-index, the bundle's own questions).
-    Writes results.json and results.md to --out; prints the table.
+    With **--data FILE**: evaluate the trained bundle (--models-dir, or a registered
+    --model models:/NAME@ALIAS) on any Quora pairs file or QA-log file instead, without
+    retraining. The file is clustered by the cluster stage's own code (logs: gates,
+    cleaning, one cluster per answer, coherence filter; Quora: transitive closure of the
+    duplicate pairs). Every question of a cluster of size >= 2 is a query, its relevant
+    documents are the other questions of its cluster, it is excluded from its own
+    results. Rows: **served** (the bundle's search as the service runs it over the
+    file's questions: depth, BM25 fusion, re-ranker, no-answer threshold), **encoder
+    alone** and **BM25 alone**, all over the file's questions (with --with-model-index
+    the bundle's own questions join them as distractors). Writes results.json and
+    results.md to --out; prints the table.
     """
     if options.data is None:
         given = options.given()

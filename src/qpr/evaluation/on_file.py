@@ -18,7 +18,13 @@ evaluate stage's protocol:
   not those of an approximate search; above that, or on request, it is params'
   ``index.factory`` with ``index.nprobe`` / ``index.ef_search``, which is what the index
   stage builds and the service searches (IVF lists shrink to fit a small file);
-- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluation.trec`).
+- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluation.trec`);
+- three systems on those queries: **served**, the bundle as the service searches it over
+  the same questions (`qpr.evaluation.served`: params' index.factory at the bundle's
+  depth, its BM25 fusion and re-ranker, its no-answer threshold), **encoder** alone (the
+  index above) and **BM25 alone** (the served BM25 settings); the bundle's threshold on
+  each first hit's distance gives the answered share, P@1 among answered and, over the
+  file's questions with no paraphrase, the false-answer rate.
 
 Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
 """
