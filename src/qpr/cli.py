@@ -510,9 +510,10 @@ class EvaluateDataOptions:
         bool | None,
         typer.Option(
             "--exact/--approximate",
-            help="--exact: exhaustive (Flat) FAISS index, the encoder's own ranking. "
-            "--approximate: index.factory with index.nprobe / index.ef_search from params, "
-            "as the service searches. Default: exact up to 200,000 index questions.",
+            help="The encoder-alone row's index. --exact: exhaustive (Flat) FAISS index, "
+            "the encoder's own ranking. --approximate: index.factory with index.nprobe / "
+            "index.ef_search from params. Default: exact up to 200,000 index questions. "
+            "The served row always searches index.factory at the bundle's depth.",
             show_default=False,
             rich_help_panel=_ANY_DATA,
         ),
