@@ -121,3 +121,26 @@ def test_search_json_hits_have_the_service_field_names(tmp_path):
     table = runner.invoke(app, ["search", QUESTIONS[7], "--models-dir", str(models), "--explain"])
     assert table.exit_code == 0, table.output
     assert "ans-3" in table.output and "matched" in table.output
+
+
+def test_evaluate_refuses_bad_model_references(tmp_path):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
+    base = ["evaluate", "--data", str(data), "--out", str(tmp_path / "out")]
+
+    def said(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, [*base, *args])
+        return result.exit_code, " ".join(result.output.split())
+
+    code, text = said("--model", "qpr@champion")
+    assert code == 1 and "--model qpr@champion: expected models:/<name>@<alias>" in text
+    code, text = said("--model", "models:/a/b@champion")
+    assert code == 1 and "expected models:/<name>@<alias>" in text
+    code, text = said("--model", "models:/no-such-model@champion")
+    assert code == 1 and "--model models:/no-such-model@champion:" in text
+    code, text = said("--model", "models:/qpr", "--models-dir", str(tmp_path))
+    assert code == 1 and "--model and --models-dir name two bundles" in text
+    result = runner.invoke(app, ["evaluate", "--model", "models:/qpr"])
+    assert (
+        result.exit_code == 1 and "--model" in result.output and "--data FILE only" in result.output
+    )

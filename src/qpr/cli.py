@@ -6,6 +6,7 @@ does; `qpr data ...` works on the raw data without Prefect or MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -450,6 +451,15 @@ class EvaluateDataOptions:
             rich_help_panel=_ANY_DATA,
         ),
     ] = Path("models")
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="A registered model instead of --models-dir: models:/NAME@ALIAS (models:/NAME: "
+            "its champion), downloaded as the service downloads it (MLFLOW_TRACKING_URI).",
+            rich_help_panel=_ANY_DATA,
+        ),
+    ] = None
     with_model_index: Annotated[
         bool,
         typer.Option(
@@ -500,9 +510,10 @@ class EvaluateDataOptions:
         bool | None,
         typer.Option(
             "--exact/--approximate",
-            help="--exact: exhaustive (Flat) FAISS index, the encoder's own ranking. "
-            "--approximate: index.factory with index.nprobe / index.ef_search from params, "
-            "as the service searches. Default: exact up to 200,000 index questions.",
+            help="The encoder-alone row's index. --exact: exhaustive (Flat) FAISS index, "
+            "the encoder's own ranking. --approximate: index.factory with index.nprobe / "
+            "index.ef_search from params. Default: exact up to 200,000 index questions. "
+            "The served row always searches index.factory at the bundle's depth.",
             show_default=False,
             rich_help_panel=_ANY_DATA,
         ),
@@ -512,6 +523,7 @@ class EvaluateDataOptions:
     FLAGS: typing.ClassVar[dict[str, str]] = {
         "data_format": "--format",
         "models_dir": "--models-dir",
+        "model": "--model",
         "with_model_index": "--with-model-index",
         "split": "--split",
         "k": "--k",
@@ -542,14 +554,17 @@ def evaluate(params: ParamsOption = Path("params.yaml"), *, options: EvaluateDat
     """Stage 5: TREC evaluation on the test split (success@1/@10, MRR, MAP, nDCG@10,
     recall@20) against the baselines; choose the no-answer threshold on validation.
 
-    With **--data FILE**: evaluate the trained bundle (--models-dir) on any Quora pairs
-    file or QA-log file instead, without retraining. The file is clustered by the cluster
-    stage's own code (logs: gates, cleaning, one cluster per answer, coherence filter;
-    Quora: transitive closure of the duplicate pairs). Every question of a cluster of
-    size >= 2 is a query, its relevant documents are the other questions of its cluster,
-    it is excluded from its own results; the index holds the file's questions encoded by
-    the bundle's encoder (plus, with --with-model-index, the bundle's own questions).
-    Writes results.json and results.md to --out; prints the table.
+    With **--data FILE**: evaluate the trained bundle (--models-dir, or a registered
+    --model models:/NAME@ALIAS) on any Quora pairs file or QA-log file instead, without
+    retraining. The file is clustered by the cluster stage's own code (logs: gates,
+    cleaning, one cluster per answer, coherence filter; Quora: transitive closure of the
+    duplicate pairs). Every question of a cluster of size >= 2 is a query, its relevant
+    documents are the other questions of its cluster, it is excluded from its own
+    results. Rows: **served** (the bundle's search as the service runs it over the
+    file's questions: depth, BM25 fusion, re-ranker, no-answer threshold), **encoder
+    alone** and **BM25 alone**, all over the file's questions (with --with-model-index
+    the bundle's own questions join them as distractors). Writes results.json and
+    results.md to --out; prints the table.
     """
     if options.data is None:
         given = options.given()
@@ -562,17 +577,42 @@ def evaluate(params: ParamsOption = Path("params.yaml"), *, options: EvaluateDat
     _evaluate_data(params, options.data, options)
 
 
+def _evaluate_model(config: Any, settings: Any, model: str | None) -> Any:
+    """evaluate_file on --models-dir, or on the --model registry reference downloaded to
+    a temporary folder for the length of the evaluation."""
+    from qpr.evaluation.on_file import evaluate_file
+
+    def log(line: str) -> None:
+        errors.print(line, markup=False, highlight=False, style="dim")
+
+    if model is None:
+        return evaluate_file(config, settings, log=log)
+    if config.models_dir != Path("models"):
+        _fail("--model and --models-dir name two bundles: give one of them")
+    environment.apply()  # MLflow's tracking URI, before the registry is read
+    from qpr.searcher import registry_bundle
+    from qpr.serve.sources import SourceError
+
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(registry_bundle(model))
+        except (ValueError, SourceError) as err:  # a malformed URI, no such model or alias
+            _fail(f"--model {model}: {err}")
+        log(f"{model}: downloaded to {folder}")
+        return evaluate_file(dataclasses.replace(config, models_dir=folder), settings, log=log)
+
+
 def _evaluate_data(params: Path, data: Path, options: EvaluateDataOptions) -> None:
     """`qpr evaluate --data`: the library call, its errors as one line, the table."""
     from qpr.config import SettingsError, load_settings
     from qpr.data.loaders import DataFormatError
     from qpr.evaluation.on_file import (
+        REPORT_COLUMNS,
+        SYSTEM_LABELS,
         EvaluateFileConfig,
         EvaluateFileError,
-        evaluate_file,
         write_report,
     )
-    from qpr.evaluation.trec import MEASURE_LABELS
     from qpr.quality.gate import GateFailed
     from qpr.retrieval.bundle import BundleError
 
@@ -587,14 +627,11 @@ def _evaluate_data(params: Path, data: Path, options: EvaluateDataOptions) -> No
         with_model_index=options.with_model_index,
         baselines=options.baselines.split(","),
         exact=options.exact,
+        source=options.model,
     )
     try:
         settings = load_settings(params)
-        result = evaluate_file(
-            config,
-            settings,
-            log=lambda line: errors.print(line, markup=False, highlight=False, style="dim"),
-        )
+        result = _evaluate_model(config, settings, options.model)
     except (EvaluateFileError, DataFormatError, GateFailed, BundleError, SettingsError) as err:
         _fail(str(err))
         return
@@ -607,11 +644,19 @@ def _evaluate_data(params: Path, data: Path, options: EvaluateDataOptions) -> No
         f"{counts['queries']:,} queries, {counts['clusters']:,} clusters, index "
         f"{counts['index_size']:,} questions ({index['factory']}), top {summary['k']}"
     )
+    columns = {key: label for key, label in REPORT_COLUMNS.items() if key != "system"}
     table.add_column("system")
-    for label in MEASURE_LABELS.values():
+    for label in columns.values():
         table.add_column(label, justify="right")
     for name, values in summary["systems"].items():
-        table.add_row(name, *(f"{values.get(m, float('nan')):.4f}" for m in MEASURE_LABELS))
+        cells = [values.get(m) for m in columns]
+        table.add_row(
+            SYSTEM_LABELS.get(name, name),
+            *(
+                "-" if v is None else f"{v:.4f}" if m != "p50_ms" else f"{v:.2f}"
+                for m, v in zip(columns, cells, strict=True)
+            ),
+        )
     console.print(table)
     console.print(
         f"P@N = success@N (a paraphrase among the first N). {summary['seconds']['total']:.1f} s; "

@@ -25,15 +25,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from qpr.artifacts import SearchConfig
     from qpr.retrieval.bundle import Bundle, SearchResult
+    from qpr.serve.sources import RegistrySource
 
-__all__ = ["Searcher"]
+__all__ = ["Searcher", "registry_bundle"]
 
 REGISTRY_SCHEME = "models:/"
 # Candidates per query of a fused index built here when the encoder's bundle names none:
@@ -124,23 +126,50 @@ class Searcher:
 def _from_registry(uri: str, threads: int) -> Bundle:
     """The bundle of a ``models:/name@alias`` URI, checked against its registered
     fingerprint; its downloaded files are removed once it is in memory."""
-    from qpr.retrieval.bundle import Bundle, BundleError
-    from qpr.serve.sources import RegistrySource
+    from qpr.retrieval.bundle import Bundle
 
-    name, _, alias = uri[len(REGISTRY_SCHEME) :].partition("@")
-    if not name or "/" in name:
-        raise ValueError(f"expected models:/<name>@<alias>, got {uri!r}")
-    source = RegistrySource(name, alias or "champion")
+    source = _registry_source(uri)
     candidate = source.poll()
     with source.materialize(candidate) as folder:
         bundle = Bundle.load(folder, threads=threads)
-    expected = candidate.expected_fingerprint
-    if expected and expected != bundle.fingerprint:
+    _check_fingerprint(uri, bundle.fingerprint, candidate.expected_fingerprint)
+    return bundle
+
+
+def _registry_source(uri: str) -> RegistrySource:
+    """The registry source of a ``models:/name@alias`` URI, or ValueError."""
+    from qpr.serve.sources import RegistrySource
+
+    name, _, alias = uri[len(REGISTRY_SCHEME) :].partition("@")
+    if not uri.startswith(REGISTRY_SCHEME) or not name or "/" in name:
+        raise ValueError(f"expected models:/<name>@<alias>, got {uri!r}")
+    return RegistrySource(name, alias or "champion")
+
+
+def _check_fingerprint(uri: str, fingerprint: str, expected: str | None) -> None:
+    from qpr.retrieval.bundle import BundleError
+
+    if expected and expected != fingerprint:
         raise BundleError(
-            f"{uri}: the downloaded bundle's fingerprint {bundle.fingerprint[:12]}… differs "
+            f"{uri}: the downloaded bundle's fingerprint {fingerprint[:12]}… differs "
             f"from the registered {expected[:12]}…"
         )
-    return bundle
+
+
+@contextmanager
+def registry_bundle(uri: str) -> Iterator[Path]:
+    """The folder of a ``models:/name@alias`` URI's bundle (``models:/name``: its
+    champion), downloaded as the service downloads it and checked against its registered
+    fingerprint; removed on exit. ValueError for a malformed URI, SourceError when the
+    registry has no such model or alias, BundleError for a bundle that does not match."""
+    from qpr.retrieval.bundle import Bundle
+
+    source = _registry_source(uri)
+    candidate = source.poll()
+    with source.materialize(candidate) as folder:
+        bundle = Bundle.load(folder)
+        _check_fingerprint(uri, bundle.fingerprint, candidate.expected_fingerprint)
+        yield Path(folder)
 
 
 def _checked(

@@ -27,6 +27,7 @@ from qpr.evaluation.on_file import (
     EvaluateFileConfig,
     FileEvaluation,
     evaluate_file,
+    write_report,
 )
 from qpr.retrieval.bundle import Bundle
 from qpr.text.normalize import normalize
@@ -144,12 +145,12 @@ def test_quora_file(project, tmp_path: Path) -> None:
     assert (counts["questions"], counts["clusters"], counts["queries"]) == (9, 3, 7)
     assert counts["index_size"] == 9 and counts["rows_dropped"] == 1
     assert {q: set(docs) for q, docs in result.queries.qrels.items()} == QUORA_CLUSTERS
-    assert set(result.systems) == {"model", "bm25", "jaccard"}
+    assert set(result.systems) == {"served", "encoder", "bm25_alone", "bm25", "jaccard"}
     assert all(s["num_queries"] == 7 for s in result.summary["systems"].values())
     _check_measures(result)
     _check_self_exclusion(result, k=5)
     # 9 questions, the query left out: every dense query gets the other 8 (k = 5 of them).
-    assert all(len(docs) == 5 for docs in result.systems["model"].run.values())
+    assert all(len(docs) == 5 for docs in result.systems["encoder"].run.values())
 
 
 def test_index_is_exact_unless_asked_for_the_params_index(project, tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_model_index_adds_the_bundle_as_distractors(project, tmp_path: Path) -> 
     assert counts["index_size"] == alone.summary["counts"]["index_size"] + size
     assert counts["queries"] == alone.summary["counts"]["queries"] == 7
     assert joined.queries.qrels == alone.queries.qrels  # distractors are never relevant
-    distractors = [d for docs in joined.systems["model"].run.values() for d, _ in docs]
+    distractors = [d for docs in joined.systems["encoder"].run.values() for d, _ in docs]
     assert any(int(d) < 0 for d in distractors)  # and they do compete
     _check_measures(joined)
     _check_self_exclusion(joined, k=joined.summary["k"])
@@ -241,7 +242,7 @@ def test_cli_writes_json_and_markdown(project, tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "results.json").read_text())
-    assert set(summary["systems"]) == {"model", "bm25", "jaccard"}
+    assert set(summary["systems"]) == {"served", "encoder", "bm25_alone", "bm25", "jaccard"}
     assert summary["counts"]["queries"] == 7 and summary["with_model_index"] is True
     assert {"total", "encode", "index"} <= set(summary["seconds"])
     table = (out / "results.md").read_text()
@@ -293,3 +294,112 @@ def test_cli_errors(project, tmp_path: Path) -> None:
 
     code, said = _cli(root, "--with-model-index")
     assert code == 1 and "--models-dir, --with-model-index are for --data FILE only" in said
+
+
+def _served_top1(searcher, questions: pd.DataFrame, query_ids, k: int) -> dict[str, tuple]:
+    """{query id: (first hit id or None, first hit distance)}: each query searched as one
+    request, its own question dropped from the hits."""
+    text_of = dict(zip(questions["question_id"], questions["text"], strict=True))
+    out = {}
+    for qid in query_ids:
+        hits = [h for h in searcher.search(text_of[qid], k + 1).hits if h.question_id != qid]
+        out[str(qid)] = (str(hits[0].question_id), hits[0].distance) if hits else (None, None)
+    return out
+
+
+def test_served_row_is_what_the_bundle_serves(project, tmp_path: Path) -> None:
+    from qpr import Searcher
+    from qpr.evaluation.on_file import clusters_from_file
+
+    settings, root = project
+    data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
+    result = _evaluate(project, data, tmp_path, k=5)
+    assert list(result.systems) == ["served", "encoder", "bm25_alone"]
+    _check_measures(result)
+    _check_self_exclusion(result, k=5)
+    # The same bundle built over the file's questions by the public API, searched one
+    # question at a time as the service is: the same first hit for every query.
+    questions = clusters_from_file(
+        data, "quora", settings, report_dir=tmp_path / "gates", log=_quiet
+    ).questions
+    searcher = Searcher.build(
+        questions=questions["text"].tolist(),
+        answer_ids=[str(c) for c in questions["cluster_id"]],
+        question_ids=questions["question_id"].tolist(),
+        encoder=root / "models",
+        out=tmp_path / "served",
+    )
+    expected = _served_top1(searcher, questions, result.queries.query_ids, 5)
+    run = result.systems["served"].run
+    assert {q: docs[0][0] for q, docs in run.items()} == {q: e[0] for q, e in expected.items()}
+    served = result.summary["served_index"]
+    assert served["fusion"] == Bundle.load(root / "models").search_config.fusion
+    assert served["threshold"] == searcher.bundle.search_config.threshold
+    systems = result.summary["systems"]
+    assert {"answered_share", "precision_at_1", "p50_ms"} <= set(systems["served"])
+    assert systems["bm25_alone"].get("answered_share") is None  # BM25 has no distance
+    # 6 and 7 are in no duplicate pair: questions with no paraphrase, for false answers.
+    assert result.summary["no_answer"]["no_paraphrase_questions"] == 2
+
+
+@pytest.mark.parametrize(("threshold", "answered"), [(0.0, 0.0), (1e9, 1.0)])
+def test_served_row_applies_the_bundle_threshold(
+    project, tmp_path: Path, threshold: float, answered: float
+) -> None:
+    from dataclasses import replace
+
+    from qpr.artifacts import SearchConfig
+
+    _, root = project
+    models = Path(shutil.copytree(root / "models", tmp_path / "models"))
+    replace(SearchConfig.read(models), threshold=threshold).write(models)
+    data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
+    config = EvaluateFileConfig(data=data, models_dir=models, gate_reports=tmp_path / "gates")
+    result = evaluate_file(config, project[0], log=_quiet)
+    served = result.summary["systems"]["served"]
+    assert served["answered_share"] == answered
+    # Both questions with no paraphrase find something: answered when everything is.
+    assert served["false_answer_rate"] == answered
+    if answered:
+        assert served["precision_at_1"] == served["success_1"]
+    else:
+        assert served["precision_at_1"] is None
+    assert f"threshold {threshold:.4g}" in (
+        Path(write_report(result.summary, tmp_path / "report")[1]).read_text()
+    )
+
+
+@pytest.mark.slow
+def test_cli_evaluates_a_registered_model(project, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    _, root = project
+    client = MlflowClient()  # the tests' own store (conftest's isolated_tracking)
+    experiment = client.create_experiment("eval", artifact_location=(tmp_path / "art").as_uri())
+    client.create_registered_model("qpr-eval")
+    run = client.create_run(experiment)
+    client.log_artifacts(run.info.run_id, str(root / "models"), "model/artifacts/bundle")
+    client.set_terminated(run.info.run_id)
+    version = client.create_model_version(
+        "qpr-eval", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+    )
+    client.set_registered_model_alias("qpr-eval", "champion", str(version.version))
+    data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
+    params = ["evaluate", "--params", str(root / "params.yaml"), "--data", str(data)]
+    local = runner.invoke(
+        app, [*params, "--models-dir", str(root / "models"), "--out", str(tmp_path / "local")]
+    )
+    assert local.exit_code == 0, local.output
+    ref = "models:/qpr-eval@champion"
+    remote = runner.invoke(app, [*params, "--model", ref, "--out", str(tmp_path / "remote")])
+    assert remote.exit_code == 0, remote.output
+    summaries = [
+        json.loads((tmp_path / d / "results.json").read_text()) for d in ("local", "remote")
+    ]
+    assert summaries[1]["models_dir"] == ref
+    assert summaries[1]["bundle_fingerprint"] == summaries[0]["bundle_fingerprint"]
+    for name in ("served", "encoder", "bm25_alone"):
+        assert (
+            summaries[1]["systems"][name]["success_1"] == summaries[0]["systems"][name]["success_1"]
+        )
+    assert ref in (tmp_path / "remote" / "results.md").read_text()

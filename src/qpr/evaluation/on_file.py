@@ -18,7 +18,13 @@ evaluate stage's protocol:
   not those of an approximate search; above that, or on request, it is params'
   ``index.factory`` with ``index.nprobe`` / ``index.ef_search``, which is what the index
   stage builds and the service searches (IVF lists shrink to fit a small file);
-- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluation.trec`).
+- each query excluded from its own results, top k, trec_eval measures (`qpr.evaluation.trec`);
+- three systems on those queries: **served**, the bundle as the service searches it over
+  the same questions (`qpr.evaluation.served`: params' index.factory at the bundle's
+  depth, its BM25 fusion and re-ranker, its no-answer threshold), **encoder** alone (the
+  index above) and **BM25 alone** (the served BM25 settings); the bundle's threshold on
+  each first hit's distance gives the answered share, P@1 among answered and, over the
+  file's questions with no paraphrase, the false-answer rate.
 
 Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
 """
@@ -41,6 +47,7 @@ from qpr.data.ingest import coherence_threshold, load_source
 from qpr.data.loaders import LOG_SUFFIXES, QUORA_COLUMNS, DropReport
 from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink_small_clusters
 from qpr.errors import QPRError
+from qpr.evaluation import served as served_mod
 from qpr.evaluation.baselines import run_baselines
 from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
 from qpr.evaluation.trec import MEASURE_LABELS, format_table
@@ -77,6 +84,16 @@ EXACT_MAX_QUESTIONS = 200_000
 # Bundle questions get negative document ids: the file's ids are >= 0 (Quora qids, or the
 # 63-bit stable ids of logs), and a Quora-trained bundle reuses small qids for other texts.
 _FIRST_MODEL_ID = -1
+_NO_ANSWER_KEYS = ("answered_share", "precision_at_1", "false_answer_rate")
+SYSTEM_LABELS = {"served": "served", "encoder": "encoder alone", "bm25_alone": "BM25 alone"}
+REPORT_COLUMNS = {
+    "system": "system",
+    **MEASURE_LABELS,
+    "answered_share": "answered",
+    "precision_at_1": "P@1 answered",
+    "false_answer_rate": "false answers",
+    "p50_ms": "p50 ms",
+}
 
 
 class EvaluateFileError(QPRError, ValueError):
@@ -127,9 +144,12 @@ class EvaluateFileConfig:
     with_model_index: the bundle's own questions join the index as distractors
         (`merge_model_questions`).
     baselines: lexical baselines on the same queries and index (`BASELINES`).
-    exact: True: an exhaustive Flat index (no approximate-search loss); False: params'
-        index.factory, as the service searches; None: exact up to EXACT_MAX_QUESTIONS
-        index questions, else index.factory.
+    exact: the "encoder alone" row's index. True: an exhaustive Flat index (no
+        approximate-search loss); False: params' index.factory; None: exact up to
+        EXACT_MAX_QUESTIONS index questions, else index.factory. The served row always
+        searches params' index.factory at the bundle's depth.
+    source: where models_dir came from when it is a download (a ``models:/`` URI),
+        reported instead of the temporary folder.
     """
 
     data: Path
@@ -141,6 +161,7 @@ class EvaluateFileConfig:
     with_model_index: bool = False
     baselines: Sequence[str] = ()
     exact: bool | None = None
+    source: str | None = None
 
 
 def detect_format(path: Path) -> Format:
@@ -411,7 +432,10 @@ def evaluate_file(
     ids = IdMap(corpus["question_id"].to_numpy(np.int64))
     queries = clustered.queries
     task = SearchTask(texts, ids.qids, queries, ids.to_rows(queries.query_ids), k)
-    systems = {"model": _model_system(index, vectors, task, log)}
+    served = _served_systems(
+        bundle, settings, (index, vectors), corpus, clustered.questions, task, log
+    )
+    systems = served.systems
     for baseline in baselines:
         log(f"baseline {baseline}: {len(task.query_rows):,} queries over {len(corpus):,} questions")
         systems.update(
@@ -423,10 +447,12 @@ def evaluate_file(
         "format": fmt,
         "split": config.split,
         "k": k,
-        "models_dir": str(config.models_dir),
+        "models_dir": config.source or str(config.models_dir),
         "bundle_fingerprint": bundle.fingerprint,
         "with_model_index": config.with_model_index,
         "index": index_summary,
+        "served_index": served.index,
+        "no_answer": served.no_answer,
         "counts": {
             **clustered.counts,
             "model_index_questions": bundle.size if config.with_model_index else 0,
@@ -435,7 +461,13 @@ def evaluate_file(
             "index_size": int(index.ntotal),
         },
         "systems": {
-            name: {**result.summary, "seconds": result.seconds} for name, result in systems.items()
+            name: {
+                **result.summary,
+                **served.no_answer["systems"].get(name, {}),
+                "p50_ms": served.p50_ms.get(name),
+                "seconds": result.seconds,
+            }
+            for name, result in systems.items()
         },
         "seconds": {
             "clusters": cluster_seconds,
@@ -514,7 +546,7 @@ def _model_system(
     started = time.perf_counter()
     distances, rows = _search_with_progress(index, vectors, task.query_rows, task.k, log)
     result = score_system(
-        "model",
+        "encoder",
         task.queries,
         rows,
         distances,
@@ -523,10 +555,97 @@ def _model_system(
         seconds=time.perf_counter() - started,
     )
     log(
-        f"model: success@1 {result.summary['success_1']:.4f} over "
+        f"encoder alone: success@1 {result.summary['success_1']:.4f} over "
         f"{len(task.queries.query_ids):,} queries"
     )
     return result
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The three systems measured as served (`_served_systems`) and around them."""
+
+    systems: dict[str, SystemResult]
+    index: dict[str, Any]
+    no_answer: dict[str, Any]
+    p50_ms: dict[str, float | None]
+
+
+def _served_systems(
+    bundle: Any,
+    settings: Settings,
+    dense: tuple[Any, np.ndarray],
+    corpus: pd.DataFrame,
+    file_questions: pd.DataFrame,
+    task: SearchTask,
+    log: Callable[[str], None],
+) -> _Served:
+    """served (`qpr.evaluation.served`), encoder alone (the exact index unless asked
+    otherwise) and BM25 alone, on the same queries and questions; with the bundle's
+    threshold applied to each first hit's distance, and p50 latencies."""
+    from qpr.evaluation.no_answer import row_clusters
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.bundle import IndexedQuestions
+
+    index, vectors = dense
+    qids = corpus["question_id"].to_numpy(np.int64)
+    corpus = corpus.assign(cluster_id=row_clusters(qids, file_questions))
+    bm25 = BM25Index.build(corpus["text"].tolist(), **served_mod.bm25_settings(bundle, settings))
+    served, served_index = served_mod.served_bundle(bundle, settings, vectors, corpus, bm25, log)
+    systems = {
+        "served": served_mod.served_system(served, task, log),
+        "encoder": _model_system(index, vectors, task, log),
+        "bm25_alone": served_mod.lexical_system(bm25, task, log),
+    }
+    alone = served_mod.singleton_queries(file_questions, settings.seed)
+    no_answer = _no_answer(bundle.search_config.threshold, systems, alone, served, dense, task, log)
+    encoder = bundle.with_questions(
+        IndexedQuestions(index, task.row_to_qid, task.index_texts, np.full(len(vectors), -1)),
+        dense_only=True,
+    )
+    texts, k = task.queries.texts, task.k + 1
+    p50 = {
+        "served": served_mod.median_ms(lambda q: served.search(q, k), texts),
+        "encoder": served_mod.median_ms(lambda q: encoder.search(q, k), texts),
+        "bm25_alone": served_mod.median_ms(lambda q: bm25.search(q, k), texts),
+    }
+    return _Served(systems, served_index, no_answer, p50)
+
+
+def _no_answer(
+    threshold: float | None,
+    systems: dict[str, SystemResult],
+    alone: QuerySet,
+    served: Any,
+    dense: tuple[Any, np.ndarray],
+    task: SearchTask,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The bundle's threshold on each system with distances: answered share and P@1
+    among answered over the queries, false-answer rate over the file's questions with no
+    paraphrase (`served.singleton_queries`; None when it has none)."""
+    from qpr.evaluation.threshold import outcome
+    from qpr.retrieval.dense import IdMap, search
+
+    index, vectors = dense
+    rows = IdMap(np.asarray(task.row_to_qid, np.int64)).to_rows(alone.query_ids)
+    if len(rows):
+        log(f"no answer: {len(rows):,} questions with no paraphrase in the file")
+        encoder_top1 = search(index, vectors[rows], 1, exclude=rows)[0][:, 0]
+        served_top1 = served_mod.served_top1(served, alone.texts, alone.query_ids, log)
+    else:
+        encoder_top1 = served_top1 = np.zeros(0)
+    unanswerable = {"served": served_top1, "encoder": encoder_top1}
+    measured = {
+        name: outcome(threshold, systems[name], unanswerable[name]) for name in unanswerable
+    }
+    return {
+        "threshold": threshold,
+        "no_paraphrase_questions": len(rows),
+        "systems": {
+            name: {key: values[key] for key in _NO_ANSWER_KEYS} for name, values in measured.items()
+        },
+    }
 
 
 def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
@@ -540,7 +659,7 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     json_path = write_text_atomic(out_dir / "results.json", json.dumps(summary, indent=2) + "\n")
     counts = summary["counts"]
     rows = [
-        {"system": name, **{m: values.get(m) for m in MEASURE_LABELS}}
+        {"system": SYSTEM_LABELS.get(name, name), **values}
         for name, values in summary["systems"].items()
     ]
     extra = (
@@ -559,7 +678,40 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
         + (f", efSearch {summary['index']['ef_search']}" if summary["index"]["ef_search"] else "")
         + f"); top {summary['k']}, each query excluded from its own results. "
         "P@N = success@N (a paraphrase among the first N); MRR = reciprocal rank.\n\n"
-        + format_table(rows, {"system": "system", **MEASURE_LABELS}, floatfmt=".4f")
+        + _served_note(summary)
+        + format_table(rows, REPORT_COLUMNS, floatfmt=".4f")
         + f"\nTotal {summary['seconds']['total']:.1f} s.\n",
     )
     return json_path, md_path
+
+
+def _served_note(summary: dict[str, Any]) -> str:
+    """What the served row is: the bundle's fusion, depth, re-ranker and threshold."""
+    served, no_answer = summary["served_index"], summary["no_answer"]
+    fusion = served["fusion"]
+    how = (
+        f"fused with BM25 at dense weight {fusion['dense_weight']:g} "
+        f"({served['bm25']['stemmer'] or 'no'} stemmer, k1 {served['bm25']['k1']:g}, "
+        f"b {served['bm25']['b']:g})"
+        if fusion
+        else "dense ranking alone"
+    )
+    depth = ", ".join(
+        f"{key} {served[key]}" for key in ("nprobe", "ef_search") if served[key] is not None
+    )
+    rerank = f", top {served['rerank_top']} re-ranked" if served["rerank_top"] else ""
+    threshold = no_answer["threshold"]
+    limit = f"threshold {threshold:.4g}" if threshold is not None else "no threshold"
+    false = (
+        f"false answers over {no_answer['no_paraphrase_questions']:,} questions of the file "
+        "with no paraphrase"
+        if no_answer["no_paraphrase_questions"]
+        else "false answers not measurable (every question of the file has a paraphrase)"
+    )
+    return (
+        f"served: the bundle's search over the file's questions ({served['factory']}"
+        f"{', ' + depth if depth else ''}), {how}{rerank}, {limit}, through "
+        "Bundle.search_batch. Answered, P@1 answered and false answers: that threshold on "
+        f"the first hit's distance; {false}. p50 ms: one query a call, "
+        f"{served_mod.TIMED_QUERIES} queries.\n\n"
+    )

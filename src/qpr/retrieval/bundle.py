@@ -255,6 +255,7 @@ class Bundle:
         reranker: Reranker | None = None,
     ) -> None:
         self._models_dir = models_dir
+        self._encoder = encoder
         self._reranker = reranker
         self._config = config
         self._fingerprint = fingerprint
@@ -274,6 +275,38 @@ class Bundle:
         self._bm25 = questions.bm25
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
+
+    def with_questions(self, questions: IndexedQuestions, *, dense_only: bool = False) -> Bundle:
+        """This bundle searching other questions: the same query encoder, search config
+        (threshold, fusion, depth) and re-ranker over `questions` (their index and, when the
+        config fuses, their BM25).
+
+        dense_only: the dense ranking alone (no BM25, no re-ranking), same threshold.
+        What `qpr evaluate --data` serves a file's questions with. The fingerprint stays
+        this bundle's: it names the model, not the questions it searches.
+        """
+        config = self._config
+        if dense_only:
+            fused_only = ("dense_weight", "lexical_candidates", "dense_candidates", "rerank_top")
+            depth = ("fused_nprobe", "fused_ef_search")
+            config = replace(config, **dict.fromkeys(fused_only + depth))
+        if config.fused and questions.bm25 is None:
+            raise ValueError("this bundle fuses BM25 in: the questions need their BM25")
+        if questions.index.d != self.dim:
+            raise ValueError(f"{questions.index.d}-d index, the encoder gives {self.dim}")
+        return Bundle(
+            models_dir=self._models_dir,
+            encoder=self._encoder,
+            questions=questions,
+            config=config,
+            fingerprint=self._fingerprint,
+            reranker=None if dense_only else self._reranker,
+        )
+
+    @property
+    def bm25(self) -> BM25Index | None:
+        """The BM25 weights fused in (their `settings`: k1, b, stemmer); None: dense only."""
+        return self._bm25
 
     # -- loading --------------------------------------------------------------------------
 
