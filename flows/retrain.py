@@ -41,7 +41,7 @@ from qpr.ops import cycle as ops
 from qpr.ops.journal import Journal
 from qpr.ops.layout import RetrainError, RetrainLayout, RetrainLock, utc_stamp
 from qpr.ops.processes import tool_env
-from qpr.ops.summary import describe, new_summary, record_failure
+from qpr.ops.summary import describe, exit_code, new_summary, record_failure
 
 
 def _prefect_api_url() -> str | None:
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         run_cli(serve, args.params)
     else:
-        run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+        summary = run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+        raise SystemExit(exit_code(summary))
 
 
 if __name__ == "__main__":

@@ -101,3 +101,11 @@ def test_data_scale_writes_shards_the_loader_reads(tmp_path):
 def test_data_scale_refuses_a_bad_count(tmp_path):
     result = runner.invoke(app, ["data", "scale", "--questions", "lots", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "not a count" in result.output
+
+
+def test_retrain_passes_the_flow_exit_code_through(monkeypatch, tmp_path):
+    import qpr.cli
+
+    monkeypatch.setattr(qpr.cli, "_run_flow", lambda *args: 3)  # every file quarantined
+    result = runner.invoke(app, ["retrain", "--params", str(tmp_path / "params.yaml")])
+    assert result.exit_code == 3

@@ -642,10 +642,12 @@ def retrain(
     one is quarantined with its report), merged into data/ without duplicates, versioned
     (dvc add), and `dvc repro` retrains; the register stage promotes the new model only if
     it is better. Safe to rerun: nothing new, nothing changes. Scheduled: `python -m
-    flows.retrain --serve` or the prefect.yaml deployment (README)."""
+    flows.retrain --serve` or the prefect.yaml deployment (README). Exit codes: 0 done,
+    1 failed (rolled back), 3 every new file was quarantined (docs/operations.md)."""
     args = ["--params", str(params.resolve())] + (["--recover-only"] if recover_only else [])
-    if _run_flow("flows.retrain", *args) != 0:
-        raise typer.Exit(1)
+    code = _run_flow("flows.retrain", *args)
+    if code != 0:
+        raise typer.Exit(code)
 
 
 @app.command("search")

@@ -99,3 +99,21 @@ def test_a_failed_pipeline_is_rolled_back(root: Path):
     assert tree(cycle.layout.data_dir) == before and cycle.layout.dvc_file.read_text() == pin
     assert day4.is_file()  # waits for the next run
     assert summary["rollback"] and not cycle.layout.journal.exists()
+
+
+def test_a_run_whose_every_file_is_quarantined_says_so(root: Path, tmp_path_factory):
+    from qpr.ops.summary import EXIT_ALL_QUARANTINED, exit_code
+
+    cycle = _cycle(root, _registered)
+    incoming = cycle.layout.incoming
+    incoming.mkdir(parents=True)
+    (incoming / "notes.csv").write_text("a,b\n1,2\n")
+    outside = write_log_day(tmp_path_factory.mktemp("outside"))
+    (incoming / "linked.jsonl").symlink_to(outside)
+
+    summary = run_cycle(cycle, new_summary(RUN))
+
+    assert summary["outcome"] == "only-quarantined", summary
+    assert sorted(q["file"] for q in summary["quarantined"]) == ["linked.jsonl", "notes.csv"]
+    assert exit_code(summary) == EXIT_ALL_QUARANTINED != 0
+    assert outside.is_file() and not list(incoming.iterdir())

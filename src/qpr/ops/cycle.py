@@ -29,6 +29,8 @@ from qpr.ops.incoming import (
     discover,
     ledger_records,
     quarantine,
+    quarantine_refused,
+    refused,
     validate,
 )
 from qpr.ops.journal import Journal, Recovery, recover, uncached_outputs
@@ -181,7 +183,7 @@ def run_cycle(
     summary["data_md5_before"] = pinned_md5(layout.dvc_file)
     new = _new_files(cycle, summary)
     if not new:
-        summary["outcome"] = "nothing-new"
+        summary["outcome"] = "only-quarantined" if summary["quarantined"] else "nothing-new"
         return summary
     good = _valid_files(cycle, new, summary)
     if not good:
@@ -203,6 +205,10 @@ def _new_files(cycle: Cycle, summary: dict[str, Any]) -> list[IncomingFile]:
     any name) change nothing: they are archived as already merged."""
     layout, run = cycle.layout, cycle.run
     ledger = Ledger(layout.ledger)
+    for path, reason in refused(layout.incoming):
+        where = quarantine_refused(path, reason, layout.quarantine, run)
+        summary["quarantined"].append({"file": path.name, "reason": reason, "folder": str(where)})
+        cycle.log(f"quarantined {path.name} → {where}: {reason}")
     merged_before = ledger.merged_hashes()
     found = discover(layout.incoming)
     known = [f for f in found if f.sha256 in merged_before]
