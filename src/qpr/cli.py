@@ -302,17 +302,29 @@ def model_promote(
     actor: ActorOption = None,
     params: ParamsOption = Path("params.yaml"),
     name: NameOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Promote a version the registry refuses (no committed mark, or trained on "
+            "another data source than the champion); needs --reason, recorded as a tag.",
+        ),
+    ] = False,
 ) -> None:
     """Make VERSION the champion by hand (no margin check); the replaced champion becomes
     previous-champion, so `qpr model rollback` undoes this."""
+    if force and reason == "promoted by hand":
+        _fail("--force needs a --reason: it is recorded on the version")
     registry, name = _registry(params, name)
     who = _actor(actor)
 
     def run():
         before = registry.champion(name)
-        return before, registry.promote(name, version, reason=reason, actor=who)
+        return before, registry.promote(name, version, reason=reason, actor=who, force=force)
 
     before, after = _registry_call(run)
+    if force:
+        errors.print(f"forced by {who}: {reason}")
     was = f"; version {before.version} is previous-champion" if before else ""
     console.print(f"[green]version {after.version} of {name!r} is now champion[/]{was}")
 
