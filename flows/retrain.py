@@ -48,6 +48,7 @@ from qpr.ops.journal import Journal
 from qpr.ops.layout import RetrainBusy, RetrainError, RetrainLayout, RetrainLock, utc_stamp
 from qpr.ops.processes import tool_env
 from qpr.ops.summary import describe, exit_code, new_summary, record_failure
+from qpr.redact import redact, redact_tree
 
 
 def _prefect_api_url() -> str | None:
@@ -144,6 +145,14 @@ STEPS = ops.CycleSteps(
 # ---------------------------------------------------------------- the flow
 
 
+def record_summary(summary: Mapping[str, Any], summary_file: Path, repro_log: Path) -> None:
+    """The summary on disk and in the MLflow run, credentials masked (an error message may
+    repeat a tracking URI with its password)."""
+    write_json_atomic(summary_file, redact_tree(dict(summary)))
+    _log_to_mlflow(summary, summary_file, repro_log)
+    print(redact(describe(dict(summary))))
+
+
 def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Path) -> None:
     merge = summary.get("merge") or {}
     reg = summary.get("register") or {}
@@ -164,7 +173,7 @@ def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Pa
         tags["qpr.promoted"] = str(bool(reg.get("promoted"))).lower()
     if summary.get("data_md5_after"):
         tags["qpr.data_hash_after"] = f"dvc:{summary['data_md5_after']}"
-    mlflow.set_tags(tags)
+    mlflow.set_tags(redact_tree(tags))
     tracking.log_artifacts({"retrain": summary_file, "retrain/logs": repro_log})
 
 
@@ -172,7 +181,8 @@ def _tracked_cycle(
     cycle: ops.Cycle, summary: dict[str, Any], settings: Settings, root: Path, started: float
 ) -> None:
     """The cycle inside its MLflow run, whose id is on disk before anything else happens."""
-    with tracking.stage_run("retrain", settings, root=root) as mlflow_run:
+    # Nothing the run stores may hold a credential (a token in a path, a password in a URI).
+    with tracking.stage_run("retrain", settings, root=root, scrub=redact_tree) as mlflow_run:
         extra = {"mlflow_run_id": mlflow_run.info.run_id}
         write_json_atomic(cycle.layout.active_run, {**extra, "run": cycle.run})
         try:
@@ -182,9 +192,7 @@ def _tracked_cycle(
             raise
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
-            write_json_atomic(cycle.summary_file, summary)
-            _log_to_mlflow(summary, cycle.summary_file, cycle.repro_log)
-            print(describe(summary))
+            record_summary(summary, cycle.summary_file, cycle.repro_log)
 
 
 @flow(name="retrain", log_prints=True)
@@ -202,7 +210,7 @@ def retrain_flow(params: str | None = None, recover_only: bool = False) -> dict[
         summary["recovered"] = recover_task(cycle)
         if recover_only:
             summary["outcome"] = "recovered" if summary["recovered"] else "nothing-to-recover"
-            print(describe(summary))
+            print(redact(describe(summary)))
             return summary
         try:
             _tracked_cycle(cycle, summary, settings, paths.root, started)
@@ -228,7 +236,7 @@ def recover_flow(params: str | None = None) -> dict[str, Any]:
         print("a retraining cycle is running; it recovers for itself")
         return summary
     summary["outcome"] = "recovered" if summary["recovered"] else "nothing-to-recover"
-    print(describe(summary))
+    print(redact(describe(summary)))
     return summary
 
 

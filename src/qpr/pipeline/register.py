@@ -28,6 +28,7 @@ from qpr.config import Settings
 from qpr.errors import QPRError
 from qpr.ops import registry
 from qpr.paths import ProjectPaths
+from qpr.redact import redact_tree
 
 ACTOR = "register-flow"
 RETRAIN_RUN_ENV = registry.RETRAIN_RUN_ENV
@@ -96,7 +97,7 @@ def run_register(
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     challenger_value = registry.metric_value(metrics, cfg.metric)
 
-    tags = {**provenance(metrics), registry.TAG_DATA_SOURCE: settings.data.source}
+    tags = redact_tree({**provenance(metrics), registry.TAG_DATA_SOURCE: settings.data.source})
     if cycle_run:
         tags[registry.TAG_RETRAIN_RUN] = cycle_run
     before = {v.version for v in _versions(cfg.name)}
