@@ -325,6 +325,9 @@ def model_promote(
     before, after = _registry_call(run)
     if force:
         errors.print(f"forced by {who}: {reason}")
+    if before is not None and before.version == after.version:
+        console.print(f"[green]champion version {after.version} of {name!r} marked committed[/]")
+        return
     was = f"; version {before.version} is previous-champion" if before else ""
     console.print(f"[green]version {after.version} of {name!r} is now champion[/]{was}")
 

@@ -726,12 +726,19 @@ def promote(
     before the champion alias moves: a crash before it leaves the serving champion as it was.
     RegistryError: no such model or version, the version is already the champion, or
     `promotion_refusal` objects and `force` is not given. A forced promotion marks the
-    version committed and records the reason as ``qpr.forced_reason``.
+    version committed and records the reason as ``qpr.forced_reason`` (forcing the current
+    champion only marks it: a champion registered before the mark existed).
     """
     client = MlflowClient()
     target = get_version(name, version)
     current = _by_alias(client, name, CHAMPION)
     if current is not None and current.version == target.version:
+        if force and not is_committed(target):  # a champion from before the mark existed
+            client.set_model_version_tag(
+                name, str(target.version), TAG_FORCED, reason[:_MAX_REASON]
+            )
+            mark_committed(name, target.version, by=f"forced by {actor}")
+            return get_version(name, target.version)
         raise RegistryError(f"version {target.version} of {name!r} is already the champion")
     refusal = promotion_refusal(target, current)
     if refusal and not force:
