@@ -103,6 +103,10 @@ def settle_registry(cycle: Cycle, journal: Journal) -> list[str]:
     reason = str(register.get("reason", ""))
     if register.get("promoted"):
         if current is None or current.version != version:
+            # A refusal is permanent: raising would fail every later recovery on it.
+            refusal = registry.promotion_refusal(registry.get_version(name, version), current)
+            if refusal:
+                return [*steps, f"registry: version {version} not promoted: {refusal}"]
             registry.promote(name, version, reason=reason, actor=ACTOR)
             steps.append(f"registry: version {version} promoted to champion")
     elif register.get("new_version"):
