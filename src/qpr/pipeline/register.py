@@ -6,9 +6,10 @@ Why a stage of its own: registering is the one step with an effect outside the p
 validation measure (never test: test stays an unbiased report), and records its decision
 both in metrics/register.json (for `dvc metrics`) and as tags on the version (for people).
 
-Like with like: before judging, the champion is re-scored on the challenger's validation
-queries with the same protocol (`qpr.evaluation.rescore`), and those two numbers are
-compared; a champion trained on another data source is never compared at all.
+Like with like: before judging, challenger and champion are both scored on the
+challenger's validation queries over the same corpus by one protocol
+(`qpr.evaluation.rescore`), and those two numbers are compared; a champion trained on
+another data source is never compared at all.
 
 Inside a retraining cycle (`cycle_run`, set from ``QPR_RETRAIN_RUN``) the stage registers
 and decides but moves no alias and sets no committed mark: the cycle does both after its
@@ -45,14 +46,17 @@ def _versions(name: str) -> list[registry.VersionInfo]:
 
 
 def rescore_on_validation(settings: Settings, paths: ProjectPaths) -> Rescore:
-    """The default `Rescore`: both bundles searched with the cluster stage's queries of the
-    metric's split (``val.recip_rank`` → val, recip_rank)."""
+    """The default `Rescore`: both bundles' encoders scored by one protocol
+    (`qpr.evaluation.rescore`) on the cluster stage's queries of the metric's split
+    (``val.recip_rank`` → val, recip_rank), over the challenger's indexed questions."""
 
     def rescore_pair(champion: registry.VersionInfo) -> tuple[float, float] | None:
+        import pandas as pd
+
+        from qpr.artifacts import QUESTIONS_FILE
         from qpr.evaluation.queries import query_set
         from qpr.evaluation.rescore import rescore
         from qpr.pipeline.handoff import read_cluster_outputs
-        from qpr.retrieval.bundle import Bundle
 
         split, _, measure = settings.registry.metric.rpartition(".")
         if not split or not measure:
@@ -60,11 +64,13 @@ def rescore_on_validation(settings: Settings, paths: ProjectPaths) -> Rescore:
         queries = query_set(read_cluster_outputs(paths)[0], split)
         if len(queries.query_ids) == 0:
             return None
-        ours = rescore(Bundle.load(paths.models_dir), queries)[measure]
+        # One corpus for both: the questions the challenger indexes (the current data).
+        corpus = pd.read_parquet(paths.models_dir / QUESTIONS_FILE, columns=["question_id", "text"])
+        ours = rescore(paths.models_dir, corpus, queries)[measure]
         with tempfile.TemporaryDirectory(prefix="qpr-champion-") as tmp:
             alias = registry.CHAMPION
             bundle = registry.download_bundle(settings.registry.name, alias, Path(tmp))
-            theirs = rescore(Bundle.load(bundle), queries)[measure]
+            theirs = rescore(bundle, corpus, queries)[measure]
         return float(ours), float(theirs)
 
     return rescore_pair
