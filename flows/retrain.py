@@ -15,11 +15,16 @@ and schedules it.
     python -m flows.retrain                 # one cycle now (what `qpr retrain` runs)
     python -m flows.retrain --serve         # a local runner that runs it on retrain.cron
     python -m flows.retrain --recover-only  # only roll back / finish a crashed run
+
+Recovery also runs on its own light schedule (`recover_flow`, the `recover` deployment of
+prefect.yaml, every 5 minutes): a crashed run is undone within minutes, not at the next
+day's cycle. It stands aside while a cycle holds the lock (that cycle recovers itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -36,12 +41,14 @@ from prefect.logging import get_run_logger
 
 from flows import tracking
 from flows.stage import run_cli, settings_and_paths
+from qpr.config import Settings
 from qpr.io import write_json_atomic
 from qpr.ops import cycle as ops
 from qpr.ops.journal import Journal
-from qpr.ops.layout import RetrainError, RetrainLayout, RetrainLock, utc_stamp
+from qpr.ops.layout import RetrainBusy, RetrainError, RetrainLayout, RetrainLock, utc_stamp
 from qpr.ops.processes import tool_env
-from qpr.ops.summary import describe, new_summary, record_failure
+from qpr.ops.summary import describe, exit_code, new_summary, record_failure
+from qpr.redact import redact, redact_tree
 
 
 def _prefect_api_url() -> str | None:
@@ -71,18 +78,37 @@ def child_env() -> dict[str, str]:
     return tool_env(extra)
 
 
-def _mark_killed(journal: Journal) -> None:
-    """The crashed run's MLflow run stays RUNNING forever otherwise."""
-    run_id = journal.data.get("mlflow_run_id")
+def _close_run(run_id: str | None, outcome: str) -> bool:
+    """Mark a crashed cycle's MLflow run FAILED (it stays RUNNING forever otherwise); True
+    when it was still running."""
     if not run_id:
-        return
+        return False
     client = MlflowClient()
     try:
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_tag(run_id, "qpr.retrain.outcome", "crashed, rolled back")
-            client.set_terminated(run_id, "KILLED")
+        if client.get_run(run_id).info.status != "RUNNING":
+            return False
+        client.set_tag(run_id, "qpr.retrain.outcome", outcome)
+        client.set_terminated(run_id, "FAILED")
     except MlflowException:
-        pass
+        return False
+    return True
+
+
+def _mark_killed(journal: Journal) -> None:
+    _close_run(journal.data.get("mlflow_run_id"), "crashed, rolled back")
+
+
+def close_orphan_run(layout: RetrainLayout) -> str | None:
+    """Close the MLflow run a killed cycle left (its id in `layout.active_run`, written as
+    soon as the run existed); the run id when one was closed. The caller holds the lock."""
+    marker = layout.active_run
+    try:
+        run_id = json.loads(marker.read_text(encoding="utf-8")).get("mlflow_run_id")
+    except (OSError, ValueError):
+        return None
+    closed = _close_run(run_id, "killed, closed by the next start")
+    marker.unlink(missing_ok=True)
+    return run_id if closed else None
 
 
 # ---------------------------------------------------------------- tasks
@@ -91,6 +117,9 @@ def _mark_killed(journal: Journal) -> None:
 @task(name="recover", cache_policy=NO_CACHE)
 def recover_task(cycle: ops.Cycle) -> dict[str, Any] | None:
     recovery = ops.recover_run(cycle, on_rolled_back=_mark_killed)
+    orphan = close_orphan_run(cycle.layout)
+    if orphan is not None:
+        get_run_logger().warning(f"closed the MLflow run {orphan} of a killed cycle as FAILED")
     if recovery is None:
         return None
     get_run_logger().warning(
@@ -116,6 +145,14 @@ STEPS = ops.CycleSteps(
 # ---------------------------------------------------------------- the flow
 
 
+def record_summary(summary: Mapping[str, Any], summary_file: Path, repro_log: Path) -> None:
+    """The summary on disk and in the MLflow run, credentials masked (an error message may
+    repeat a tracking URI with its password)."""
+    write_json_atomic(summary_file, redact_tree(dict(summary)))
+    _log_to_mlflow(summary, summary_file, repro_log)
+    print(redact(describe(dict(summary))))
+
+
 def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Path) -> None:
     merge = summary.get("merge") or {}
     reg = summary.get("register") or {}
@@ -136,8 +173,26 @@ def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Pa
         tags["qpr.promoted"] = str(bool(reg.get("promoted"))).lower()
     if summary.get("data_md5_after"):
         tags["qpr.data_hash_after"] = f"dvc:{summary['data_md5_after']}"
-    mlflow.set_tags(tags)
+    mlflow.set_tags(redact_tree(tags))
     tracking.log_artifacts({"retrain": summary_file, "retrain/logs": repro_log})
+
+
+def _tracked_cycle(
+    cycle: ops.Cycle, summary: dict[str, Any], settings: Settings, root: Path, started: float
+) -> None:
+    """The cycle inside its MLflow run, whose id is on disk before anything else happens."""
+    # Nothing the run stores may hold a credential (a token in a path, a password in a URI).
+    with tracking.stage_run("retrain", settings, root=root, scrub=redact_tree) as mlflow_run:
+        extra = {"mlflow_run_id": mlflow_run.info.run_id}
+        write_json_atomic(cycle.layout.active_run, {**extra, "run": cycle.run})
+        try:
+            ops.run_cycle(cycle, summary, journal_extra=extra)
+        except BaseException as err:
+            record_failure(summary, err)
+            raise
+        finally:
+            summary["seconds"] = round(time.monotonic() - started, 1)
+            record_summary(summary, cycle.summary_file, cycle.repro_log)
 
 
 @flow(name="retrain", log_prints=True)
@@ -155,20 +210,33 @@ def retrain_flow(params: str | None = None, recover_only: bool = False) -> dict[
         summary["recovered"] = recover_task(cycle)
         if recover_only:
             summary["outcome"] = "recovered" if summary["recovered"] else "nothing-to-recover"
-            print(describe(summary))
+            print(redact(describe(summary)))
             return summary
-        with tracking.stage_run("retrain", settings, root=paths.root) as mlflow_run:
-            try:
-                extra = {"mlflow_run_id": mlflow_run.info.run_id}
-                ops.run_cycle(cycle, summary, journal_extra=extra)
-            except BaseException as err:
-                record_failure(summary, err)
-                raise
-            finally:
-                summary["seconds"] = round(time.monotonic() - started, 1)
-                write_json_atomic(cycle.summary_file, summary)
-                _log_to_mlflow(summary, cycle.summary_file, cycle.repro_log)
-                print(describe(summary))
+        try:
+            _tracked_cycle(cycle, summary, settings, paths.root, started)
+        finally:
+            # Reached unless the process is killed: then the next start closes the run.
+            layout.active_run.unlink(missing_ok=True)
+    return summary
+
+
+@flow(name="recover", log_prints=True)
+def recover_flow(params: str | None = None) -> dict[str, Any]:
+    """Roll back (or finish) a crashed cycle and close its MLflow run; light enough to run
+    every few minutes. A cycle holding the lock is left alone: it recovers for itself."""
+    settings, paths = settings_and_paths(params)
+    layout = RetrainLayout.from_settings(settings, paths.root)
+    cycle = ops.Cycle(settings, layout, run=utc_stamp(), log=print, environment=child_env)
+    summary = new_summary(cycle.run)
+    try:
+        with RetrainLock(layout.lock):
+            summary["recovered"] = recover_task(cycle)
+    except RetrainBusy:
+        summary["outcome"] = "busy"
+        print("a retraining cycle is running; it recovers for itself")
+        return summary
+    summary["outcome"] = "recovered" if summary["recovered"] else "nothing-to-recover"
+    print(redact(describe(summary)))
     return summary
 
 
@@ -207,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         run_cli(serve, args.params)
     else:
-        run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+        summary = run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+        raise SystemExit(exit_code(summary))
 
 
 if __name__ == "__main__":

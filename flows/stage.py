@@ -109,7 +109,9 @@ def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 
 
 def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
-    from qpr.pipeline.register import run_register
+    import os
+
+    from qpr.pipeline.register import RETRAIN_RUN_ENV, run_register
 
     experiment = settings.mlflow.experiment
     result = run_register(
@@ -117,6 +119,9 @@ def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
         paths,
         provenance=lambda metrics: tracking.evaluate_provenance(experiment, metrics),
         log=log,
+        # Inside a retraining cycle: register and decide only; the cycle promotes after
+        # its commit point.
+        cycle_run=os.environ.get(RETRAIN_RUN_ENV) or None,
     )
     mlflow.set_tags(
         {
@@ -214,8 +219,9 @@ STAGES: dict[str, Stage] = {
         Stage(
             "register",
             _register,
-            "Register the evaluated bundle (alias challenger); promote it to champion only if "
-            "it beats the champion's validation measure by registry.margin.",
+            "Register the evaluated bundle; re-score the champion on the same validation "
+            "queries and promote the new one only if it is better by registry.margin (inside "
+            "a retraining cycle, after the cycle commits).",
         ),
     )
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -78,8 +78,10 @@ def stage_run(
     *,
     root: Path | None = None,
     extra_params: Mapping[str, Any] = (),
+    scrub: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Iterator[mlflow.ActiveRun]:
-    """Open an MLflow run for one stage, with params, and tags; a failure marks it FAILED."""
+    """Open an MLflow run for one stage, with params, and tags; a failure marks it FAILED.
+    `scrub` rewrites the params and the tags first (the retrain flow masks credentials)."""
     root = (root or Path.cwd()).resolve()
     experiment_id = _ensure_experiment(settings.mlflow.experiment)
     commit, dirty = git_commit(root)
@@ -94,8 +96,11 @@ def stage_run(
     flow_run_id = _flow_run_id()
     if flow_run_id:
         tags["prefect.flow_run_id"] = str(flow_run_id)
+    params = {**settings.flat(), **dict(extra_params)}
+    if scrub is not None:
+        params, tags = scrub(params), scrub(tags)
     with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
-        mlflow.log_params({**settings.flat(), **dict(extra_params)})
+        mlflow.log_params(params)
         yield run
 
 

@@ -144,3 +144,17 @@ def test_evaluate_refuses_bad_model_references(tmp_path):
     assert (
         result.exit_code == 1 and "--model" in result.output and "--data FILE only" in result.output
     )
+
+
+def test_retrain_passes_the_flow_exit_code_through(monkeypatch, tmp_path):
+    import qpr.cli
+
+    monkeypatch.setattr(qpr.cli, "_run_flow", lambda *args: 3)  # every file quarantined
+    result = runner.invoke(app, ["retrain", "--params", str(tmp_path / "params.yaml")])
+    assert result.exit_code == 3
+
+
+def test_a_forced_promotion_needs_a_reason(tmp_path):
+    result = runner.invoke(app, ["model", "promote", "3", "--force"])
+    assert result.exit_code == 1
+    assert "--force needs a --reason" in result.output

@@ -306,17 +306,32 @@ def model_promote(
     actor: ActorOption = None,
     params: ParamsOption = Path("params.yaml"),
     name: NameOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Promote a version the registry refuses (no committed mark, or trained on "
+            "another data source than the champion); needs --reason, recorded as a tag.",
+        ),
+    ] = False,
 ) -> None:
     """Make VERSION the champion by hand (no margin check); the replaced champion becomes
     previous-champion, so `qpr model rollback` undoes this."""
+    if force and reason == "promoted by hand":
+        _fail("--force needs a --reason: it is recorded on the version")
     registry, name = _registry(params, name)
     who = _actor(actor)
 
     def run():
         before = registry.champion(name)
-        return before, registry.promote(name, version, reason=reason, actor=who)
+        return before, registry.promote(name, version, reason=reason, actor=who, force=force)
 
     before, after = _registry_call(run)
+    if force:
+        errors.print(f"forced by {who}: {reason}")
+    if before is not None and before.version == after.version:
+        console.print(f"[green]champion version {after.version} of {name!r} marked committed[/]")
+        return
     was = f"; version {before.version} is previous-champion" if before else ""
     console.print(f"[green]version {after.version} of {name!r} is now champion[/]{was}")
 
@@ -690,10 +705,12 @@ def retrain(
     one is quarantined with its report), merged into data/ without duplicates, versioned
     (dvc add), and `dvc repro` retrains; the register stage promotes the new model only if
     it is better. Safe to rerun: nothing new, nothing changes. Scheduled: `python -m
-    flows.retrain --serve` or the prefect.yaml deployment (README)."""
+    flows.retrain --serve` or the prefect.yaml deployment (README). Exit codes: 0 done,
+    1 failed (rolled back), 3 every new file was quarantined (docs/operations.md)."""
     args = ["--params", str(params.resolve())] + (["--recover-only"] if recover_only else [])
-    if _run_flow("flows.retrain", *args) != 0:
-        raise typer.Exit(1)
+    code = _run_flow("flows.retrain", *args)
+    if code != 0:
+        raise typer.Exit(code)
 
 
 @app.command("search")

@@ -39,6 +39,8 @@ class QualitySettings(_Section):
     min_question_chars: int = Field(2, ge=1)
     max_question_chars: int = Field(400, ge=10)
     max_drop_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    # A floor for small files: one bad row in six is 17%, yet no reason to refuse the rest.
+    max_drop_rows: int = Field(2, ge=0)
     split_ratio_tolerance: float = Field(0.05, gt=0.0, lt=1.0)
 
 

@@ -1,9 +1,11 @@
-"""prefect.yaml: the team-mode deployment of flows/retrain.py, on the params' schedule."""
+"""prefect.yaml: the team-mode deployments of flows/retrain.py: the cycle on the params'
+schedule, and recovery on its own light schedule every few minutes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from qpr.config import load_settings
@@ -11,13 +13,31 @@ from qpr.config import load_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_prefect_yaml_deploys_the_retrain_flow_on_the_params_schedule():
+@pytest.fixture(scope="module")
+def deployments() -> dict:
     from prefect.cli.deploy._models import PrefectYamlModel
 
     spec = PrefectYamlModel.model_validate(yaml.safe_load((ROOT / "prefect.yaml").read_text()))
-    (deployment,) = spec.deployments
+    return {d.name: d for d in spec.deployments}
+
+
+def _entrypoint_exists(deployment) -> bool:
     path, function = deployment.entrypoint.split(":")
-    assert f"def {function}(" in (ROOT / path).read_text()
+    return f"def {function}(" in (ROOT / path).read_text()
+
+
+def test_prefect_yaml_deploys_the_retrain_flow_on_the_params_schedule(deployments):
+    deployment = deployments["retrain"]
+    assert _entrypoint_exists(deployment)
     cfg = load_settings(ROOT / "params.yaml").retrain
     (schedule,) = deployment.schedules
     assert (schedule.cron, schedule.timezone) == (cfg.cron, cfg.timezone)
+
+
+def test_recovery_runs_every_five_minutes_on_its_own(deployments):
+    deployment = deployments["recover"]
+    assert deployment.entrypoint == "flows/retrain.py:recover_flow"
+    assert _entrypoint_exists(deployment)
+    (schedule,) = deployment.schedules
+    assert schedule.cron == "*/5 * * * *"
+    assert set(deployments) == {"retrain", "recover"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from qpr.config import settings_from_dict
-from qpr.ops.cycle import Cycle, CycleSteps, run_cycle
+from qpr.ops.cycle import Cycle, CycleSteps, recover_run, repro_env, run_cycle
 from qpr.ops.journal import Journal
 from qpr.ops.layout import RetrainLayout
 from qpr.ops.summary import describe, new_summary
@@ -99,3 +99,119 @@ def test_a_failed_pipeline_is_rolled_back(root: Path):
     assert tree(cycle.layout.data_dir) == before and cycle.layout.dvc_file.read_text() == pin
     assert day4.is_file()  # waits for the next run
     assert summary["rollback"] and not cycle.layout.journal.exists()
+
+
+def test_a_run_whose_every_file_is_quarantined_says_so(root: Path, tmp_path_factory):
+    from qpr.ops.summary import EXIT_ALL_QUARANTINED, exit_code
+
+    cycle = _cycle(root, _registered)
+    incoming = cycle.layout.incoming
+    incoming.mkdir(parents=True)
+    (incoming / "notes.csv").write_text("a,b\n1,2\n")
+    outside = write_log_day(tmp_path_factory.mktemp("outside"))
+    (incoming / "linked.jsonl").symlink_to(outside)
+
+    summary = run_cycle(cycle, new_summary(RUN))
+
+    assert summary["outcome"] == "only-quarantined", summary
+    assert sorted(q["file"] for q in summary["quarantined"]) == ["linked.jsonl", "notes.csv"]
+    assert exit_code(summary) == EXIT_ALL_QUARANTINED != 0
+    assert outside.is_file() and not list(incoming.iterdir())
+
+
+# ---------------------------------------------------------------- the registry and the cycle
+
+
+def _register_stage(fake, *, then=None):
+    """Stands in for `dvc repro` up to the register stage, run as the cycle runs it."""
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.register import RETRAIN_RUN_ENV, run_register
+
+    def repro(cycle: Cycle, journal: Journal) -> None:
+        paths = ProjectPaths(cycle.layout.root)
+        paths.stage_metrics("evaluate").parent.mkdir(parents=True, exist_ok=True)
+        paths.stage_metrics("evaluate").write_text(json.dumps({"val": {"recip_rank": 0.8}}))
+        env = repro_env(cycle)
+        result = run_register(
+            cycle.settings,
+            paths,
+            log=lambda _: None,
+            cycle_run=env.get(RETRAIN_RUN_ENV),
+            rescore=lambda champion: None,
+        )
+        paths.stage_metrics("register").write_text(json.dumps(result))
+        if then is not None:
+            then()
+
+    return repro
+
+
+def _killed() -> None:
+    raise KeyboardInterrupt  # SIGINT, or the point a SIGKILL would stop the run
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from qpr.ops import registry
+
+    from .fake_registry import FakeRegistry
+
+    fake = FakeRegistry().install(monkeypatch)
+    champion = {registry.TAG_METRIC: "val.recip_rank", registry.TAG_METRIC_VALUE: "0.5"}
+    fake.add({**champion, registry.TAG_COMMITTED: "earlier"}, alias=registry.CHAMPION)
+    return fake
+
+
+def test_a_cycle_killed_after_register_leaves_no_alias_on_its_version(root: Path, fake):
+    from qpr.ops import registry
+
+    cycle = _cycle(root, _register_stage(fake, then=_killed))
+    write_log_day(cycle.layout.incoming)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_cycle(cycle, new_summary(RUN))
+
+    assert fake.aliases == {registry.CHAMPION: 1}
+    assert not fake.versions[2].get(registry.TAG_COMMITTED)  # never served, never promoted
+    with pytest.raises(registry.RegistryError, match="committed mark"):
+        fake.promote("qpr-cycle-test", 2, reason="by hand", actor="tests")
+
+
+def test_the_champion_moves_only_after_the_commit_point(root: Path, fake, monkeypatch):
+    from qpr.ops import registry
+
+    cycle = _cycle(root, _register_stage(fake))
+    write_log_day(cycle.layout.incoming)
+    phases = []
+    promote = fake.promote
+
+    def watched(*args, **kwargs):
+        phases.append(Journal.load(cycle.layout).phase)
+        return promote(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "promote", watched)
+
+    summary = run_cycle(cycle, new_summary(RUN))
+
+    assert summary["outcome"] == "retrained" and phases == ["committed"]
+    assert fake.calls[-2:] == [("committed", 2), ("alias champion", 2)]
+    assert "registry: version 2 promoted to champion" in summary["steps"]
+
+
+def test_a_cycle_killed_while_promoting_is_rolled_forward(root: Path, fake, monkeypatch):
+    from qpr.ops import registry
+
+    cycle = _cycle(root, _register_stage(fake))
+    write_log_day(cycle.layout.incoming)
+    monkeypatch.setattr(registry, "promote", lambda *a, **k: _killed())
+
+    with pytest.raises(KeyboardInterrupt):
+        run_cycle(cycle, new_summary(RUN))
+    assert Journal.load(cycle.layout).phase == "committed"
+    assert fake.aliases[registry.CHAMPION] == 1
+
+    monkeypatch.setattr(registry, "promote", fake.promote)
+    recovery = recover_run(_cycle(root, _registered, run="20261015T040000Z"))
+
+    assert recovery is not None and recovery.action == "rolled-forward"
+    assert fake.aliases[registry.CHAMPION] == 2 and fake.versions[2][registry.TAG_COMMITTED]

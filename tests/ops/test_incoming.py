@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from qpr.config import QualitySettings
-from qpr.ops.incoming import Ledger, discover, quarantine, validate
+from qpr.ops.incoming import Ledger, discover, quarantine, quarantine_refused, refused, validate
 
 from .factories import incoming_file, write_log_day
 
@@ -54,3 +54,23 @@ def test_ledger(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ledger.append([{"sha256": "x", "outcome": "merged"}, {"sha256": "y", "outcome": "quarantined"}])
     assert ledger.merged_hashes() == {"x"}
+
+
+def test_names_that_resolve_outside_the_inbox_are_refused_not_read(tmp_path: Path):
+    inbox = tmp_path / "incoming"
+    inbox.mkdir()
+    secret = tmp_path / "elsewhere" / "private.jsonl"
+    secret.parent.mkdir()
+    secret.write_text('{"question": "not for the model"}\n')
+    (inbox / "leak.jsonl").symlink_to(secret)
+    good = write_log_day(inbox)
+    (inbox / "alias.jsonl").symlink_to(good)  # a link inside the inbox is only another name
+
+    assert sorted(f.name for f in discover(inbox)) == sorted(["alias.jsonl", good.name])
+    ((path, reason),) = refused(inbox)
+    assert path.name == "leak.jsonl" and "outside the inbox" in reason
+
+    where = quarantine_refused(path, reason, tmp_path / "quarantine", "20261015T030000Z")
+    assert not (inbox / "leak.jsonl").is_symlink() and (where / "leak.jsonl").is_symlink()
+    assert "outside the inbox" in (where / "REASON.txt").read_text()
+    assert secret.read_text().startswith('{"question"')  # the target is never touched

@@ -463,7 +463,10 @@ def test_registry_source_follows_the_champion_alias(
             client.log_text(run.info.run_id, "no bundle here", "model/README.txt")
         client.set_terminated(run.info.run_id)
         created = client.create_model_version(
-            "qpr", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+            "qpr",
+            source=f"{run.info.artifact_uri}/model",
+            run_id=run.info.run_id,
+            tags={"qpr.committed": "tests"},  # only committed versions are served
         )
         return str(created.version)
 

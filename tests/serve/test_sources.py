@@ -1,10 +1,12 @@
-"""Bundle sources: the registry during an outage (bounded polls, the kept bundles)."""
+"""Bundle sources: the registry during an outage (bounded polls, the kept bundles), and
+only versions whose run committed (the qpr.committed mark)."""
 
 from __future__ import annotations
 
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -86,3 +88,22 @@ def test_keep_prunes_old_versions(bundle_dir: Path, tmp_path: Path) -> None:
     assert newest is not None and newest.version == "10" and newest.token == "kept:qpr/10"
     with source.materialize(newest) as path:
         assert (path / "vocab.json").is_file()
+
+
+class _Client:
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = tags
+
+    def get_model_version_by_alias(self, name: str, alias: str) -> SimpleNamespace:
+        return SimpleNamespace(version="7", run_id="", tags=self.tags)
+
+
+def test_a_version_without_the_committed_mark_is_not_served():
+    source = RegistrySource("qpr", client=_Client({"qpr.bundle_fingerprint": "ab"}))
+    with pytest.raises(SourceError, match=r"qpr\.committed"):
+        source.poll()
+
+
+def test_a_committed_version_is_served():
+    source = RegistrySource("qpr", client=_Client({"qpr.committed": "retrain-cycle run"}))
+    assert source.poll().version == "7"

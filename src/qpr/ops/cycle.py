@@ -4,7 +4,9 @@ data/ changes, when it commits and how it rolls back.
     data/ in sync with data.dvc? → discover new files (bytes merged before: archived) →
     raw-log gate per file (a bad one goes to quarantine) → journal (snapshot of data/,
     pins, uncached outputs, registry) → merge → dvc add → dvc repro (ends with the register
-    stage) → commit point → finish: git commit, dvc push, archive, ledger
+    stage, which registers and decides but moves no alias) → commit point → finish: git
+    commit, dvc push, archive, ledger, and last the registry: the committed mark on the
+    new version, then the champion alias when the decision was to promote
 
 `recover_run` first deals with a journal a crashed run left (qpr.ops.journal). The caller
 holds the RetrainLock. flows/retrain.py runs the cycle as a Prefect flow in an MLflow run
@@ -21,6 +23,7 @@ from typing import Any
 
 from qpr.config import Settings
 from qpr.data.versioning import pinned_md5
+from qpr.ops import registry
 from qpr.ops.incoming import (
     IncomingFile,
     Ledger,
@@ -29,6 +32,8 @@ from qpr.ops.incoming import (
     discover,
     ledger_records,
     quarantine,
+    quarantine_refused,
+    refused,
     validate,
 )
 from qpr.ops.journal import Journal, Recovery, recover, uncached_outputs
@@ -46,6 +51,8 @@ from qpr.ops.vcs import (
     version_data,
 )
 from qpr.paths import ProjectPaths
+
+ACTOR = "retrain-cycle"
 
 
 def validate_file(cycle: Cycle, file: IncomingFile) -> Validation:
@@ -68,11 +75,48 @@ def repro(cycle: Cycle, journal: Journal, echo: Callable[[str], None] | None = N
     run_repro(
         cycle.layout,
         journal,
-        cycle.env,
+        repro_env(cycle),
         cycle.repro_log,
         timeout_s=cycle.settings.retrain.repro_timeout_s,
         echo=echo,
     )
+
+
+def repro_env(cycle: Cycle) -> dict[str, str]:
+    """The environment of `dvc repro`: the register stage reads the run from it and so
+    leaves the aliases to `settle_registry`."""
+    return {**cycle.env, registry.RETRAIN_RUN_ENV: cycle.run}
+
+
+def settle_registry(cycle: Cycle, journal: Journal) -> list[str]:
+    """After the commit point only: mark the run's version committed, then carry out the
+    register stage's decision (promote, or make it challenger). Idempotent: a roll-forward
+    repeats it, and a version already champion or already judged is left as it is."""
+    register = journal.data.get("register") or {}
+    if not register.get("version") or not register.get("deferred"):
+        return []
+    name, version = str(register["name"]), int(register["version"])
+    steps = []
+    if registry.mark_committed(name, version, by=f"{ACTOR} {journal.data['run']}"):
+        steps.append(f"registry: version {version} marked committed")
+    current = registry.champion(name)
+    reason = str(register.get("reason", ""))
+    if register.get("promoted"):
+        if current is None or current.version != version:
+            # A refusal is permanent: raising would fail every later recovery on it.
+            refusal = registry.promotion_refusal(registry.get_version(name, version), current)
+            if refusal:
+                return [*steps, f"registry: version {version} not promoted: {refusal}"]
+            registry.promote(name, version, reason=reason, actor=ACTOR)
+            steps.append(f"registry: version {version} promoted to champion")
+    elif register.get("new_version"):
+        info = registry.get_version(name, version)
+        if "qpr.kept_challenger_at" not in info.tags:
+            registry.keep_challenger(name, version, reason=reason, actor=ACTOR)
+        if registry.CHALLENGER not in info.aliases:
+            registry.set_challenger(name, version)
+            steps.append(f"registry: version {version} is challenger")
+    return steps
 
 
 @dataclass(frozen=True)
@@ -84,6 +128,7 @@ class CycleSteps:
     merge: Callable[[Cycle, list[IncomingFile]], MergeReport] = merge_files
     version: Callable[[Cycle], str] = version_merged_data
     repro: Callable[[Cycle, Journal], None] = repro
+    settle: Callable[[Cycle, Journal], list[str]] = settle_registry
 
 
 @dataclass(frozen=True)
@@ -129,7 +174,8 @@ def commit_message(journal: Journal) -> str:
 
 def finish_commit(cycle: Cycle, journal: Journal) -> list[str]:
     """Everything after the commit point; each step is idempotent (a roll-forward after a
-    crash repeats it): git commit, dvc push, archive the merged files, ledger."""
+    crash repeats it): git commit, dvc push, archive the merged files, ledger, and last
+    the registry (`settle_registry`): nothing serves the new model before all else is kept."""
     cfg = cycle.settings.retrain
     layout = cycle.layout
     steps: list[str] = []
@@ -151,6 +197,7 @@ def finish_commit(cycle: Cycle, journal: Journal) -> list[str]:
         if (run, r["sha256"]) not in recorded
     )
     steps.append(f"archived {len(moved)} merged file(s) to {target}")
+    steps += cycle.steps.settle(cycle, journal)
     return steps
 
 
@@ -181,7 +228,7 @@ def run_cycle(
     summary["data_md5_before"] = pinned_md5(layout.dvc_file)
     new = _new_files(cycle, summary)
     if not new:
-        summary["outcome"] = "nothing-new"
+        summary["outcome"] = "only-quarantined" if summary["quarantined"] else "nothing-new"
         return summary
     good = _valid_files(cycle, new, summary)
     if not good:
@@ -203,6 +250,10 @@ def _new_files(cycle: Cycle, summary: dict[str, Any]) -> list[IncomingFile]:
     any name) change nothing: they are archived as already merged."""
     layout, run = cycle.layout, cycle.run
     ledger = Ledger(layout.ledger)
+    for path, reason in refused(layout.incoming):
+        where = quarantine_refused(path, reason, layout.quarantine, run)
+        summary["quarantined"].append({"file": path.name, "reason": reason, "folder": str(where)})
+        cycle.log(f"quarantined {path.name} → {where}: {reason}")
     merged_before = ledger.merged_hashes()
     found = discover(layout.incoming)
     known = [f for f in found if f.sha256 in merged_before]

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,25 +89,67 @@ def ledger_records(
     ]
 
 
-def discover(incoming: Path) -> list[IncomingFile]:
-    """Log files waiting in `incoming` (not recursive), oldest name first.
-
-    Skipped: hidden names, names starting with "_", in-progress suffixes (.tmp, .part, ...)
-    and anything that is not a log file type the loaders read."""
-    incoming = Path(incoming)
-    if not incoming.is_dir():
-        return []
+def _candidates(incoming: Path) -> list[Path]:
+    """The names in `incoming` that look like finished log files (links included)."""
     found = []
     for path in sorted(incoming.iterdir()):
         name = path.name
-        if not path.is_file() or name.startswith((".", "_")):
+        if name.startswith((".", "_")) or name.lower().endswith(_IN_PROGRESS_SUFFIXES):
             continue
-        if name.lower().endswith(_IN_PROGRESS_SUFFIXES):
-            continue
-        if path.suffix.lower() not in LOG_SUFFIXES:
-            continue
-        found.append(IncomingFile(path=path, sha256=file_sha256(path), size=path.stat().st_size))
+        if path.suffix.lower() in LOG_SUFFIXES and (path.is_file() or path.is_symlink()):
+            found.append(path)
     return found
+
+
+def outside_reason(path: Path, incoming: Path) -> str | None:
+    """Why `path` must not be read as an incoming file, or None: a link (or a name) that
+    resolves outside `incoming` would merge whatever file it points at into the data."""
+    target = path.resolve()
+    if target.parent != Path(incoming).resolve():
+        return f"{path.name} resolves to {target}, outside the inbox {incoming}: refused"
+    if not target.is_file():
+        return f"{path.name} resolves to {target}, which is not a file: refused"
+    return None
+
+
+def discover(incoming: Path) -> list[IncomingFile]:
+    """Log files waiting in `incoming` (not recursive), oldest name first.
+
+    Skipped: hidden names, names starting with "_", in-progress suffixes (.tmp, .part, ...),
+    anything that is not a log file type the loaders read, and names that resolve outside
+    `incoming` (`refused` lists those)."""
+    incoming = Path(incoming)
+    if not incoming.is_dir():
+        return []
+    return [
+        IncomingFile(path=path, sha256=file_sha256(path), size=path.stat().st_size)
+        for path in _candidates(incoming)
+        if outside_reason(path, incoming) is None
+    ]
+
+
+def refused(incoming: Path) -> list[tuple[Path, str]]:
+    """The log-file names in `incoming` that resolve outside it, each with the reason."""
+    incoming = Path(incoming)
+    if not incoming.is_dir():
+        return []
+    return [
+        (path, reason)
+        for path in _candidates(incoming)
+        if (reason := outside_reason(path, incoming)) is not None
+    ]
+
+
+def quarantine_refused(path: Path, reason: str, quarantine_dir: Path, stamp: str) -> Path:
+    """Move a refused name (the link itself, never its target, which is not read) to
+    ``<quarantine>/<stamp>_<name>/`` with REASON.txt."""
+    target = Path(quarantine_dir) / f"{stamp}_{path.name}"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "REASON.txt").write_text(
+        f"file: {path.name}\nquarantined: {stamp}\n\n{reason}\n", encoding="utf-8"
+    )
+    os.replace(path, target / path.name)
+    return target
 
 
 @dataclass
@@ -117,6 +159,7 @@ class Validation:
     rows: int = 0
     reason: str = ""
     report_dir: Path | None = None
+    tolerated: dict[str, int] = field(default_factory=dict)  # reason → rows the cleaner drops
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -126,6 +169,7 @@ class Validation:
             "rows": self.rows,
             "reason": self.reason,
             "report_dir": str(self.report_dir) if self.report_dir else None,
+            "tolerated": dict(self.tolerated),
         }
 
 
@@ -144,7 +188,7 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
         raw = read_log_file(file.path)
         if raw.empty:
             raise DataFormatError(f"{file.path} holds no rows")
-        gate_raw_logs(raw, quality, report_dir)
+        result = gate_raw_logs(raw, quality, report_dir)
     except DataFormatError as err:
         write_json_atomic(
             report_dir / "raw_logs.json",
@@ -154,7 +198,8 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
     except GateFailed as err:
         rows = len(raw)
         return Validation(file, ok=False, rows=rows, reason=str(err), report_dir=report_dir)
-    return Validation(file, ok=True, rows=len(raw), report_dir=report_dir)
+    tolerated = result.statistics.get("tolerated", {}).get("logs", {})
+    return Validation(file, ok=True, rows=len(raw), report_dir=report_dir, tolerated=tolerated)
 
 
 def quarantine(validation: Validation, quarantine_dir: Path, stamp: str) -> Path:

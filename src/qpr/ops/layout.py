@@ -19,6 +19,7 @@ LEDGER_FILE = "processed.jsonl"
 JOURNAL_FILE = "journal.json"
 LOCK_FILE = "lock"
 SNAPSHOT_DIR = "snapshot"
+ACTIVE_RUN_FILE = "active_run.json"
 
 
 class RetrainError(QPRError, RuntimeError):
@@ -57,6 +58,12 @@ class RetrainLayout:
     @property
     def journal(self) -> Path:
         return self.state_dir / JOURNAL_FILE
+
+    @property
+    def active_run(self) -> Path:
+        """The tracking run of the cycle in progress, written as soon as that run exists:
+        a cycle killed even before its journal leaves it for the next start to close."""
+        return self.state_dir / ACTIVE_RUN_FILE
 
     @property
     def snapshot(self) -> Path:

@@ -78,17 +78,22 @@ __all__ = [
     "VersionInfo",
     "bundle_files",
     "champion",
+    "data_source_mismatch",
     "decide_promotion",
     "describe",
     "download_bundle",
     "events",
     "get_version",
+    "is_committed",
     "keep_challenger",
     "list_versions",
+    "mark_committed",
     "metric_value",
     "promote",
+    "promotion_refusal",
     "register_bundle",
     "rollback",
+    "set_challenger",
 ]
 
 CHAMPION = "champion"
@@ -123,6 +128,16 @@ TAG_GIT_COMMIT = "qpr.git_commit"
 TAG_DATA_HASH = "qpr.data_hash"
 TAG_PREVIOUS = "qpr.previous_champion"
 TAG_EVENTS = "qpr.events"  # number of qpr.event.NNN tags
+# Set only once everything that produced the version committed (a retraining cycle's
+# commit point, or the register stage run on its own): a registry-following server and
+# `promote` never take a version without it (a crashed run's orphan).
+TAG_COMMITTED = "qpr.committed"
+TAG_RETRAIN_RUN = "qpr.retrain_run"  # the retraining cycle that registered the version
+TAG_DATA_SOURCE = "qpr.data_source"  # data.source it was trained on: like with like only
+TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--force)
+# Set by a retraining cycle for `dvc repro`: the register stage then leaves the aliases
+# and the committed mark to the cycle's commit.
+RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
 _EVENT_PREFIX = "qpr.event."
 _MAX_REASON = 1000
 
@@ -249,12 +264,15 @@ def judge(
     metric: str,
     margin: float,
     floor: float,
+    champion_value: float | None = None,
 ) -> tuple[bool, str]:
     """Should this registered version, measured `value`, become champion? (promote, the
     reason in words).
 
     decide_promotion's rule, after the cases it cannot see: the version is already the
-    champion, it was rolled back by a person, or the champion has no measure to compare.
+    champion, it was rolled back by a person, it was trained on another data source, or
+    the champion has no measure to compare. `champion_value`: the champion measured as
+    `value` was (re-scored on the same queries); None takes the champion's recorded one.
     """
     if champion is not None and champion.version == challenger.version:
         return False, f"version {challenger.version} is already the champion"
@@ -265,7 +283,14 @@ def judge(
             f"version {challenger.version} was rolled back by {who} ({why}): "
             "promote it by hand if wanted"
         )
-    champion_value = champion.measure(metric) if champion is not None else None
+    mismatch = data_source_mismatch(challenger, champion)
+    if mismatch:
+        return False, (
+            f"{mismatch}: refused (promote by hand: qpr model promote {challenger.version} "
+            "--force --reason ...)"
+        )
+    if champion_value is None and champion is not None:
+        champion_value = champion.measure(metric)
     if champion is not None and champion_value is None:
         return False, (
             f"champion version {champion.version} has no {metric} recorded, so the two "
@@ -397,6 +422,9 @@ def register_bundle(
     dedupe: when a version of ``name`` already holds a byte-identical bundle (same
     fingerprint), return it instead of registering a copy, so a rerun on unchanged inputs
     (a scheduled retraining that found no new data) changes nothing.
+
+    A version tagged with a retraining run (`TAG_RETRAIN_RUN`) gets no alias here: that
+    cycle sets it after its commit point.
     """
     models_dir = Path(models_dir)
     value = metric_value(metrics, metric)
@@ -448,7 +476,8 @@ def register_bundle(
         )
     except MlflowException as exc:
         raise RegistryError(f"cannot create a version of {name!r}: {exc.message}") from exc
-    client.set_registered_model_alias(name, CHALLENGER, created.version)
+    if TAG_RETRAIN_RUN not in version_tags:
+        client.set_registered_model_alias(name, CHALLENGER, created.version)
     return get_version(name, int(created.version))
 
 
@@ -645,20 +674,62 @@ def _quote(text: str) -> str:
 # ---------------------------------------------------------------- promotion and rollback
 
 
+def promotion_refusal(target: VersionInfo, current: VersionInfo | None) -> str | None:
+    """Why `target` must not replace `current` without --force, or None: it lacks the
+    committed mark (an orphan of a crashed run, or registered before the mark existed), or
+    it was trained on another data source than the champion (their measures differ in kind)."""
+    if not is_committed(target):
+        return (
+            f"version {target.version} has no committed mark ({TAG_COMMITTED}): the run that "
+            "registered it never committed"
+        )
+    return data_source_mismatch(target, current)
+
+
+def data_source_mismatch(target: VersionInfo, current: VersionInfo | None) -> str | None:
+    """Why `target` and `current` cannot be compared, or None: trained on different data
+    sources (``qpr.data_source``; a version without the tag is taken as comparable)."""
+    ours = target.tags.get(TAG_DATA_SOURCE)
+    theirs = current.tags.get(TAG_DATA_SOURCE) if current is not None else None
+    if current is not None and ours and theirs and ours != theirs:
+        return (
+            f"version {target.version} was trained on data source {ours!r}, champion version "
+            f"{current.version} on {theirs!r}: their measures are not comparable"
+        )
+    return None
+
+
 @_mlflow_errors
-def promote(name: str, version: int | str, *, reason: str, actor: str) -> VersionInfo:
+def promote(
+    name: str, version: int | str, *, reason: str, actor: str, force: bool = False
+) -> VersionInfo:
     """Make ``version`` the champion; the replaced champion becomes ``previous-champion``.
 
     Recorded on the promoted version (promoted_by/at/reason, its predecessor) and on the
     replaced one (replaced_by/at/reason), each also as an event. Everything is recorded
     before the champion alias moves: a crash before it leaves the serving champion as it was.
-    RegistryError: no such model or version, or the version is already the champion.
+    RegistryError: no such model or version, the version is already the champion, or
+    `promotion_refusal` objects and `force` is not given. A forced promotion marks the
+    version committed and records the reason as ``qpr.forced_reason`` (forcing the current
+    champion only marks it: a champion registered before the mark existed).
     """
     client = MlflowClient()
     target = get_version(name, version)
     current = _by_alias(client, name, CHAMPION)
     if current is not None and current.version == target.version:
+        if force and not is_committed(target):  # a champion from before the mark existed
+            client.set_model_version_tag(
+                name, str(target.version), TAG_FORCED, reason[:_MAX_REASON]
+            )
+            mark_committed(name, target.version, by=f"forced by {actor}")
+            return get_version(name, target.version)
         raise RegistryError(f"version {target.version} of {name!r} is already the champion")
+    refusal = promotion_refusal(target, current)
+    if refusal and not force:
+        raise RegistryError(f"{refusal}: not promoted (override: --force with a --reason)")
+    if refusal:
+        client.set_model_version_tag(name, str(target.version), TAG_FORCED, reason[:_MAX_REASON])
+        mark_committed(name, target.version, by=f"forced by {actor}")
     when = _now()
     _record(
         client,
@@ -791,6 +862,27 @@ def _delete_tag(client: MlflowClient, name: str, version: int, key: str) -> None
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def is_committed(info: VersionInfo) -> bool:
+    """Whether the version carries the committed mark (see `TAG_COMMITTED`)."""
+    return bool(info.tags.get(TAG_COMMITTED))
+
+
+@_mlflow_errors
+def mark_committed(name: str, version: int | str, *, by: str) -> bool:
+    """Set the committed mark (its value says by what: a cycle's run, the register stage);
+    False when it was already set (idempotent: a roll-forward repeats it)."""
+    if is_committed(get_version(name, version)):
+        return False
+    MlflowClient().set_model_version_tag(name, str(int(version)), TAG_COMMITTED, f"{by} {_now()}")
+    return True
+
+
+@_mlflow_errors
+def set_challenger(name: str, version: int | str) -> None:
+    """Point the ``challenger`` alias at ``version``."""
+    MlflowClient().set_registered_model_alias(name, CHALLENGER, str(int(version)))
 
 
 def describe(info: VersionInfo) -> str:

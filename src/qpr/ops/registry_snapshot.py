@@ -15,7 +15,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from qpr.ops.registry import TAG_DATA_HASH
+from qpr.ops.registry import TAG_DATA_HASH, TAG_RETRAIN_RUN
 
 
 def snapshot_registry(name: str) -> dict[str, Any]:
@@ -38,8 +38,9 @@ def restore_registry(journal: Mapping[str, Any]) -> list[str]:
     """Undo what a rolled-back run did to the registry: delete the versions it registered,
     put the aliases back, and restore every older version's tags (promotion events).
 
-    "Registered by that run": created after the run began and trained on the data it
-    made (the version's qpr.data_hash is the run's new data hash, or missing). Before
+    "Registered by that run": tagged with its run (qpr.retrain_run), or created after the
+    run began and trained on the data it made (the version's qpr.data_hash is the run's
+    new data hash, or missing). Before
     the data was versioned (no data_md5 in the journal) the run cannot have registered
     anything, so nothing is deleted."""
     snapshot = journal.get("registry") or {}
@@ -82,7 +83,8 @@ def _restore_versions(
             continue
         data_hash = tags.get(TAG_DATA_HASH)
         ours = md5 is not None and data_hash in (None, f"dvc:{md5}")
-        if ours and mv.creation_timestamp >= started_ms:
+        tagged = bool(journal.get("run")) and tags.get(TAG_RETRAIN_RUN) == journal.get("run")
+        if tagged or (ours and mv.creation_timestamp >= started_ms):
             client.delete_model_version(name, version)
             steps.append(f"registry: version {version} (registered by the run) deleted")
     return steps

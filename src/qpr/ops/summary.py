@@ -4,6 +4,10 @@ short report a person reads in the flow log or the terminal.
 
 Outcomes: ``retrained``, ``nothing-new``, ``only-quarantined``, ``no-new-rows``,
 ``failed``; with ``--recover-only``: ``recovered``, ``nothing-to-recover``.
+
+Exit codes of `qpr retrain` / `python -m flows.retrain` (`exit_code`): 0 the cycle did
+its work (a model kept as challenger is a normal outcome), 1 it failed (rolled back), 3
+every new file was quarantined: nothing was merged and someone must look at the files.
 """
 
 from __future__ import annotations
@@ -12,6 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from qpr.ops.incoming import Validation
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ALL_QUARANTINED = 3
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """The process exit code that says what the run did (see the module docstring)."""
+    outcome = summary.get("outcome")
+    if outcome == "failed":
+        return EXIT_FAILED
+    if outcome == "only-quarantined":
+        return EXIT_ALL_QUARANTINED
+    return EXIT_OK
 
 
 def new_summary(run: str) -> dict[str, Any]:

@@ -1,23 +1,41 @@
-"""The register stage: the evaluated bundle becomes a registry version (alias challenger)
-and replaces the champion only when it is better by the margin.
+"""The register stage: the evaluated bundle becomes a registry version, and the decision
+whether it replaces the champion.
 
 Why a stage of its own: registering is the one step with an effect outside the project
 (the shared registry), so it runs only after every gate passed, judges the model by a
 validation measure (never test: test stays an unbiased report), and records its decision
 both in metrics/register.json (for `dvc metrics`) and as tags on the version (for people).
+
+Like with like: before judging, challenger and champion are both scored on the
+challenger's validation queries over the same corpus by one protocol
+(`qpr.evaluation.rescore`), and those two numbers are compared; a champion trained on
+another data source is never compared at all.
+
+Inside a retraining cycle (`cycle_run`, set from ``QPR_RETRAIN_RUN``) the stage registers
+and decides but moves no alias and sets no committed mark: the cycle does both after its
+commit point, so a run killed here leaves only an unmarked version nobody serves. Run on
+its own (`dvc repro`, `make run`) the stage is the last step, so it marks and promotes.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from qpr.config import Settings
+from qpr.errors import QPRError
 from qpr.ops import registry
 from qpr.paths import ProjectPaths
+from qpr.redact import redact_tree
 
 ACTOR = "register-flow"
+RETRAIN_RUN_ENV = registry.RETRAIN_RUN_ENV
+
+# (challenger, champion) measured alike, or None when that cannot be done
+Rescore = Callable[[registry.VersionInfo], "tuple[float, float] | None"]
 
 
 def _versions(name: str) -> list[registry.VersionInfo]:
@@ -27,6 +45,37 @@ def _versions(name: str) -> list[registry.VersionInfo]:
         return []
 
 
+def rescore_on_validation(settings: Settings, paths: ProjectPaths) -> Rescore:
+    """The default `Rescore`: both bundles' encoders scored by one protocol
+    (`qpr.evaluation.rescore`) on the cluster stage's queries of the metric's split
+    (``val.recip_rank`` → val, recip_rank), over the challenger's indexed questions."""
+
+    def rescore_pair(champion: registry.VersionInfo) -> tuple[float, float] | None:
+        import pandas as pd
+
+        from qpr.artifacts import QUESTIONS_FILE
+        from qpr.evaluation.queries import query_set
+        from qpr.evaluation.rescore import rescore
+        from qpr.pipeline.handoff import read_cluster_outputs
+
+        split, _, measure = settings.registry.metric.rpartition(".")
+        if not split or not measure:
+            return None
+        queries = query_set(read_cluster_outputs(paths)[0], split)
+        if len(queries.query_ids) == 0:
+            return None
+        # One corpus for both: the questions the challenger indexes (the current data).
+        corpus = pd.read_parquet(paths.models_dir / QUESTIONS_FILE, columns=["question_id", "text"])
+        ours = rescore(paths.models_dir, corpus, queries)[measure]
+        with tempfile.TemporaryDirectory(prefix="qpr-champion-") as tmp:
+            alias = registry.CHAMPION
+            bundle = registry.download_bundle(settings.registry.name, alias, Path(tmp))
+            theirs = rescore(bundle, corpus, queries)[measure]
+        return float(ours), float(theirs)
+
+    return rescore_pair
+
+
 def run_register(
     settings: Settings,
     paths: ProjectPaths,
@@ -34,13 +83,17 @@ def run_register(
     provenance: Callable[[Mapping[str, Any]], Mapping[str, str]] = lambda _: {},
     actor: str = ACTOR,
     log: Callable[[str], None] = print,
+    cycle_run: str | None = None,
+    rescore: Rescore | None = None,
 ) -> dict[str, Any]:
-    """Register models/ + the evaluate stage's metrics, decide, promote or keep the champion.
+    """Register models/ + the evaluate stage's metrics, decide, and (on its own) promote
+    or keep the champion.
 
     `provenance(metrics)` gives tags for the version (the evaluate run's commit and data
-    hash: the flow finds them in MLflow). Returns what
-    metrics/register.json holds: the version, promoted (0/1), the challenger and champion
-    measures (champion: null when there was none), the reason in words.
+    hash: the flow finds them in MLflow). `rescore` measures challenger and champion
+    alike (default `rescore_on_validation`). Returns what metrics/register.json holds: the
+    version, promoted (0/1: the decision; `deferred` 1 when the cycle carries it out), the
+    measures compared (champion: null when there was none), the reason in words.
     """
     cfg = settings.registry
     # metrics/evaluate.json: metrics.json without its wall-clock figures (what DVC tracks).
@@ -50,27 +103,42 @@ def run_register(
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     challenger_value = registry.metric_value(metrics, cfg.metric)
 
+    tags = redact_tree({**provenance(metrics), registry.TAG_DATA_SOURCE: settings.data.source})
+    if cycle_run:
+        tags[registry.TAG_RETRAIN_RUN] = cycle_run
     before = {v.version for v in _versions(cfg.name)}
     version = registry.register_bundle(
-        paths.models_dir, metrics, name=cfg.name, metric=cfg.metric, tags=dict(provenance(metrics))
+        paths.models_dir,
+        metrics,
+        name=cfg.name,
+        metric=cfg.metric,
+        tags=tags,
     )
     new = version.version not in before
     log(
         f"{'registered' if new else 'same bundle already registered as'} "
         f"{registry.describe(version)}"
     )
+    if not cycle_run:  # on its own the stage is the last step: everything has committed
+        registry.mark_committed(cfg.name, version.version, by=f"{actor} (register stage)")
 
     current = registry.champion(cfg.name)
-    champion_value = current.measure(cfg.metric) if current is not None else None
+    rescore = rescore or rescore_on_validation(settings, paths)
+    compared = _compare(version, challenger_value, current, rescore, cfg.metric)
     promoted, reason = registry.judge(
         version,
-        challenger_value,
+        compared["challenger"],
         current,
         metric=cfg.metric,
         margin=cfg.margin,
         floor=cfg.min_metric,
+        champion_value=compared["champion"],
     )
-    if promoted:
+    if compared["note"]:
+        reason = f"{reason} ({compared['note']})"
+    if cycle_run:
+        log(f"decision for version {version.version}, carried out after the commit: {reason}")
+    elif promoted:
         registry.promote(cfg.name, version.version, reason=reason, actor=actor)
         log(f"promoted version {version.version} to champion: {reason}")
     else:
@@ -83,10 +151,38 @@ def run_register(
         "version": version.version,
         "new_version": int(new),
         "promoted": int(promoted),
-        "challenger": challenger_value,
-        "champion": champion_value,
+        "deferred": int(bool(cycle_run)),
+        "challenger": compared["challenger"],
+        "challenger_recorded": challenger_value,
+        "champion": compared["champion"],
         "champion_version": current.version if current is not None else None,
+        "compared": compared["how"],
         "margin": cfg.margin,
         "floor": cfg.min_metric,
         "reason": reason,
     }
+
+
+def _compare(
+    version: registry.VersionInfo,
+    recorded: float,
+    current: registry.VersionInfo | None,
+    rescore: Rescore,
+    metric: str,
+) -> dict[str, Any]:
+    """The two numbers the decision compares, and how they were measured."""
+    same = {"challenger": recorded, "champion": None, "how": "recorded", "note": ""}
+    if current is None or current.version == version.version:
+        return same
+    if registry.data_source_mismatch(version, current):
+        return {**same, "how": "not compared (other data source)"}
+    try:
+        pair = rescore(current)
+    except (OSError, ValueError, KeyError, QPRError) as err:
+        pair, why = None, f"{type(err).__name__}: {err}"
+    else:
+        why = "no queries of the metric's split"
+    if pair is None:
+        note = f"WARNING: champion not re-scored ({why}); its recorded measure is compared"
+        return {**same, "champion": current.measure(metric), "note": note}
+    return {"challenger": pair[0], "champion": pair[1], "how": "re-scored alike", "note": ""}

@@ -1,5 +1,6 @@
 """The data gates of the cluster stage, with the bounds params set: raw logs, clean logs,
-clusters. A raw batch with more bad rows than `quality.max_drop_fraction` stops at the
+clusters. A raw batch with more bad rows than it may drop (`tolerated_fraction`: the
+larger of `quality.max_drop_fraction` and `quality.max_drop_rows` rows) stops at the
 first; the last guards coherence, cluster sizes, leakage between splits, split ratios and
 the positive pairs. Each writes its report into `report_dir` and raises GateFailed."""
 
@@ -24,6 +25,16 @@ from qpr.quality.suites import (
 )
 
 
+def tolerated_fraction(rows: int, fraction: float, floor_rows: int) -> float:
+    """The share of `rows` the raw gate lets the cleaner drop: up to max(floor_rows,
+    fraction × rows) rows. The floor keeps one bad row from condemning a six-row file."""
+    if rows <= 0:
+        return fraction
+    allowed = max(float(floor_rows), fraction * rows)
+    # A hair more, so that exactly `allowed` bad rows pass despite float rounding in GX.
+    return min(1.0, allowed / rows + 1e-9)
+
+
 def gate_raw_logs(
     raw: pd.DataFrame, quality: QualitySettings, report_dir: Path | None, *, part: str = ""
 ) -> GateResult:
@@ -36,7 +47,9 @@ def gate_raw_logs(
             "logs": raw_log_expectations(
                 min_chars=quality.min_question_chars,
                 max_chars=quality.max_question_chars,
-                max_bad_fraction=quality.max_drop_fraction,
+                max_bad_fraction=tolerated_fraction(
+                    len(raw), quality.max_drop_fraction, quality.max_drop_rows
+                ),
             )
         },
         report_dir,

@@ -150,6 +150,7 @@ def gate(
         )
 
     statistics = _statistics(per_frame)
+    statistics["tolerated"] = _tolerated(per_frame)
     statistics["seconds"] = round(time.perf_counter() - started, 3)
     evaluated = statistics["evaluated_expectations"]
     success = not failures
@@ -446,6 +447,23 @@ def _statistics(per_frame: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {**totals, "success_percent": success_percent, "frames": frames}
 
 
+def _tolerated(per_frame: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Frame → reason → rows: the bad rows an expectation let through (its `mostly`), which
+    the cleaner drops. Counted so that a tolerated loss is seen, not silent."""
+    out: dict[str, dict[str, int]] = {}
+    for frame_name, info in per_frame.items():
+        for result in info["validation"].get("results", []):
+            count = (result.get("result") or {}).get("unexpected_count")
+            if not result.get("success", False) or not count:
+                continue
+            config = result.get("expectation_config", {})
+            reason = config.get("description") or config.get("type", "?")
+            column = (config.get("kwargs") or {}).get("column")
+            key = f"{column}: {reason}" if column else str(reason)
+            out.setdefault(frame_name, {})[key] = int(count)
+    return out
+
+
 # --------------------------------------------------------------------------- reports
 
 
@@ -493,6 +511,9 @@ def _markdown(
             f"| {frame_name} | {stats['rows']:,} | {stats['evaluated_expectations']} "
             f"| {stats['unsuccessful_expectations']} |"
         )
+    for frame_name, reasons in statistics.get("tolerated", {}).items():
+        lines += ["", f"## Rows tolerated in {frame_name} (the cleaner drops them)", ""]
+        lines += [f"- {count} row(s): {reason}" for reason, count in reasons.items()]
     if failures:
         lines += ["", "## Failed expectations", ""]
         for failure in failures:

@@ -57,11 +57,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import qpr
+from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve.auth import AccessControl, resolve_key
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
-from qpr.serve.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
@@ -71,7 +71,7 @@ __all__ = ["ApiError", "create_app", "source_from_settings"]
 
 log = logging.getLogger("qpr.serve")
 # Every module of the service logs here: credentials in a message or traceback are masked
-# before any handler writes them (qpr.serve.redact).
+# before any handler writes them (qpr.redact).
 if not any(isinstance(f, RedactingFilter) for f in log.filters):
     log.addFilter(RedactingFilter())
 

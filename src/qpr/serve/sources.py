@@ -13,7 +13,8 @@ answer changed). The reloader (`qpr.serve.reload`) drives both.
   while a `dvc repro` rewrites the directory stage by stage, the intermediate mixes are
   refused by the load checks and the canaries (see docs/serving.md).
 - `RegistrySource`: the MLflow registry's alias (default ``champion``) of a registered
-  model. The cheap check is the version number the alias points at; the files are the
+  model, only a version with the committed mark (``qpr.committed``). The cheap check is
+  the version number the alias points at; the files are the
   version's ``artifacts/bundle/`` folder, downloaded into a temporary directory that is
   deleted once the bundle is in memory. Each version that passed its checks is kept in a
   local cache (``keep``); when the registry cannot be reached and nothing serves yet (a
@@ -62,6 +63,9 @@ BUNDLE_SUBDIR = Path("artifacts") / "bundle"
 # without them is served all the same, only without the integrity check / commit.
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"
 TAG_GIT_COMMIT = "qpr.git_commit"
+# Required: set only after the run that registered the version committed. A version
+# without it (a crashed run's orphan) is never served, whatever alias points at it.
+TAG_COMMITTED = "qpr.committed"
 # The files whose stat signature tells a local bundle changed (all that Bundle.load may
 # read: an older bundle's search config is its threshold.json).
 _WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES)
@@ -207,6 +211,12 @@ class RegistrySource:
         except OSError as exc:  # connection refused, DNS, ... from a remote server
             raise SourceError(f"{self.description}: {exc}") from exc
         tags = dict(mv.tags or {})
+        if not tags.get(TAG_COMMITTED):
+            # Transient for the reloader: it keeps the current model and asks again.
+            raise SourceError(
+                f"{self.description}: version {mv.version} has no {TAG_COMMITTED} mark "
+                "(its run never committed): not served"
+            )
         details = {"run_id": mv.run_id or ""}
         # The training commit: the version's own tag when the registry wrote one, else the
         # run's MLflow tag (looked up once per run, not at every poll).

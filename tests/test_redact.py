@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from qpr.serve.redact import MASK, RedactingFilter, hide_paths, redact, redact_tree
+from qpr.redact import MASK, RedactingFilter, hide_paths, redact, redact_tree
 
 SECRET = "hunter2-s3cr3t"
 

@@ -1,8 +1,9 @@
-"""Credentials out of what the service says: its responses about itself and its log.
+"""Credentials out of what the project says about itself: the service's responses and
+log, and the tags, params and reports a retraining run writes to MLflow and to disk.
 
 A registry URI may carry a password (``https://user:secret@host``) or a token in its query,
 and MLflow repeats the URI word for word in its errors. Those errors reach /readyz,
-/version and the log. `redact` replaces:
+/version, the log, a run's summary and its tags. `redact` replaces:
 
 - the user-info of any URL (``scheme://user:password@`` → ``scheme://***@``);
 - the value of a query parameter whose name says secret (token, password, key, ...);
