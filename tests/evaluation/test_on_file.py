@@ -373,6 +373,8 @@ def test_served_row_applies_the_bundle_threshold(
 def test_cli_evaluates_a_registered_model(project, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
+    from qpr.serve.sources import TAG_COMMITTED
+
     _, root = project
     client = MlflowClient()  # the tests' own store (conftest's isolated_tracking)
     experiment = client.create_experiment("eval", artifact_location=(tmp_path / "art").as_uri())
@@ -381,7 +383,10 @@ def test_cli_evaluates_a_registered_model(project, tmp_path: Path) -> None:
     client.log_artifacts(run.info.run_id, str(root / "models"), "model/artifacts/bundle")
     client.set_terminated(run.info.run_id)
     version = client.create_model_version(
-        "qpr-eval", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+        "qpr-eval",
+        source=f"{run.info.artifact_uri}/model",
+        run_id=run.info.run_id,
+        tags={TAG_COMMITTED: "test"},  # a registry-following reader serves committed only
     )
     client.set_registered_model_alias("qpr-eval", "champion", str(version.version))
     data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
