@@ -43,7 +43,7 @@ def test_load_a_registered_model(models: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
     from qpr import Searcher
-    from qpr.serve.sources import SourceError
+    from qpr.serve.sources import TAG_COMMITTED, SourceError
 
     client = MlflowClient()  # the tests' own store (conftest's isolated_tracking)
     experiment = client.create_experiment("api", artifact_location=(tmp_path / "art").as_uri())
@@ -52,7 +52,10 @@ def test_load_a_registered_model(models: Path, tmp_path: Path) -> None:
     client.log_artifacts(run.info.run_id, str(models), "model/artifacts/bundle")
     client.set_terminated(run.info.run_id)
     version = client.create_model_version(
-        "qpr-api", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+        "qpr-api",
+        source=f"{run.info.artifact_uri}/model",
+        run_id=run.info.run_id,
+        tags={TAG_COMMITTED: "test"},  # only versions whose run committed are served
     )
     with pytest.raises(SourceError, match="champion"):
         Searcher.load("models:/qpr-api")  # no champion yet
