@@ -18,8 +18,8 @@ FLOWS = ROOT / "flows"
 # names the bundle's files through it.
 GROUND_FLOOR = ("config", "paths", "io", "errors", "environment", "artifacts", "tasks")
 FRAMEWORKS = ("prefect", "mlflow", "ray")
-# MLflow's thin adapters: the registry (and the registry state a retraining rollback puts
-# back), and the service's source of registered bundles.
+# MLflow's thin adapters: the registry and its pyfunc (and the registry state a retraining
+# rollback puts back), and the service's source of registered bundles.
 FRAMEWORK_ADAPTERS = {
     "qpr.ops.pyfunc",
     "qpr.ops.registry",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import mlflow
@@ -117,6 +118,11 @@ def _build_bundle(models: Path) -> None:
 def registered(tmp_path_factory: pytest.TempPathFactory) -> registry.VersionInfo:
     models = tmp_path_factory.mktemp("pyfunc-models")
     _build_bundle(models)
+    # Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them).
+    if mlflow.get_experiment_by_name("qpr-pyfunc-tests") is None:
+        mlflow.create_experiment(
+            "qpr-pyfunc-tests", artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"]
+        )
     mlflow.set_experiment("qpr-pyfunc-tests")
     return registry.register_bundle(
         models, {"val": {"recip_rank": 0.7}}, name=NAME, metric="val.recip_rank"
