@@ -326,8 +326,13 @@ def register_bundle(
             logged_run_id = run.info.run_id
     _ensure_registered_model(client, name)
     try:
+        # model_id: a tracking server (team mode) refuses a models:/m-... source without it.
         created = client.create_model_version(
-            name=name, source=info.model_uri, run_id=logged_run_id, tags=version_tags
+            name=name,
+            source=info.model_uri,
+            run_id=logged_run_id,
+            tags=version_tags,
+            model_id=info.model_id,
         )
     except MlflowException as exc:
         raise RegistryError(f"cannot create a version of {name!r}: {exc.message}") from exc
