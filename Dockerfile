@@ -10,7 +10,8 @@
 #   docker build -t qpr:gpu --target runtime-gpu .
 #
 # Without TORCH_INDEX_URL (or local wheels, FIND_LINKS) pip resolves torch==2.13.0 to the
-# multi-GB CUDA build even for the CPU image. Registry-less builds with podman/buildah on a
+# multi-GB CUDA build even for the CPU image; the hashed lock then stops the build (the CUDA
+# build's nvidia-* wheels are not in it). Registry-less builds with podman/buildah on a
 # debootstrap base, local wheels and the host's CA bundle: `make docker-build` (README).
 #
 # The base is pinned by digest, so a rebuild starts from the same bytes until the pin is
