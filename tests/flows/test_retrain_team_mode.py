@@ -65,10 +65,15 @@ def _wait_http(url: str, process: subprocess.Popen, log: Path) -> None:
 
 
 def _stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """The server and the workers it started (its own process group)."""
+    """The server and the workers it started (its own process group); SIGKILL when a
+    graceful stop takes long (a busy machine), the databases are thrown away anyway."""
     if process.poll() is None:
         os.killpg(process.pid, sig)
-    process.wait(timeout=60)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
 
 
 class Servers:
