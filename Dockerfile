@@ -10,9 +10,17 @@
 #   docker build -t qpr:gpu --target runtime-gpu .
 #
 # Without TORCH_INDEX_URL (or local wheels, FIND_LINKS) pip resolves torch==2.13.0 to the
-# multi-GB CUDA build even for the CPU image. Registry-less builds with podman/buildah on a
+# multi-GB CUDA build even for the CPU image; the hashed lock then stops the build (the CUDA
+# build's nvidia-* wheels are not in it). Registry-less builds with podman/buildah on a
 # debootstrap base, local wheels and the host's CA bundle: `make docker-build` (README).
-ARG BASE_IMAGE=debian:bookworm-slim
+#
+# The base is pinned by digest, so a rebuild starts from the same bytes until the pin is
+# moved on purpose. The digest is the multi-platform index of debian:bookworm-20260918-slim
+# (what bookworm-slim pointed at from 18 Sep 2026), as docker-library/repo-info records it
+# in repos/debian/remote/bookworm-20260918-slim.md. To move it: `docker buildx imagetools
+# inspect debian:bookworm-slim` and paste the new index digest. docker/build.sh without
+# Docker passes its own debootstrap base (BASE_IMAGE=localhost/debian:bookworm).
+ARG BASE_IMAGE=debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 
 # ---------------------------------------------------------------- venv builders
 FROM ${BASE_IMAGE} AS builder-base

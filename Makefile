@@ -16,11 +16,18 @@ export PATH := $(BIN):$(PATH)
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
+# Every pin is checked against its hashes; the project itself (an editable install has no
+# hash, so it stays out of the lock) goes in afterwards without dependencies. Local wheels
+# the lock has a hash for (a CPU torch in pip's find-links) go first: in hash-checking mode
+# pip would otherwise prefer PyPI's file, whose index states a hash (tools/hash_lock.py).
 $(STAMP): requirements.lock pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (set PYTHON=...)"; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python tools/hash_lock.py --local-wheels requirements.lock > $(VENV)/local-wheels.txt
+	if [ -s $(VENV)/local-wheels.txt ]; then $(BIN)/python -m pip install --quiet \
+	  --disable-pip-version-check --require-hashes --no-deps -r $(VENV)/local-wheels.txt; fi
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(BIN)/python -m pip check
 	touch $@
@@ -59,8 +66,10 @@ lint: install ## ruff
 format: install
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
-lock: ## Re-pin requirements.lock from the current .venv (after changing pyproject deps)
-	$(BIN)/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+cpu$$/\1/' > requirements.lock
+# --all: torch needs setuptools, which pip freeze leaves out by default (pip itself stays out).
+lock: ## Re-pin requirements.lock (with hashes) from the current .venv (after changing pyproject deps)
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v '^pip==' | sed -E 's/^(torch==[0-9.]+)\+cpu$$/\1/' \
+	  | $(BIN)/python tools/hash_lock.py - -o requirements.lock
 
 clean: ## Remove stage outputs and local tracking state (keeps data/ and the venv)
 	rm -rf artifacts metrics plots reports mlruns mlflow.db .prefect models/*.onnx

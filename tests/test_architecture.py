@@ -18,9 +18,14 @@ FLOWS = ROOT / "flows"
 # names the bundle's files through it.
 GROUND_FLOOR = ("config", "paths", "io", "errors", "environment", "artifacts", "tasks")
 FRAMEWORKS = ("prefect", "mlflow", "ray")
-# MLflow's thin adapters: the registry (and the registry state a retraining rollback puts
-# back), and the service's source of registered bundles.
-FRAMEWORK_ADAPTERS = {"qpr.ops.registry", "qpr.ops.registry_snapshot", "qpr.serve.sources"}
+# MLflow's thin adapters: the registry and its pyfunc (and the registry state a retraining
+# rollback puts back), and the service's source of registered bundles.
+FRAMEWORK_ADAPTERS = {
+    "qpr.ops.pyfunc",
+    "qpr.ops.registry",
+    "qpr.ops.registry_snapshot",
+    "qpr.serve.sources",
+}
 MAX_LINES = 100
 MAX_PARAMS = 8
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from qpr.artifacts import LEGACY_SEARCH_FILE, REQUIRED_FILES, SEARCH_FILE
@@ -17,7 +16,6 @@ from qpr.ops.registry import (
     RegistryError,
     VersionInfo,
     _measures,
-    _questions,
     _stage_bundle,
     bundle_files,
     decide_promotion,
@@ -109,25 +107,6 @@ def test_version_measure_prefers_the_judged_metric_then_the_recorded_ones():
     assert info.measure("val.recip_rank") == 0.9
     assert info.measure("val.success_1") == 0.88
     assert info.measure("val.map") is None
-
-
-@pytest.mark.parametrize(
-    "model_input",
-    [
-        "how do i reset it",
-        ["how do i reset it"],
-        pd.Series(["how do i reset it"]),
-        pd.DataFrame({"question": ["how do i reset it"]}),
-        pd.DataFrame({0: ["how do i reset it"]}),  # what MLflow's schema enforcement passes
-    ],
-)
-def test_predict_accepts_what_pyfunc_callers_send(model_input):
-    assert _questions(model_input) == ["how do i reset it"]
-
-
-def test_predict_input_with_two_unnamed_columns_is_an_error():
-    with pytest.raises(ValueError, match="question"):
-        _questions(pd.DataFrame({"a": ["x"], "b": ["y"]}))
 
 
 @pytest.mark.parametrize("optional", [(), ("index/bm25.npz",), ("index/query_encoder.onnx",)])

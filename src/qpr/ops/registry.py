@@ -15,6 +15,9 @@ optional ones the bundle has) plus the evaluate stage's ``metrics.json``;
         versions registered before search.json hold threshold.json instead)
 
 The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version stores.
+The pyfunc itself (`qpr.ops.pyfunc`) is logged as code, never pickled, with the sha256 of
+every bundle file in ``artifacts/manifest.json``; loading it or `download_bundle` refuses
+files that differ from the manifest.
 
 Aliases (never the deprecated stages):
 
@@ -37,7 +40,6 @@ This module and flows/ are the only places that import MLflow; the promotion rul
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import math
 import shutil
@@ -50,19 +52,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import mlflow
-import numpy as np
-import pandas as pd
 from mlflow.exceptions import MlflowException
-from mlflow.models.signature import ModelSignature
-from mlflow.pyfunc import PythonModel, PythonModelContext
 from mlflow.tracking import MlflowClient
-from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
 from qpr.artifacts import OPTIONAL_FILES, REQUIRED_FILES, SEARCH_FILE, search_config_file
 from qpr.errors import QPRError
 from qpr.io import json_text
-from qpr.retrieval.bundle import HIT_FIELDS, Bundle, BundleError
+from qpr.ops.pyfunc import (
+    BUNDLE_ARTIFACT,
+    DEFAULT_K,
+    PREDICTION_COLUMNS,
+    ModelIntegrityError,
+    QPRSearchModel,
+    log_search_model,
+    verify_artifacts,
+)
+from qpr.retrieval.bundle import Bundle, BundleError
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -101,23 +107,7 @@ CHALLENGER = "challenger"
 PREVIOUS_CHAMPION = "previous-champion"
 
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
-BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
 METRICS_FILE = "metrics.json"
-DEFAULT_K = 10
-_EXAMPLE_QUESTION = "how do i reset my password"
-# query and rank, then a hit's fields as the CLI and the service name them, then answered.
-PREDICTION_COLUMNS = ("query", "rank", *HIT_FIELDS, "answered")
-_COLUMN_TYPES = {
-    "query": ("str", "string"),
-    "rank": ("int64", "long"),
-    "answer_id": ("object", "string"),
-    "question_id": ("int64", "long"),
-    "text": ("str", "string"),
-    "cluster_id": ("int64", "long"),
-    "distance": ("float64", "double"),
-    "score": ("float64", "double"),
-    "answered": ("bool", "boolean"),
-}
 
 # Version tags (all under qpr.* so they never collide with MLflow's own).
 TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by
@@ -140,20 +130,6 @@ TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--forc
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
 _EVENT_PREFIX = "qpr.event."
 _MAX_REASON = 1000
-
-# The runtime the pyfunc needs; torch is not among them (the bundle never imports it).
-# tokenizers reads a transformer bundle's word-piece vocab.json (transformers is not needed).
-_RUNTIME_PACKAGES = (
-    "mlflow",
-    "numpy",
-    "pandas",
-    "pyarrow",
-    "onnxruntime",
-    "faiss-cpu",
-    "tokenizers",
-    "PyStemmer",  # a fused bundle's BM25 stems the questions
-    "numba",  # and scores them with compiled kernels (qpr.retrieval.maxscore)
-)
 
 
 class RegistryError(QPRError, RuntimeError):
@@ -311,90 +287,6 @@ def metric_value(metrics: Mapping[str, Any], key: str) -> float:
     return float(node)
 
 
-# ---------------------------------------------------------------- the pyfunc
-
-
-class QPRSearchModel(PythonModel):
-    """The bundle as an MLflow pyfunc: questions in, top-k known paraphrases out.
-
-    predict(model_input, params={"k": 10}): model_input is a question, a list/Series of
-    questions, or a DataFrame with a "question" column (or a single column). The result is
-    one row per (query, hit), columns `PREDICTION_COLUMNS`, rank 1 = closest; "answered"
-    is the bundle's no-answer decision for the query (top-1 distance within the stored
-    threshold). An empty question raises ValueError (a whole batch fails, as the bundle
-    does: a silently dropped row would misalign the caller's results).
-    """
-
-    def load_context(self, context: PythonModelContext) -> None:
-        self._bundle = Bundle.load(context.artifacts[BUNDLE_ARTIFACT])
-        config = context.model_config or {}
-        self._k = int(config.get("k", DEFAULT_K))
-
-    def predict(
-        self,
-        context: PythonModelContext | None,
-        model_input: pd.DataFrame,  # via pyfunc: the signature turns a list into a frame
-        params: dict[str, Any] | None = None,
-    ) -> pd.DataFrame:
-        k = int((params or {}).get("k") or self._k)
-        results = self._bundle.search_batch(_questions(model_input), k=k)
-        rows = [
-            (r.query, rank, *(getattr(h, name) for name in HIT_FIELDS), r.answered)
-            for r in results
-            for rank, h in enumerate(r.hits, 1)
-        ]
-        frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
-        return frame.astype({name: kind for name, (kind, _) in _COLUMN_TYPES.items()})
-
-
-def _questions(model_input: Any) -> list[str]:
-    """Whatever pyfunc callers send (list, Series, DataFrame, array, one str) → list[str]."""
-    if isinstance(model_input, str):
-        return [model_input]
-    if isinstance(model_input, pd.DataFrame):
-        if "question" in model_input.columns:
-            column = model_input["question"]
-        elif model_input.shape[1] == 1:
-            column = model_input.iloc[:, 0]
-        else:
-            raise ValueError(
-                f"expected a 'question' column, got columns {list(model_input.columns)}"
-            )
-        return [str(q) for q in column.tolist()]
-    if isinstance(model_input, pd.Series | np.ndarray):
-        return [str(q) for q in np.asarray(model_input).ravel().tolist()]
-    if isinstance(model_input, Iterable):
-        return [q if isinstance(q, str) else str(q) for q in model_input]
-    raise TypeError(f"expected questions, got {type(model_input).__name__}")
-
-
-def _signature() -> ModelSignature:
-    return ModelSignature(
-        # Unnamed: a list or Series of questions is accepted as is; a named "question"
-        # column would make MLflow reject a plain list before predict sees it.
-        inputs=Schema([ColSpec("string")]),
-        outputs=Schema([ColSpec(_COLUMN_TYPES[name][1], name) for name in PREDICTION_COLUMNS]),
-        params=ParamSchema([ParamSpec("k", "long", DEFAULT_K)]),
-    )
-
-
-def _pip_requirements() -> list[str]:
-    """The serving runtime pinned to what built the model (no inference: it costs 5-15 s)."""
-    pins = []
-    for package in _RUNTIME_PACKAGES:
-        try:
-            pins.append(f"{package}=={importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            if package == "faiss-cpu":  # a GPU install: same module, other wheel
-                try:
-                    pins.append(f"faiss-gpu=={importlib.metadata.version('faiss-gpu')}")
-                    continue
-                except importlib.metadata.PackageNotFoundError:
-                    pass
-            pins.append(package)
-    return pins
-
-
 # ---------------------------------------------------------------- registering
 
 
@@ -451,28 +343,24 @@ def register_bundle(
             "qpr.version": qpr.__version__,
             "qpr.registered_at": _now(),
         }
-        code = _stage_code(Path(tmp) / "code")
         with _model_run(run_id) as run:
             run_tags = run.data.tags if run.data else {}
             version_tags[TAG_GIT_COMMIT] = run_tags.get("mlflow.source.git.commit", "unknown")
             version_tags[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
             version_tags.update({key: str(v) for key, v in (tags or {}).items()})
-            info = mlflow.pyfunc.log_model(
-                name=MODEL_ARTIFACT,
-                python_model=QPRSearchModel(),
-                artifacts={BUNDLE_ARTIFACT: str(staged)},
-                code_paths=[str(code)],
-                pip_requirements=_pip_requirements(),
-                signature=_signature(),
-                input_example=[_EXAMPLE_QUESTION],
-                model_config={"k": int(k)},
-                metadata={"qpr_bundle_fingerprint": fingerprint},
+            info = log_search_model(
+                staged, name=MODEL_ARTIFACT, k=k, metadata={"qpr_bundle_fingerprint": fingerprint}
             )
             logged_run_id = run.info.run_id
     _ensure_registered_model(client, name)
     try:
+        # model_id: a tracking server (team mode) refuses a models:/m-... source without it.
         created = client.create_model_version(
-            name=name, source=info.model_uri, run_id=logged_run_id, tags=version_tags
+            name=name,
+            source=info.model_uri,
+            run_id=logged_run_id,
+            tags=version_tags,
+            model_id=info.model_id,
         )
     except MlflowException as exc:
         raise RegistryError(f"cannot create a version of {name!r}: {exc.message}") from exc
@@ -516,13 +404,6 @@ def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) ->
         shutil.copy2(models_dir / rel, target / rel)
     (target / METRICS_FILE).write_text(json_text(dict(metrics)), encoding="utf-8")
     return target
-
-
-def _stage_code(target: Path) -> Path:
-    """A clean copy of the qpr package, so the pyfunc loads where qpr is not installed."""
-    source = Path(qpr.__file__).resolve().parent
-    shutil.copytree(source, target / "qpr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return target / "qpr"
 
 
 @contextmanager
@@ -627,6 +508,10 @@ def download_bundle(name: str, alias: str, dst: str | Path) -> Path:
     bundle = Path(local) / "artifacts" / BUNDLE_ARTIFACT
     if not bundle.is_dir():
         raise RegistryError(f"models:/{name}@{alias} holds no bundle (expected {bundle})")
+    try:
+        verify_artifacts(bundle.parent)
+    except ModelIntegrityError as exc:
+        raise RegistryError(f"models:/{name}@{alias}: {exc}") from exc
     return bundle
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 
 from qpr.ops.registry import TAG_DATA_HASH, TAG_RETRAIN_RUN
@@ -23,7 +24,9 @@ def snapshot_registry(name: str) -> dict[str, Any]:
     client = MlflowClient()
     try:
         model = client.get_registered_model(name)
-    except MlflowException:
+    except MlflowException as exc:
+        if not _missing(exc):
+            raise  # an unreachable server is not an empty registry
         return {"name": name, "exists": False, "aliases": {}, "versions": {}}
     versions = client.search_model_versions(f"name = '{name}'")
     return {
@@ -50,7 +53,11 @@ def restore_registry(journal: Mapping[str, Any]) -> list[str]:
     client = MlflowClient()
     try:
         client.get_registered_model(name)
-    except MlflowException:
+    except MlflowException as exc:
+        if not _missing(exc):
+            # The tracking server is down (team mode): the rollback fails and the journal
+            # stays, so the next run puts the registry back instead of calling it unchanged.
+            raise
         return []
     steps = _restore_versions(client, name, snapshot, journal)
     steps += _restore_aliases(client, name, snapshot.get("aliases") or {})
@@ -58,6 +65,10 @@ def restore_registry(journal: Mapping[str, Any]) -> list[str]:
         client.delete_registered_model(name)
         steps.append(f"registry: model {name!r} removed (it did not exist before)")
     return steps or ["registry: unchanged"]
+
+
+def _missing(exc: MlflowException) -> bool:
+    return exc.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST)
 
 
 def _restore_versions(

@@ -68,7 +68,7 @@ def load_trained_encoder(checkpoint: Path):
 
     if not checkpoint.is_file():
         raise MissingInputError(f"{checkpoint} not found: run the train stage first")
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     encoder = build_encoder(state["encoder"]["name"], **state["encoder"]["config"])
     encoder.load_state_dict(state["model"])
     return encoder.eval(), int(state["max_len"])

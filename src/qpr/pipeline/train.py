@@ -311,7 +311,7 @@ def _write_outputs(
 
     paths.models_dir.mkdir(parents=True, exist_ok=True)
     vocab.save(paths.vocab)
-    best = torch.load(result.best_checkpoint, map_location="cpu", weights_only=False)
+    best = torch.load(result.best_checkpoint, map_location="cpu", weights_only=True)
     encoder_file = {
         "encoder": best["encoder"],
         "model": best["model"],

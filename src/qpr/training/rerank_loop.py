@@ -150,7 +150,7 @@ def _resume(
     path = None if work_dir is None else work_dir / CHECKPOINT
     if path is None or not path.is_file():
         return 0, 0.0
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("run_key") != run_key:
         log(f"{path} belongs to another run (config or data): starting afresh")
         return 0, 0.0

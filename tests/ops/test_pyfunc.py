@@ -1,0 +1,167 @@
+"""The registered pyfunc is logged as code: no pickle in the model directory, and a bundle
+file changed in the store after logging is refused on load (and by download_bundle).
+
+The bundle is real (random-weight CNN → ONNX → FAISS Flat, as tests/retrieval does); the
+MLflow store is the session's throw-away sqlite one (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from qpr.artifacts import (
+    ENCODER_FILE,
+    IDS_FILE,
+    INDEX_FILE,
+    QUESTIONS_FILE,
+    VOCAB_FILE,
+    SearchConfig,
+)
+from qpr.model import CNNEncoder
+from qpr.model.onnx import export_onnx
+from qpr.ops import registry
+from qpr.ops.pyfunc import (
+    ModelIntegrityError,
+    _questions,
+    digests,
+    verify_artifacts,
+    verify_bundle,
+)
+from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
+from qpr.retrieval.encoders import encode, load_session
+from qpr.text.vocab import Vocabulary
+
+NAME = "qpr-pyfunc-test"
+QUESTIONS = [
+    t.format(v=v, o=o)
+    for v, o, t in itertools.product(
+        ("install", "reset"), ("printer", "garden", "laptop"), ("how do i {v} my {o}",)
+    )
+]
+
+
+@pytest.mark.parametrize(
+    "model_input",
+    [
+        "how do i reset it",
+        ["how do i reset it"],
+        pd.Series(["how do i reset it"]),
+        pd.DataFrame({"question": ["how do i reset it"]}),
+        pd.DataFrame({0: ["how do i reset it"]}),  # what MLflow's schema enforcement passes
+    ],
+)
+def test_predict_accepts_what_pyfunc_callers_send(model_input):
+    assert _questions(model_input) == ["how do i reset it"]
+
+
+def test_predict_input_with_two_unnamed_columns_is_an_error():
+    with pytest.raises(ValueError, match="question"):
+        _questions(pd.DataFrame({"a": ["x"], "b": ["y"]}))
+
+
+def test_verify_bundle_names_a_changed_missing_and_extra_file(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "index").mkdir(parents=True)
+    for rel in ("a.json", "index/b.npy", "c.txt"):
+        (bundle / rel).write_text(rel, encoding="utf-8")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(digests(bundle)), encoding="utf-8")
+    verify_bundle(bundle, manifest)  # untouched: passes
+
+    (bundle / "index" / "b.npy").write_text("changed", encoding="utf-8")
+    (bundle / "c.txt").unlink()
+    (bundle / "extra.py").write_text("import os", encoding="utf-8")
+    with pytest.raises(ModelIntegrityError) as caught:
+        verify_bundle(bundle, manifest)
+    message = str(caught.value)
+    assert "index/b.npy: sha256" in message
+    assert "c.txt: missing" in message and "extra.py: not in the manifest" in message
+
+
+def _build_bundle(models: Path) -> None:
+    vocab = Vocabulary.build(QUESTIONS, max_words=1000, hash_bins=8)
+    vocab.save(models / VOCAB_FILE)
+    torch.manual_seed(0)
+    encoder = CNNEncoder(vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=8)
+    export_onnx(
+        encoder, models / ENCODER_FILE, metadata={"vocab_sha256": vocab.checksum, "max_len": "16"}
+    )
+    vectors = encode(load_session(models / ENCODER_FILE), vocab, QUESTIONS, max_len=16)
+    index = build_index(
+        vectors, IndexConfig("Flat", nprobe=1, use_gpu=False), seed=0, log=lambda _: None
+    )
+    save_index(index, models / INDEX_FILE)
+    qids = np.arange(len(QUESTIONS), dtype=np.int64) + 100
+    IdMap(qids).save(models / IDS_FILE)
+    table = pa.table(
+        {
+            "question_id": pa.array(qids, pa.int64()),
+            "text": pa.array(QUESTIONS, pa.string()),
+            "cluster_id": pa.array(np.arange(len(QUESTIONS)), pa.int64()),
+        }
+    )
+    pq.write_table(table, models / QUESTIONS_FILE)
+    SearchConfig(threshold=1.0, target_precision=0.9).write(models)
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> registry.VersionInfo:
+    models = tmp_path_factory.mktemp("pyfunc-models")
+    _build_bundle(models)
+    # Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them).
+    if mlflow.get_experiment_by_name("qpr-pyfunc-tests") is None:
+        mlflow.create_experiment(
+            "qpr-pyfunc-tests", artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"]
+        )
+    mlflow.set_experiment("qpr-pyfunc-tests")
+    return registry.register_bundle(
+        models, {"val": {"recip_rank": 0.7}}, name=NAME, metric="val.recip_rank"
+    )
+
+
+def _model_dir(info: registry.VersionInfo, dst: Path) -> Path:
+    return Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{NAME}/{info.version}", dst_path=str(dst)
+        )
+    )
+
+
+@pytest.mark.slow
+def test_the_model_directory_holds_code_not_a_pickle(registered, tmp_path: Path) -> None:
+    model_dir = _model_dir(registered, tmp_path)
+    names = {p.name for p in model_dir.rglob("*") if p.is_file()}
+    assert not {n for n in names if n.endswith((".pkl", ".pickle", ".cloudpickle"))}
+    assert "python_model.pkl" not in names
+    assert "qpr_search_model.py" in names
+    manifest = json.loads((model_dir / "artifacts" / "manifest.json").read_text())
+    assert set(manifest) == {
+        p.relative_to(model_dir / "artifacts" / "bundle").as_posix()
+        for p in (model_dir / "artifacts" / "bundle").rglob("*")
+        if p.is_file()
+    }
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}/{registered.version}")
+    out = model.predict([QUESTIONS[3]], params={"k": 2})
+    assert out["text"].tolist()[0] == QUESTIONS[3] and len(out) == 2
+
+
+@pytest.mark.slow
+def test_a_tampered_bundle_file_is_refused_on_load(registered, tmp_path: Path) -> None:
+    model_dir = _model_dir(registered, tmp_path)
+    verify_artifacts(model_dir / "artifacts")  # as logged: passes
+    ids = model_dir / "artifacts" / "bundle" / IDS_FILE
+    np.save(ids, np.arange(len(QUESTIONS), dtype=np.int64) + 500)  # same shape, other ids
+    with pytest.raises(ModelIntegrityError, match=f"{IDS_FILE}: sha256"):
+        mlflow.pyfunc.load_model(str(model_dir))
+    with pytest.raises(ModelIntegrityError):
+        verify_artifacts(model_dir / "artifacts")

@@ -1,0 +1,60 @@
+"""Checkpoints load with weights_only=True: a file that carries pickled code is refused by
+every loader (training state, the stage's encoder.pt, the re-ranker's resume file)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from qpr.training.checkpoint import load_checkpoint, save_checkpoint
+
+
+class _Payload:
+    """What an attacker's checkpoint would carry: an object whose unpickling runs code."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+@pytest.fixture
+def poisoned(tmp_path: Path) -> Path:
+    path = tmp_path / "poisoned.pt"
+    torch.save({"model": {}, "hook": _Payload(), "run_key": "x"}, path)
+    return path
+
+
+def test_plain_state_round_trips(tmp_path: Path) -> None:
+    state = {"epoch": 2, "model": {"w": torch.ones(2)}, "metrics": {"loss": 0.5}, "tag": "a"}
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "last.pt", state))
+    assert loaded["epoch"] == 2 and loaded["tag"] == "a"
+    assert torch.equal(loaded["model"]["w"], torch.ones(2))
+
+
+def test_a_pickled_callable_is_refused_by_load_checkpoint(poisoned: Path) -> None:
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(poisoned)
+
+
+def test_a_pickled_callable_is_refused_by_the_stage_loader(poisoned: Path) -> None:
+    from qpr.pipeline.handoff import load_trained_encoder
+
+    with pytest.raises(pickle.UnpicklingError):
+        load_trained_encoder(poisoned)
+
+
+def test_a_pickled_callable_is_refused_by_the_reranker_resume(
+    poisoned: Path, tmp_path: Path
+) -> None:
+    from qpr.training import rerank_loop
+
+    work = tmp_path / "work"
+    work.mkdir()
+    poisoned.rename(work / rerank_loop.CHECKPOINT)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(pickle.UnpicklingError):
+        rerank_loop._resume(work, "x", model, optimizer, log=lambda _: None)
