@@ -56,6 +56,8 @@ def test_team_mode_starts_nothing_and_names_the_shared_servers(tmp_path: Path) -
     printed: list[str] = []
     assert serve([prefect, mlflow], log=printed.append) == 0
     assert any("http://prefect.team:4200" in line for line in printed)
+    env["PREFECT_UI_URL"] = "https://prefect-ui.team"
+    assert prefect_server(tmp_path, env).url == "https://prefect-ui.team"
 
 
 def _sleeper(name: str, seconds: float = 60) -> UiServer:

@@ -51,7 +51,9 @@ def prefect_server(root: Path, env: Mapping[str, str], *, port: int = PREFECT_UI
     project's Prefect home (PREFECT_HOME, default `root/.prefect`)."""
     api_url = env.get("PREFECT_API_URL")
     if _remote(api_url):
-        return UiServer("Prefect", api_url.rstrip("/").removesuffix("/api"))
+        # The UI of a server is its API address without /api, unless PREFECT_UI_URL says.
+        ui_url = env.get("PREFECT_UI_URL") or api_url.rstrip("/").removesuffix("/api")
+        return UiServer("Prefect", ui_url)
     home = env.get("PREFECT_HOME") or str(root / ".prefect")
     url = f"http://{UI_HOST}:{port}"
     command = (sys.executable, "-m", "prefect", "server", "start")
