@@ -85,6 +85,8 @@ def logging_defaults(level: str | None) -> dict[str, str]:
             "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
             "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
             "MLFLOW_LOGGING_LEVEL": "WARNING",
+            # A bar redrawn into a log is one long line (the register stage downloads).
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         }
     return {
         "PREFECT_LOGGING_LEVEL": level,
