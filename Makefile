@@ -34,9 +34,9 @@ install-gpu: $(STAMP) ## Swap in FAISS for CUDA (needs a CUDA machine; see READM
 data: install ## Make data/ match data.dvc (regenerates the embedded logs offline)
 	$(BIN)/qpr data ensure
 
-run: data ## Set up, run the whole pipeline (dvc repro) and print the metrics
+run: data ## Set up, run the whole pipeline (dvc repro) and print the results
 	$(BIN)/dvc repro
-	$(BIN)/qpr metrics
+	$(BIN)/qpr metrics --summary
 
 repro: install ## dvc repro only
 	$(BIN)/dvc repro

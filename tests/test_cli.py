@@ -163,3 +163,16 @@ def test_ui_help_names_both_uis():
     result = runner.invoke(app, ["ui", "--help"])
     assert result.exit_code == 0, result.output
     assert "Prefect" in result.output and "MLflow" in result.output
+
+
+def test_metrics_summary_is_the_evaluation_table_and_the_decision(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    measures = {"success_1": 0.75, "success_10": 0.9, "recip_rank": 0.8, "num_queries": 10}
+    (tmp_path / "metrics.json").write_text(json.dumps(measures))
+    (metrics / "cluster.json").write_text('{"clusters_kept": 400}')
+    (metrics / "register.json").write_text('{"version": 2, "reason": "champion kept"}')
+    result = runner.invoke(app, ["metrics", "--metrics-dir", str(metrics), "--summary"])
+    assert result.exit_code == 0, result.output
+    assert "0.7500" in result.output and "version 2: champion kept" in result.output
+    assert "clusters_kept" not in result.output

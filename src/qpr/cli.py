@@ -923,12 +923,28 @@ def metrics(
     metrics_dir: Annotated[Path, typer.Option(help="Where stages write metrics.")] = Path(
         "metrics"
     ),
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Only the evaluation table and the registry's decision (what `make run` "
+            "prints after the run).",
+        ),
+    ] = False,
 ) -> None:
     """Print every stage's metrics with its timings, and the evaluation table."""
     files = sorted(metrics_dir.glob("*.json"))
     evaluation = metrics_dir.parent / "metrics.json"
     if not files and not evaluation.is_file():
         _fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
+    if summary and evaluation.is_file():
+        _print_results(json.loads(evaluation.read_text(encoding="utf-8")))
+        register = metrics_dir / "register.json"
+        if register.is_file():
+            decision = json.loads(register.read_text(encoding="utf-8"))
+            console.print(f"registry: version {decision.get('version')}: {decision.get('reason')}")
+        console.print("every stage's metrics and timings: `qpr metrics` (make metrics)")
+        return
     stages = {
         file.stem: _with_timings(file, metrics_dir / "timings" / file.name)
         for file in files
