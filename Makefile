@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help install install-gpu data run repro metrics experiments test test-fast lint format lock clean \
-        bench-quora bench-serve bench-reliability bench-embedding bench-scale \
+        ui bench-quora bench-serve bench-reliability bench-embedding bench-scale \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
@@ -41,9 +41,9 @@ install-gpu: $(STAMP) ## Swap in FAISS for CUDA (needs a CUDA machine; see READM
 data: install ## Make data/ match data.dvc (regenerates the embedded logs offline)
 	$(BIN)/qpr data ensure
 
-run: data ## Set up, run the whole pipeline (dvc repro) and print the metrics
+run: data ## Set up, run the whole pipeline (dvc repro) and print the results
 	$(BIN)/dvc repro
-	$(BIN)/qpr metrics
+	$(BIN)/qpr metrics --summary
 
 repro: install ## dvc repro only
 	$(BIN)/dvc repro
@@ -53,6 +53,9 @@ metrics: install ## Print the metrics of the last run
 
 experiments: install ## Compare DVC experiments: headline metrics and the params that differ
 	$(BIN)/dvc exp show --only-changed --drop 'models/|metrics/|artifacts/|data'
+
+ui: install ## See the runs: Prefect and MLflow UIs on 127.0.0.1 (Ctrl-C stops both)
+	$(BIN)/qpr ui
 
 test: install ## Every test except those needing a GPU
 	$(BIN)/python -m pytest -m "not gpu" -q

@@ -2,6 +2,7 @@
 with help text."""
 
 import json
+import os
 
 from typer.testing import CliRunner
 
@@ -23,6 +24,7 @@ def test_top_level_help_lists_every_command():
         "search",
         "pipeline",
         "metrics",
+        "ui",
     ):
         assert command in result.output
 
@@ -158,3 +160,56 @@ def test_a_forced_promotion_needs_a_reason(tmp_path):
     result = runner.invoke(app, ["model", "promote", "3", "--force"])
     assert result.exit_code == 1
     assert "--force needs a --reason" in result.output
+
+
+def test_metrics_rounds_the_no_answer_threshold_for_people(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    measures = {"success_1": 0.75, "success_10": 0.9, "recip_rank": 0.8, "num_queries": 10}
+    threshold = {
+        "value": 2.9205896854400635,
+        "target_precision": 0.95,
+        "test_answered_share": 0.7379,
+        "test_precision_at_1": 0.9978768577494692,
+        "test_false_answer_rate": None,
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps({**measures, "threshold": threshold}))
+    result = runner.invoke(app, ["metrics", "--metrics-dir", str(tmp_path / "metrics")])
+    assert result.exit_code == 0, result.output
+    assert "threshold 2.9206" in result.output and "P@1 0.9979" in result.output
+    assert "73.8%" in result.output and "0.99787" not in result.output
+
+
+def test_verbose_brings_every_log_line_back_in_child_processes(monkeypatch, tmp_path):
+    from qpr import environment
+
+    monkeypatch.delenv(environment.LOG_LEVEL_VARIABLE, raising=False)
+    for key in environment.logging_defaults(None):
+        monkeypatch.setenv(key, "WARNING")  # as apply() left them: setenv restores them
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "train.json").write_text('{"epochs": 3}')
+    result = runner.invoke(
+        app, ["--verbose", "metrics", "--metrics-dir", str(tmp_path / "metrics")]
+    )
+    assert result.exit_code == 0, result.output
+    assert os.environ[environment.LOG_LEVEL_VARIABLE] == "INFO"
+    assert os.environ["PREFECT_LOGGING_LEVEL"] == "INFO"
+    monkeypatch.delenv(environment.LOG_LEVEL_VARIABLE)
+
+
+def test_ui_help_names_both_uis():
+    result = runner.invoke(app, ["ui", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Prefect" in result.output and "MLflow" in result.output
+
+
+def test_metrics_summary_is_the_evaluation_table_and_the_decision(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    measures = {"success_1": 0.75, "success_10": 0.9, "recip_rank": 0.8, "num_queries": 10}
+    (tmp_path / "metrics.json").write_text(json.dumps(measures))
+    (metrics / "cluster.json").write_text('{"clusters_kept": 400}')
+    (metrics / "register.json").write_text('{"version": 2, "reason": "champion kept"}')
+    result = runner.invoke(app, ["metrics", "--metrics-dir", str(metrics), "--summary"])
+    assert result.exit_code == 0, result.output
+    assert "0.7500" in result.output and "version 2: champion kept" in result.output
+    assert "clusters_kept" not in result.output

@@ -57,6 +57,23 @@ ParamsOption = Annotated[
 ]
 
 
+@app.callback()
+def main(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Every framework's log lines too (as QPR_LOG_LEVEL=INFO does); quiet "
+            "by default: the stages' progress, warnings and results.",
+        ),
+    ] = False,
+) -> None:
+    """Question paraphrase retrieval."""
+    if verbose:
+        environment.set_log_level("INFO")
+
+
 def _fail(message: str) -> None:
     errors.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(1)
@@ -713,6 +730,30 @@ def retrain(
         raise typer.Exit(code)
 
 
+@app.command("ui")
+def ui(
+    prefect_port: Annotated[int, typer.Option(help="Port of the Prefect UI.")] = (
+        environment.PREFECT_UI_PORT
+    ),
+    mlflow_port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = (
+        environment.MLFLOW_UI_PORT
+    ),
+) -> None:
+    """See the runs: the Prefect UI (the flow runs of `make run` and `qpr retrain`) and the
+    MLflow UI (runs, metrics, artifacts, registered models) over this project's records,
+    both on 127.0.0.1; Ctrl-C stops both. In team mode (PREFECT_API_URL,
+    MLFLOW_TRACKING_URI naming servers) it prints the shared servers' addresses."""
+    import os
+
+    from qpr.ui import serve, ui_servers
+
+    environment.apply()
+    servers = ui_servers(
+        environment.project_root(), os.environ, prefect_port=prefect_port, mlflow_port=mlflow_port
+    )
+    raise typer.Exit(serve(servers, log=console.print))
+
+
 @app.command("search")
 def search(
     question: Annotated[str, typer.Argument(help="The question to find paraphrases of.")],
@@ -901,14 +942,23 @@ def _print_results(metrics: dict) -> None:
             )
     chosen = metrics.get("threshold", {})
     if chosen:
+        # Rounded for people: metrics.json keeps the full figures.
         console.print(
-            f"no-answer threshold {chosen.get('value')} (target P@1 "
-            f"{chosen.get('target_precision')}): answers {chosen.get('test_answered_share')} "
-            f"of test queries at P@1 {chosen.get('test_precision_at_1')}, and "
-            f"{chosen.get('test_false_answer_rate')} of those with no paraphrase"
+            f"no-answer threshold {_rounded(chosen.get('value'), '.4f')} (target P@1 "
+            f"{chosen.get('target_precision')}): answers "
+            f"{_rounded(chosen.get('test_answered_share'), '.1%')} of test queries at P@1 "
+            f"{_rounded(chosen.get('test_precision_at_1'), '.4f')}, and "
+            f"{_rounded(chosen.get('test_false_answer_rate'), '.1%')} of those with no paraphrase"
         )
         for warning in chosen.get("warnings") or []:
             console.print(f"[bold red]WARNING[/]: no-answer threshold: {warning}")
+
+
+def _rounded(value: object, spec: str) -> str:
+    """A number as people read it ("-" when absent, as is when not a number)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format(value, spec)
+    return "-" if value is None else str(value)
 
 
 def _format_value(value: object) -> str:
@@ -937,12 +987,28 @@ def metrics(
     metrics_dir: Annotated[Path, typer.Option(help="Where stages write metrics.")] = Path(
         "metrics"
     ),
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Only the evaluation table and the registry's decision (what `make run` "
+            "prints after the run).",
+        ),
+    ] = False,
 ) -> None:
     """Print every stage's metrics with its timings, and the evaluation table."""
     files = sorted(metrics_dir.glob("*.json"))
     evaluation = metrics_dir.parent / "metrics.json"
     if not files and not evaluation.is_file():
         _fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
+    if summary and evaluation.is_file():
+        _print_results(json.loads(evaluation.read_text(encoding="utf-8")))
+        register = metrics_dir / "register.json"
+        if register.is_file():
+            decision = json.loads(register.read_text(encoding="utf-8"))
+            console.print(f"registry: version {decision.get('version')}: {decision.get('reason')}")
+        console.print("every stage's metrics and timings: `qpr metrics` (make metrics)")
+        return
     stages = {
         file.stem: _with_timings(file, metrics_dir / "timings" / file.name)
         for file in files

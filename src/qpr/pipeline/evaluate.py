@@ -400,14 +400,15 @@ def _threshold(
 def _log_threshold(threshold: dict, log: Callable[[str], None]) -> None:
     """One line on the chosen no-answer threshold; a loud one per warning."""
 
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1%}"
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
 
     log(
-        f"no-answer threshold {threshold['value']} (rule {threshold['rule']}): on test it "
-        f"answers {pct(threshold['test_answered_share'])} of the answerable queries at P@1 "
-        f"{threshold['test_precision_at_1']} and {pct(threshold['test_false_answer_rate'])} "
-        f"of the {threshold['test_unanswerable']} with no paraphrase"
+        f"no-answer threshold {num(threshold['value'], '.4f')} (rule {threshold['rule']}): "
+        f"on test it answers {num(threshold['test_answered_share'], '.1%')} of the "
+        f"answerable queries at P@1 {num(threshold['test_precision_at_1'], '.4f')} and "
+        f"{num(threshold['test_false_answer_rate'], '.1%')} of the "
+        f"{threshold['test_unanswerable']} with no paraphrase"
     )
     for warning in threshold["warnings"]:
         log(f"WARNING: no-answer threshold: {warning}")

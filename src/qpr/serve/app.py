@@ -15,6 +15,7 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
   service's git commit, and the reloader's state (refused reloads, last error).
 - ``GET /metrics`` Prometheus text: requests by endpoint/method/status, latency
   histogram, model info gauge, reload outcomes, answered/unanswered questions.
+- ``GET /docs`` Swagger UI over ``/openapi.json``, its files served here (`qpr.serve.docs`).
 
 Access (`qpr.serve.auth`): with an API key set, everything but /healthz and /readyz needs
 it; a Host header outside ``allowed_hosts`` gets 400.
@@ -59,6 +60,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import qpr
 from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
+from qpr.serve import docs
 from qpr.serve.auth import AccessControl, resolve_key
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
@@ -480,11 +482,13 @@ def create_app(
         version=qpr.__version__,
         description="Question paraphrase retrieval: the known questions that ask the same thing.",
         lifespan=_lifespan(state),
-        docs_url=None,  # Swagger UI loads its assets from a CDN; /openapi.json stays
+        # FastAPI's own /docs loads Swagger UI from a CDN: qpr.serve.docs serves it here.
+        docs_url=None,
         redoc_url=None,
     )
     app.state.service = state
     _add_error_handlers(app)
+    docs.add_docs_routes(app)
     _add_search_routes(app, state)
     _add_status_routes(app, state)
     # Added first, so inside _Guard: refusals get the request id and are counted.
@@ -603,7 +607,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
     search_schema = {"requestBody": _body_schema(_SearchBody, _SEARCH_EXAMPLE)}
     batch_schema = {"requestBody": _body_schema(_BatchBody, _BATCH_EXAMPLE)}
 
-    @app.post("/search", openapi_extra=search_schema)
+    @app.post("/search", openapi_extra=search_schema, responses=docs.SEARCH_RESPONSES)
     async def search(request: Request) -> Response:
         """The k known questions closest to one question."""
         body = _parse(await request.body(), request.headers, _SearchBody, _SEARCH_EXAMPLE)
@@ -633,7 +637,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
             }
         )
 
-    @app.post("/search/batch", openapi_extra=batch_schema)
+    @app.post("/search/batch", openapi_extra=batch_schema, responses=docs.BATCH_RESPONSES)
     async def search_batch(request: Request) -> Response:
         """`/search` for up to max_batch questions in one request (one encoder call)."""
         body = _parse(await request.body(), request.headers, _BatchBody, _BATCH_EXAMPLE)
@@ -681,12 +685,12 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
     """GET /healthz, /readyz, /version, /metrics."""
     settings, holder, reloader = state.settings, state.holder, state.reloader
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=docs.HEALTH_RESPONSES)
     async def healthz() -> Response:
         """Liveness: the process answers."""
         return _respond({"status": "ok"})
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses=docs.READY_RESPONSES)
     async def readyz(request: Request) -> Response:
         """Readiness: 200 when a model serves, 503 (with the reason) when none does."""
         served = holder.current
@@ -707,7 +711,7 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
             ready["source_unreachable"] = _public(reloader.source_down)
         return _respond(ready)
 
-    @app.get("/version")
+    @app.get("/version", responses=docs.VERSION_RESPONSES)
     async def version() -> Response:
         """The serving model, the service's commit, and the reloader's state."""
         served = holder.current
@@ -736,7 +740,7 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
             )
         )
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=docs.METRICS_RESPONSES)
     async def metrics() -> Response:
         """Prometheus text format."""
         return Response(state.telemetry.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,209 @@
+"""The service's API documentation: `/docs` served offline, and what /openapi.json says.
+
+Swagger UI's script and stylesheet come from the fastapi-offline package (MIT), installed
+from the lock and served by the service itself under `/docs/assets`: no CDN, so the page
+works on a machine without internet access.
+
+The models below only document the responses. The endpoints still build their JSON by hand
+(`qpr.serve.app`), so documenting them changes no byte of a response; tests check that
+real responses validate against these models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import fastapi_offline
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+DOCS_PATH = "/docs"
+ASSETS_PATH = "/docs/assets"
+ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
+ASSETS = {
+    "js": "swagger-ui-bundle.js",
+    "css": "swagger-ui.css",
+    "favicon": "favicon.png",
+}
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Explain(_Doc):
+    """A hit's score taken apart (`"explain": true`)."""
+
+    dense_distance: float = Field(description="L2 distance to the query")
+    dense_scaled: float = Field(description="the dense side before weighting, in [0, 1]")
+    bm25_score: float | None = Field(description="BM25 score; null without BM25")
+    bm25_scaled: float | None = Field(description="BM25 side before weighting, in [0, 1]")
+    matched_words: list[str] = Field(description="query words whose stems the hit shares")
+    dense_weight: float = Field(description="α, the dense share; 1.0 for dense only")
+    fused_score: float = Field(description="α·dense_scaled + (1 - α)·bm25_scaled")
+
+
+class Hit(_Doc):
+    """A known question that asks the same thing."""
+
+    answer_id: str | None = Field(description="the answer of the hit's paraphrase cluster")
+    question_id: int
+    text: str = Field(description="the known question")
+    cluster_id: int = Field(description="its paraphrase cluster; -1: none")
+    distance: float = Field(description="L2 distance, >= 0; the no-answer threshold's unit")
+    score: float = Field(description="what hits are ranked by, higher first")
+    explain: Explain | None = Field(default=None, description='only with "explain": true')
+
+
+class ModelBrief(_Doc):
+    name: str
+    version: str | None = Field(description="registry version; null for a local bundle")
+    fingerprint: str
+
+
+_HIT = {
+    "answer_id": "a-reset-password",
+    "question_id": 1040,
+    "text": "how can i reset my password",
+    "cluster_id": 17,
+    "distance": 0.0421,
+    "score": 0.9596,
+}
+_MODEL = {"name": "qpr", "version": "3", "fingerprint": "5f0c2a9e41d7"}
+_QUERY = "how do i reset my password?"
+
+
+class SearchResponse(_Doc):
+    """POST /search: the k closest known questions, nearest first."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "example": {
+                "query": _QUERY,
+                "answered": True,
+                "threshold": 0.35,
+                "hits": [_HIT],
+                "model": _MODEL,
+            }
+        },
+    )
+    query: str
+    answered: bool = Field(description="the top hit is within the threshold")
+    threshold: float | None = Field(description="the request's, else the model's")
+    hits: list[Hit]
+    model: ModelBrief
+
+
+class BatchResult(_Doc):
+    query: str
+    answered: bool
+    hits: list[Hit]
+
+
+class BatchResponse(_Doc):
+    """POST /search/batch: one result per question, in input order."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "example": {
+                "results": [{"query": _QUERY, "answered": True, "hits": [_HIT]}],
+                "threshold": 0.35,
+                "model": _MODEL,
+            }
+        },
+    )
+    results: list[BatchResult]
+    threshold: float | None
+    model: ModelBrief
+
+
+class ErrorBody(_Doc):
+    """Every refusal: a code to branch on, a message for people, the request id."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "example": {
+                "error": "k_out_of_range",
+                "message": "k must be between 1 and 100, got 500",
+                "request_id": "3f2b9c1e8a7d4e6f9b0c1d2e3f4a5b6c",
+            }
+        },
+    )
+    error: str
+    message: str
+    request_id: str
+    details: list[dict[str, Any]] | None = Field(
+        default=None, description="one entry per invalid field"
+    )
+
+
+class Health(_Doc):
+    model_config = ConfigDict(extra="allow", json_schema_extra={"example": {"status": "ok"}})
+    status: str
+
+
+class Ready(_Doc):
+    """Without the API key (when one is set) only the status."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"example": {"status": "ready", "model": _MODEL}},
+    )
+    status: str = Field(description='"ready" or "not ready"')
+    model: ModelBrief | None = None
+    reason: str | None = Field(default=None, description="why not ready")
+
+
+class Version(_Doc):
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "example": {
+                "model": {"name": "qpr", "version": "3", "alias": "champion"},
+                "service": {"package_version": "0.1.0", "git_commit": "c91284a"},
+                "reload": {"checks": 12, "swaps": 1, "refused": 0, "errors": 0},
+                "limits": {"max_k": 100, "default_k": 10, "max_batch": 64},
+            }
+        },
+    )
+    model: dict[str, Any] | None = Field(description="the serving model; null when none")
+    service: dict[str, Any]
+    reload: dict[str, Any]
+    limits: dict[str, int]
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorBody} for code in codes}
+
+
+# `responses=` of each route: what /openapi.json shows; nothing is validated at run time.
+SEARCH_RESPONSES = {200: {"model": SearchResponse}, **_errors(400, 401, 413, 415, 422, 503)}
+BATCH_RESPONSES = {200: {"model": BatchResponse}, **_errors(400, 401, 413, 415, 422, 503)}
+HEALTH_RESPONSES = {200: {"model": Health}}
+READY_RESPONSES = {200: {"model": Ready}, 503: {"model": Ready}}
+VERSION_RESPONSES = {200: {"model": Version}, **_errors(401)}
+METRICS_RESPONSES = {200: {"content": {"text/plain": {}}, "description": "Prometheus text"}}
+
+
+def add_docs_routes(app: FastAPI) -> None:
+    """GET /docs (Swagger UI) and its assets, from the service itself."""
+    app.mount(ASSETS_PATH, StaticFiles(directory=ASSETS_DIR), name="docs-assets")
+
+    @app.get(DOCS_PATH, include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        # Relative to root_path: behind a proxy that mounts the service under a prefix.
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} — API",
+            swagger_js_url=f"{root}{ASSETS_PATH}/{ASSETS['js']}",
+            swagger_css_url=f"{root}{ASSETS_PATH}/{ASSETS['css']}",
+            swagger_favicon_url=f"{root}{ASSETS_PATH}/{ASSETS['favicon']}",
+        )
