@@ -60,6 +60,13 @@ SECTIONS = ("fuzz", "held", "swaps")
 SEED = 27
 CLIENT_TIMEOUT = 5.0  # a normal request slower than this counts as timed out
 NORMAL_CONNECTIONS = 4
+# Planted in the fuzzed server's environment, as a password in MLFLOW_TRACKING_URI and a
+# secret-named variable: no response body and no log line may ever hold it.
+PLANTED = "planted-s3cret-7f2c9a"
+PLANTED_ENV = {
+    "MLFLOW_TRACKING_URI": f"http://qpr:{PLANTED}@127.0.0.1:9",
+    "QPR_BENCH_API_TOKEN": PLANTED,
+}
 
 
 def say(message: str) -> None:
@@ -469,16 +476,17 @@ def random_request(rng: random.Random, texts: list[str]) -> bytes:
 
 async def fuzz_random(port: int, total: int, texts: list[str], workers: int = 16) -> dict[str, Any]:
     statuses: Counter[int] = Counter()
-    remaining = total
+    remaining, leaks = total, 0
 
     async def worker(index: int) -> None:
-        nonlocal remaining
+        nonlocal remaining, leaks
         rng = random.Random(SEED * 1000 + index)
         conn = Connection(port)
         while remaining > 0:
             remaining -= 1
             try:
-                status, _ = await conn.send(random_request(rng, texts), timeout=30)
+                status, body = await conn.send(random_request(rng, texts), timeout=30)
+                leaks += PLANTED.encode() in body
             except TimeoutError:
                 status = -1
                 await conn.close()
@@ -496,11 +504,12 @@ async def fuzz_random(port: int, total: int, texts: list[str], workers: int = 16
         "status_5xx": sum(v for k, v in statuses.items() if k >= 500),
         "unanswered": statuses.get(0, 0),
         "timeouts": statuses.get(-1, 0),
+        "bodies_with_the_secret": leaks,
     }
 
 
 def section_fuzz(models: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = Server(models, work / "fuzz.log")
+    server = Server(models, work / "fuzz.log", **PLANTED_ENV)
     try:
         cases = hostile_set()
         say(f"fuzz: {len(cases)} hostile requests")
@@ -514,9 +523,12 @@ def section_fuzz(models: Path, work: Path, args: argparse.Namespace) -> dict[str
         texts = questions(models)
         random_part = asyncio.run(fuzz_random(server.port, args.fuzz_requests, texts))
         alive = get(server.port, "/readyz")[0]
+        status_pages = [get(server.port, p)[1] for p in ("/readyz", "/version", "/metrics")]
         log_bytes = server.log_bytes()
     finally:
         server.stop()
+    leaked = sum(PLANTED.encode() in page for page in status_pages)
+    leaked_log = (work / "fuzz.log").read_bytes().count(PLANTED.encode())
     hostile_codes = Counter(by_case.values())
     return {
         "hostile": {
@@ -528,6 +540,11 @@ def section_fuzz(models: Path, work: Path, args: argparse.Namespace) -> dict[str
         "random": random_part,
         "ready_after": alive,
         "server_log_bytes": log_bytes,
+        "secret": {
+            "status_pages_with_it": leaked,
+            "log_lines_with_it": leaked_log,
+            "bodies_with_it": random_part["bodies_with_the_secret"],
+        },
     }
 
 
@@ -786,6 +803,16 @@ def targets(sections: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         n = f["hostile"]["status_5xx"] + f["random"]["status_5xx"]
         total = f["hostile"]["requests"] + f["random"]["requests"]
         rows.append((f"5xx over {total:,} hostile and random requests", "0", str(n), n == 0))
+        if "secret" in f:
+            seen = sum(f["secret"].values())
+            rows.append(
+                (
+                    "planted secret in a response body, status page or log line",
+                    "0",
+                    str(seen),
+                    seen == 0,
+                )
+            )
     if "held" in sections:
         h = sections["held"]
         for run in h["runs"]:
@@ -860,6 +887,15 @@ def render(report: dict[str, Any]) -> str:
             f"{r['requests']:,} random requests over 16 keep-alive connections in "
             f"{r['seconds']} s ({r['requests_per_s']:,}/s): statuses {r['statuses']}. "
             f"/readyz afterwards: {f['ready_after']}; server log {f['server_log_bytes']:,} bytes.",
+            ""
+            if "secret" not in f
+            else (
+                " A secret was planted in the server's environment (a password in "
+                "MLFLOW_TRACKING_URI, a secret-named variable): found in "
+                f"{f['secret']['bodies_with_it']} random-request bodies, "
+                f"{f['secret']['status_pages_with_it']} of /readyz, /version and /metrics, "
+                f"{f['secret']['log_lines_with_it']} places in the server log."
+            ),
             "",
             "| hostile request | status |",
             "|---|---:|",
