@@ -227,6 +227,7 @@ def _seed_champion(servers: Servers, tmp: Path) -> int:
     _build_bundle(models)
     with servers.tracking():
         seeded = registry.register_bundle(models, {"val": {"recip_rank": 0.0}}, name=NAME)
+        registry.mark_committed(NAME, seeded.version, by="tests")  # as a committed cycle does
         registry.promote(NAME, seeded.version, reason="seed", actor="tests")
     return seeded.version
 
