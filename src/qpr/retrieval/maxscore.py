@@ -55,6 +55,7 @@ __all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k"
 
 _SEEN = 1
 _SEED_DOCS = 256  # documents scored from their rows for a first θ
+_NO_MASK = np.zeros(0, np.bool_)  # `allowed` of size 0: every document may be returned
 
 
 class Postings(NamedTuple):
@@ -126,12 +127,16 @@ def top_k(
     scratch: Scratch,
     *,
     exclude_row: int = -1,
+    allowed: np.ndarray | None = None,
     worth_pruning: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """(scores float32 [<= k], rows int64 [<= k], first term not read in full or -1), best
-    first, ties by row; documents scoring 0 and `exclude_row` are left out. worth_pruning:
+    first, ties by row; documents scoring 0 and `exclude_row` are left out. allowed: bool
+    [N] (None: every document); a document with False is never scored, neither for θ nor
+    for the top k, so the result is the top k of the allowed documents alone. worth_pruning:
     lists shorter than this are always read in full. Compiled, GIL released."""
-    return _top_k(*postings, *question, k, exclude_row, worth_pruning, *scratch)
+    mask = _NO_MASK if allowed is None else allowed
+    return _top_k(*postings, *question, k, exclude_row, mask, worth_pruning, *scratch)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -203,6 +208,7 @@ def _seed_theta(
     repeats: np.ndarray,
     k: int,
     exclude_row: int,
+    allowed: np.ndarray,
     budget: int,
     state: np.ndarray,
     touched: np.ndarray,
@@ -232,7 +238,7 @@ def _seed_theta(
             if n >= budget:
                 break
             d = rows[p]
-            if state[d] != 0 or d == exclude_row:
+            if state[d] != 0 or d == exclude_row or (allowed.size and not allowed[d]):
                 continue
             state[d] = _SEEN
             touched[n] = d
@@ -274,6 +280,7 @@ def _top_k(
     left: np.ndarray,
     k: int,
     exclude_row: int,
+    allowed: np.ndarray,
     worth_pruning: int,
     state: np.ndarray,
     touched: np.ndarray,
@@ -282,6 +289,7 @@ def _top_k(
     """`top_k` with its groups spread out (`Postings`, `Query`, `Scratch` say what each
     array holds)."""
     n_terms = terms.size
+    masked = allowed.size > 0
     # float32 sums of n_terms products may round a hair above the float64 bounds
     slack = 1.0 + 1e-5 + (n_terms + 2) * 2.0**-23
     cur = np.empty(n_terms, np.int64)
@@ -296,7 +304,7 @@ def _top_k(
     if floor < n_terms and k > 0:
         theta = _seed_theta(
             indptr, rows, doc_indptr, doc_terms, doc_weights, terms, repeats, k,
-            exclude_row, _SEED_DOCS, state, touched, position,
+            exclude_row, allowed, _SEED_DOCS, state, touched, position,
         )  # fmt: skip
     heap_s = np.empty(max(k, 1), np.float32)  # the k best so far, worst at the root
     heap_d = np.empty(max(k, 1), np.int64)
@@ -320,7 +328,7 @@ def _top_k(
             if cur[j] < end[j] and rows[cur[j]] == d:
                 s += weights[cur[j]] * repeats[j]
                 cur[j] += 1
-        if d == exclude_row:
+        if d == exclude_row or (masked and not allowed[d]):
             continue
         dropped = False
         for j in range(ess, n_terms):
