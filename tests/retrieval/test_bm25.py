@@ -253,7 +253,11 @@ def test_matches_gives_the_search_score_and_the_query_words_behind_stems() -> No
     assert index.matches(question, 2) == (0.0, ())
 
 
-def test_allowed_documents_only_and_scores_unchanged() -> None:
+@pytest.mark.parametrize("scan_limit", [0, 2048])  # MaxScore over the lists; rows scanned
+def test_allowed_documents_only_and_scores_unchanged(
+    scan_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("qpr.retrieval.bm25.EXACT_SCAN_DOCS", scan_limit)
     texts = [f"router {w} {i}" for i, w in enumerate(["reset", "fix", "buy"] * 200)]
     index = BM25Index.build(texts)
     allowed = np.zeros(len(texts), bool)

@@ -25,6 +25,15 @@ FILTERS = [{"locale": "en"}, {"tenant": ["a", "c"]}, {"locale": ["de", "fr"], "t
 QUERIES = [QUESTIONS[0], QUESTIONS[7], QUESTIONS[31], "repair printer", UNSEEN]
 
 
+@pytest.fixture(autouse=True, params=[2048, 0], ids=["scan", "inside"])
+def exact_limit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Each test twice: the allowed rows scored from their own rows (the default for
+    few), and the selector / MaxScore paths that larger filters take."""
+    monkeypatch.setattr("qpr.retrieval.dense.EXACT_SCAN_ROWS", request.param)
+    monkeypatch.setattr("qpr.retrieval.bm25.EXACT_SCAN_DOCS", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(a dense-only encoder bundle, the same encoder with a fused search config)."""

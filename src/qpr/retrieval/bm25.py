@@ -32,7 +32,7 @@ import numpy as np
 
 from qpr.config import check_stemmer
 from qpr.io import write_atomic
-from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
+from qpr.retrieval.maxscore import Postings, Query, scan_top_k, thread_scratch, top_k
 from qpr.text.words import tokenize
 
 FORMAT = "qpr-bm25/1"
@@ -41,6 +41,9 @@ COUNTS_FORMAT = "qpr-bm25-counts/1"
 # Posting lists shorter than this are always read in full (MaxScore's essential lists):
 # searching them would save less than the checks cost.
 WORTH_PRUNING = 2048
+# A filter allowing at most this many documents has them scored from their own rows
+# (`scan_top_k`): MaxScore would walk every list past all the others, pruning late.
+EXACT_SCAN_DOCS = 2048
 
 
 def describe_bm25(settings: Mapping[str, Any]) -> str:
@@ -290,6 +293,18 @@ class BM25Index:
         out_r = np.full(k, -1, np.int64)
         counts = Counter(self.query_terms(text).tolist())
         if not counts:
+            return out_s, out_r
+        docs = None if allowed is None else np.flatnonzero(allowed)
+        if docs is not None and docs.size <= EXACT_SCAN_DOCS:
+            scores, rows = scan_top_k(
+                self.postings,
+                Query.of(counts, self.upper_bounds),
+                k,
+                docs,
+                thread_scratch(self.num_docs, len(self.terms)),
+                exclude_row=exclude_row,
+            )
+            out_s[: scores.size], out_r[: rows.size] = scores, rows
             return out_s, out_r
         scores, rows, _pruned_at = top_k(
             self.postings,

@@ -27,6 +27,7 @@ A loaded bundle is immutable; `search` may be called from several threads at onc
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -91,7 +92,7 @@ from qpr.retrieval.fusion import (
     values_at,
 )
 from qpr.retrieval.reranker import Reranker, RerankerError
-from qpr.retrieval.selection import FieldValues, Filters, allowed_rows
+from qpr.retrieval.selection import FieldValues, Filters, allowed_rows, normalised
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -112,6 +113,7 @@ __all__ = [
 # Questions encoded per ONNX call in search_batch: large enough to amortise the call,
 # small enough that padding to the longest question of a chunk stays cheap.
 _ENCODE_CHUNK = 256
+_CACHED_MASKS = 64  # filters whose row masks a bundle keeps (N bools each)
 log = logging.getLogger(__name__)
 
 
@@ -278,6 +280,8 @@ class Bundle:
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
         self._fields = dict(questions.fields or {})
+        # A service sees the same few filters (a tenant, a locale) again and again.
+        self._masks = functools.lru_cache(maxsize=_CACHED_MASKS)(self._mask)
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
 
@@ -318,7 +322,13 @@ class Bundle:
         no filters. FilterError (a ValueError) names an unknown field and the known ones."""
         if not filters:
             return None
-        return allowed_rows(self._fields, filters, self.size)
+        wanted = normalised(filters, list(self._fields))
+        return self._masks(tuple(sorted((f, tuple(sorted(v))) for f, v in wanted.items())))
+
+    def _mask(self, filters: tuple[tuple[str, tuple[str, ...]], ...]) -> np.ndarray:
+        mask = allowed_rows(self._fields, dict(filters), self.size)
+        mask.flags.writeable = False  # shared by every search with these filters
+        return mask
 
     @property
     def bm25(self) -> BM25Index | None:

@@ -51,7 +51,16 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-__all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k", "union_one"]
+__all__ = [
+    "Postings",
+    "Query",
+    "Scratch",
+    "fuse_one",
+    "scan_top_k",
+    "thread_scratch",
+    "top_k",
+    "union_one",
+]
 
 _SEEN = 1
 _SEED_DOCS = 256  # documents scored from their rows for a first θ
@@ -362,6 +371,76 @@ def _top_k(
     scores = heap_s[:size][order]
     best = np.argsort(-scores, kind="mergesort")
     return scores[best], kept[best], ess if ess < n_terms else -1
+
+
+def scan_top_k(
+    postings: Postings,
+    question: Query,
+    k: int,
+    docs: np.ndarray,
+    scratch: Scratch,
+    *,
+    exclude_row: int = -1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` over the documents `docs` (int64, ascending) alone, each scored from its own
+    row of the document-major weights: for a filter allowing few documents, reading their
+    rows costs less than walking the posting lists past every other document. The same
+    float32 sums in the same term order, so the same scores and ties."""
+    return _scan_top_k(
+        postings.doc_indptr, postings.doc_terms, postings.doc_weights,
+        question.terms, question.repeats, docs, k, exclude_row, scratch.position,
+    )  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_top_k(
+    doc_indptr: np.ndarray,
+    doc_terms: np.ndarray,
+    doc_weights: np.ndarray,
+    terms: np.ndarray,
+    repeats: np.ndarray,
+    docs: np.ndarray,
+    k: int,
+    exclude_row: int,
+    position: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    n_terms = terms.size
+    for i in range(n_terms):  # a query's terms are distinct (Query.of counts repeats)
+        position[terms[i]] = i
+    found = np.zeros(n_terms, np.float32)
+    heap_s = np.empty(max(k, 1), np.float32)
+    heap_d = np.empty(max(k, 1), np.int64)
+    size = 0
+    for d in docs:
+        if d == exclude_row:
+            continue
+        for r in range(doc_indptr[d], doc_indptr[d + 1]):
+            at = position[doc_terms[r]]
+            if at >= 0:
+                found[at] = doc_weights[r]
+        s = np.float32(0.0)
+        shared = False
+        for at in range(n_terms):
+            if found[at] > 0:
+                s += found[at] * repeats[at]
+                found[at] = 0.0
+                shared = True
+        if not shared:
+            continue
+        if size < k:
+            heap_s[size], heap_d[size] = s, d
+            _sift_up(heap_s, heap_d, size)
+            size += 1
+        elif _worse(heap_s[0], heap_d[0], s, d):
+            heap_s[0], heap_d[0] = s, d
+            _sift_down(heap_s, heap_d, size)
+    for i in range(n_terms):
+        position[terms[i]] = -1
+    order = np.argsort(heap_d[:size])
+    kept = heap_d[:size][order]
+    scores = heap_s[:size][order]
+    best = np.argsort(-scores, kind="mergesort")
+    return scores[best], kept[best]
 
 
 @numba.njit(nogil=True, cache=True)
