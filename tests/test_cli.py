@@ -213,3 +213,31 @@ def test_metrics_summary_is_the_evaluation_table_and_the_decision(tmp_path):
     assert result.exit_code == 0, result.output
     assert "0.7500" in result.output and "version 2: champion kept" in result.output
     assert "clusters_kept" not in result.output
+
+
+def test_search_filter_flag(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qpr.cli import parse_filters
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    table = pq.read_table(models / "index" / "questions.parquet")
+    locales = [("en", "de")[i % 2] for i in range(table.num_rows)]
+    pq.write_table(table.append_column("locale", pa.array(locales)),
+                   models / "index" / "questions.parquet")  # fmt: skip
+    args = ["search", QUESTIONS[7], "-k", "5", "--models-dir", str(models), "--json"]
+    result = runner.invoke(
+        app, [*args, "--filter", "locale=en", "--filter", "answer_id=ans-2,ans-4"]
+    )
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert hits and all(QIDS.index(h["question_id"]) % 2 == 0 for h in hits)
+    assert {h["answer_id"] for h in hits} <= {"ans-2", "ans-4"}
+    unknown = runner.invoke(app, [*args, "--filter", "tenant=a"])
+    assert unknown.exit_code != 0 and "answer_id, locale" in " ".join(unknown.output.split())
+    assert parse_filters(["locale=en", "tenant=a, b"]) == {"locale": "en", "tenant": ["a", "b"]}
+    for bad in (["locale"], ["=en"], ["locale=en", "locale=de"]):
+        refused = runner.invoke(app, [*args, *(f"--filter={b}" for b in bad)])
+        assert refused.exit_code != 0, bad

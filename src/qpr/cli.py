@@ -773,6 +773,14 @@ def search(
             help="Show each hit's score parts: dense and BM25 shares, matched words, alpha.",
         ),
     ] = False,
+    filters: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--filter",
+            help="Search only questions whose metadata match: FIELD=VALUE, or "
+            "FIELD=V1,V2 for any of several; repeat for more fields (all must match).",
+        ),
+    ] = None,
 ) -> None:
     """Find the known questions that ask the same thing, nearest first, with their answer
     id and L2 distance. "answered" says whether the best match is within the model's
@@ -780,8 +788,9 @@ def search(
     from qpr.retrieval.bundle import Bundle, BundleError
 
     try:
+        wanted = parse_filters(filters or [])
         bundle = Bundle.load(models_dir)
-        result = bundle.search(question, k=k, threshold=threshold, explain=explain)
+        result = bundle.search(question, k=k, threshold=threshold, explain=explain, filters=wanted)
     except (BundleError, ValueError) as err:
         _fail(str(err))
     if as_json:
@@ -795,6 +804,22 @@ def search(
     limit = bundle.threshold if threshold is None else threshold
     verdict = "[green]answered[/]" if result.answered else "[yellow]no answer[/]"
     console.print(f"{verdict} (threshold {limit if limit is not None else 'none'})")
+
+
+def parse_filters(options: list[str]) -> dict[str, str | list[str]]:
+    """``["locale=en", "tenant=a,b"]`` → ``{"locale": "en", "tenant": ["a", "b"]}``;
+    ValueError for an option without ``=`` or a field given twice."""
+    out: dict[str, str | list[str]] = {}
+    for option in options:
+        field, sep, value = option.partition("=")
+        field = field.strip()
+        if not sep or not field:
+            raise ValueError(f"--filter {option!r}: expected FIELD=VALUE or FIELD=V1,V2")
+        if field in out:
+            raise ValueError(f"--filter {field} given twice: list its values once, {field}=V1,V2")
+        values = [v.strip() for v in value.split(",")]
+        out[field] = values[0] if len(values) == 1 else values
+    return out
 
 
 def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:

@@ -33,6 +33,18 @@ class DataSettings(_Section):
     source: Literal["logs", "quora"] = "logs"
     path: Path = Path("data/logs")
     synth: SynthSettings = SynthSettings()
+    # Log columns kept per question (its most frequent value) into the bundle's question
+    # table, where searches filter on them (qpr.retrieval.selection); e.g. [locale, tenant]
+    filter_fields: tuple[str, ...] = ()
+
+    @field_validator("filter_fields")
+    @classmethod
+    def _not_a_question_column(cls, fields: tuple[str, ...]) -> tuple[str, ...]:
+        taken = {"question_id", "text", "norm_key", "cluster_id", "answer_id", "split"}
+        clash = sorted(taken.intersection(fields))
+        if clash or len(set(fields)) != len(fields):
+            raise ValueError(f"filter_fields must be distinct log columns, not {clash or fields}")
+        return fields
 
 
 class QualitySettings(_Section):

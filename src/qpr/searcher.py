@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,11 +70,21 @@ class Searcher:
         return self._bundle
 
     def search(
-        self, question: str, k: int = 10, *, threshold: float | None = None, explain: bool = False
+        self,
+        question: str,
+        k: int = 10,
+        *,
+        threshold: float | None = None,
+        explain: bool = False,
+        filters: Mapping[str, str | Sequence[str]] | None = None,
     ) -> SearchResult:
         """The k known questions closest to `question`, each with its answer_id
-        (`qpr.retrieval.bundle.Bundle.search`)."""
-        return self._bundle.search(question, k, threshold=threshold, explain=explain)
+        (`qpr.retrieval.bundle.Bundle.search`). filters: {field: value or [values]} on
+        the questions' metadata (``bundle.filter_fields``); only matching questions are
+        searched."""
+        return self._bundle.search(
+            question, k, threshold=threshold, explain=explain, filters=filters
+        )
 
     def search_batch(
         self,
@@ -83,9 +93,12 @@ class Searcher:
         *,
         threshold: float | None = None,
         explain: bool = False,
+        filters: Mapping[str, str | Sequence[str]] | None = None,
     ) -> list[SearchResult]:
         """`search` for many questions at once, results in input order."""
-        return self._bundle.search_batch(questions, k, threshold=threshold, explain=explain)
+        return self._bundle.search_batch(
+            questions, k, threshold=threshold, explain=explain, filters=filters
+        )
 
     @classmethod
     def build(
@@ -97,6 +110,7 @@ class Searcher:
         out: str | os.PathLike[str],
         question_ids: Sequence[int] | None = None,
         factory: str = "Flat",
+        metadata: Mapping[str, Sequence[str | None]] | None = None,
         log: Callable[[str], None] = lambda _: None,
     ) -> Searcher:
         """Index `questions` (answer_ids[i] answers questions[i]) into the bundle folder
@@ -107,15 +121,19 @@ class Searcher:
             with vocab.json beside it (dense search only, no threshold).
         question_ids: int ids of the questions; default 0, 1, 2, ...
         factory: the FAISS index ("Flat": exact, fine up to ~10^5 questions).
+        metadata: {field: one string (or None) per question}, the fields a search may
+            filter on (besides answer_id), e.g. {"locale": [...]}.
         Questions of one answer share a cluster id. `out` is replaced.
         """
         texts, answers, qids = _checked(questions, answer_ids, question_ids)
+        fields = _checked_metadata(metadata or {}, len(texts))
         onnx, vocab, config = _encoder_files(Path(encoder))
         root = Path(out)
         staging = root.with_name(root.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            _write_bundle(staging, texts, answers, qids, (onnx, vocab, config, factory), log)
+            model = (onnx, vocab, config, factory)
+            _write_bundle(staging, (texts, answers, qids, fields), model, log)
             shutil.rmtree(root, ignore_errors=True)
             staging.rename(root)
         finally:
@@ -188,6 +206,22 @@ def _checked(
     return texts, [str(a) for a in answers], qids
 
 
+def _checked_metadata(
+    metadata: Mapping[str, Sequence[str | None]], n: int
+) -> dict[str, list[str | None]]:
+    """{field: n strings or None}, or ValueError."""
+    reserved = {"question_id", "text", "cluster_id", "answer_id"}
+    out = {}
+    for field, values in metadata.items():
+        column = list(values)
+        if field in reserved or not isinstance(field, str) or not field:
+            raise ValueError(f"metadata field {field!r}: a new non-empty name, not {reserved}")
+        if len(column) != n or not all(v is None or isinstance(v, str) for v in column):
+            raise ValueError(f"metadata {field!r} must hold {n} strings (or None)")
+        out[field] = column
+    return out
+
+
 def _encoder_files(encoder: Path) -> tuple[Path, Path, SearchConfig | None]:
     """(encoder.onnx, vocab.json, the bundle's search config or None) of `encoder`."""
     from qpr.artifacts import ENCODER_FILE, VOCAB_FILE, SearchConfig, search_config_file
@@ -205,14 +239,13 @@ def _encoder_files(encoder: Path) -> tuple[Path, Path, SearchConfig | None]:
 
 def _write_bundle(
     root: Path,
-    texts: list[str],
-    answers: list[str],
-    qids: list[int],
+    rows: tuple[list[str], list[str], list[int], dict[str, list[str | None]]],
     model: tuple[Path, Path, SearchConfig | None, str],
     log: Callable[[str], None],
 ) -> None:
     """The bundle files into `root`: the encoder and vocabulary copied, the index, id map,
-    questions (with answer ids) and, when the encoder's bundle fuses, BM25 and its α."""
+    questions (with answer ids and metadata: rows = texts, answers, ids, {field: values})
+    and, when the encoder's bundle fuses, BM25 and its α."""
     import numpy as np
     import pandas as pd
 
@@ -229,6 +262,7 @@ def _write_bundle(
     from qpr.retrieval.indexer import Indexer, LexicalConfig
 
     onnx, vocab, source_config, factory = model
+    texts, answers, qids, fields = rows
     fused = source_config is not None and source_config.fused
     (root / INDEX_FILE).parent.mkdir(parents=True)
     shutil.copyfile(onnx, root / ENCODER_FILE)
@@ -251,6 +285,7 @@ def _write_bundle(
     clusters = [stable_id(f"answer:{a}") for a in answers]
     pd.DataFrame(
         {"question_id": qids, "text": texts, "cluster_id": clusters, ANSWER_ID: answers}
+        | {name: pd.Series(values, dtype=object) for name, values in fields.items()}
     ).astype({"question_id": "int64", "cluster_id": "int64"}).to_parquet(
         root / QUESTIONS_FILE, index=False
     )

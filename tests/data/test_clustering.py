@@ -83,3 +83,23 @@ def test_clusters_from_logs_majority_answer_and_surface_form():
     time_cluster = clusters.set_index("source_key").loc["ans-time", "cluster_id"]
     assert row["cluster_id"] == time_cluster
     assert questions["question_id"].dtype == np.int64
+
+
+def test_metadata_fields_take_each_questions_majority_value():
+    from qpr.data.loaders import DataFormatError
+
+    logs = pd.DataFrame(
+        {
+            "question": ["Reset my router", "reset my router?", "reset my router", "bake bread",
+                         "bake bread", "fix the sink"],
+            "answer_id": ["a", "a", "a", "b", "b", "c"],
+            "locale": ["de", "en", "en", "fr", "de", None],
+        }
+    )  # fmt: skip
+    questions, _, _ = clusters_from_logs(logs, ["locale"])
+    locale = dict(zip(questions["text"], questions["locale"], strict=True))
+    # 2 of 3 rows say en; a tie goes to the smaller value; never logged with one: None
+    assert locale == {"Reset my router": "en", "bake bread": "de", "fix the sink": None}
+    assert "locale" not in clusters_from_logs(logs)[0].columns
+    with pytest.raises(DataFormatError, match="tenant"):
+        clusters_from_logs(logs, ["tenant"])

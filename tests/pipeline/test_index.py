@@ -137,3 +137,51 @@ def test_quora_answer_ids_are_the_smallest_qid_of_the_cluster(tmp_path: Path) ->
     )
     got = with_answer_ids(questions, tmp_path, "quora")  # Quora needs no clusters file
     assert got["answer_id"].tolist() == ["3", "3", "5", "3"]
+
+
+def test_filter_fields_reach_the_bundle(tmp_path: Path, tiny_settings) -> None:
+    """A log column named in data.filter_fields goes through the cluster stage into the
+    bundle's question table, and a filtered search returns only its questions."""
+    import json
+    import zlib
+
+    from qpr.artifacts import SearchConfig
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
+    from qpr.retrieval.bundle import Bundle
+    from qpr.text.normalize import normalize
+
+    def locale_of(question: str) -> str:
+        return ("en", "de", "fr")[zlib.crc32(normalize(question).encode()) % 3]
+
+    for file in Path(tiny_settings.data.path).glob("*.jsonl"):
+        lines = []
+        for line in file.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                lines.append(line)  # the synthetic logs' malformed lines stay malformed
+                continue
+            if isinstance(row, dict):
+                row["locale"] = locale_of(str(row.get("question")))
+            lines.append(json.dumps(row))
+        file.write_text("\n".join(lines) + "\n")
+    settings = tiny_settings.model_copy(
+        update={"data": tiny_settings.data.model_copy(update={"filter_fields": ("locale",)})}
+    )
+    quiet = lambda _: None  # noqa: E731
+    paths = ProjectPaths(tmp_path)
+    run_cluster(settings, out_dir=paths.cluster_dir, report_dir=tmp_path / "reports", log=quiet)
+    run_train(settings, paths, progress=False, log=quiet)
+    run_export(settings, paths, log=quiet)
+    run_index(settings, paths, log=quiet)
+    table = pd.read_parquet(paths.index_dir / "questions.parquet")
+    assert table["locale"].tolist() == [locale_of(t) for t in table["text"]]
+    SearchConfig().write(paths.models_dir)  # the evaluate stage's file, not run here
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.filter_fields == ("answer_id", "locale")
+    hits = bundle.search(table["text"].iloc[0], 10, filters={"locale": ["de", "fr"]}).hits
+    assert hits and all(locale_of(h.text) in ("de", "fr") for h in hits)

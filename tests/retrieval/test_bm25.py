@@ -251,3 +251,26 @@ def test_matches_gives_the_search_score_and_the_query_words_behind_stems() -> No
     assert index.matches(question, 1) == (pytest.approx(index.matches(question, 1)[0]),
                                           ("losing", "keys"))  # fmt: skip
     assert index.matches(question, 2) == (0.0, ())
+
+
+@pytest.mark.parametrize("scan_limit", [0, 2048])  # MaxScore over the lists; rows scanned
+def test_allowed_documents_only_and_scores_unchanged(
+    scan_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("qpr.retrieval.bm25.EXACT_SCAN_DOCS", scan_limit)
+    texts = [f"router {w} {i}" for i, w in enumerate(["reset", "fix", "buy"] * 200)]
+    index = BM25Index.build(texts)
+    allowed = np.zeros(len(texts), bool)
+    allowed[::7] = True
+    full_s, full_r = index.search("router reset", len(texts), worth_pruning=2)
+    keep = allowed[full_r[full_r >= 0]]
+    expected_r, expected_s = full_r[full_r >= 0][keep][:20], full_s[full_r >= 0][keep][:20]
+    scores, rows = index.search("router reset", 20, allowed=allowed, worth_pruning=2)
+    assert rows.tolist() == expected_r.tolist()  # the allowed top 20, as pruning finds them
+    assert scores.tolist() == expected_s.tolist()
+    _, batch_r = lexical_search(index, ["router reset"], 20, allowed=allowed)
+    assert batch_r[0].tolist() == rows.tolist()
+    none_s, none_r = index.search("router", 5, allowed=np.zeros(len(texts), bool))
+    assert (none_r == -1).all() and np.isneginf(none_s).all()
+    with pytest.raises(ValueError, match="allowed must be bool"):
+        index.search("router", 5, allowed=np.ones(3, bool))

@@ -516,3 +516,41 @@ def test_stored_vectors_refuse_an_index_of_codes_only() -> None:
     index.add(vectors)
     with pytest.raises(ValueError, match="no exact vectors"):
         stored_vectors(index)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8,Flat", "IVF8,Flat", "IVF8,PQ4x4fs,RFlat"])
+@pytest.mark.parametrize("share", [3, 400])  # 667 rows: the selector; 5 rows: exact scan
+def test_allowed_rows_are_searched_inside_the_index(
+    factory: str, share: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("qpr.retrieval.dense.EXACT_SCAN_ROWS", 100)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((2000, 16)).astype(np.float32)
+    allowed = np.zeros(len(vectors), bool)
+    allowed[::share] = True
+    assert (allowed.sum() <= 100) == (share == 400)
+    index = build_index(
+        vectors, IndexConfig(factory, nprobe=8, use_gpu=False), seed=0, log=lambda _: None
+    )
+    queries = vectors[:4] + 0.01
+    _, rows = search(index, queries, 5, allowed=allowed)
+    assert (rows >= 0).all() and allowed[rows].all()
+    # the allowed rows' own nearest neighbours (exact), which a filtered search must find
+    sub = np.flatnonzero(allowed)
+    exact = ((queries[:, None, :] - vectors[sub][None]) ** 2).sum(-1)
+    expected = sub[np.argsort(exact, axis=1)[:, :5]]
+    assert (rows[:, 0] == expected[:, 0]).all()
+    if factory == "Flat" or share == 400:
+        assert rows.tolist() == expected.tolist()
+    _, excluded = search(index, queries, 5, allowed=allowed, exclude=expected[:, 0])
+    assert (excluded != expected[:, :1]).all() and allowed[excluded[excluded >= 0]].all()
+
+
+def test_nothing_allowed_finds_nothing() -> None:
+    vectors = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
+    index = build_index(vectors, IndexConfig("Flat", nprobe=1, use_gpu=False), seed=0,
+                        log=lambda _: None)  # fmt: skip
+    _, rows = search(index, vectors[:2], 3, allowed=np.zeros(50, bool))
+    assert (rows == -1).all()
+    with pytest.raises(ValueError, match="allowed must be bool"):
+        search(index, vectors[:2], 3, allowed=np.ones(50, np.int8))

@@ -553,3 +553,31 @@ def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
         output, _ = server.communicate(timeout=30)
     assert "serving local" in output  # the reloader's log line reached the console
     assert "Traceback" not in output
+
+
+def test_filters_select_the_questions_searched(client: TestClient) -> None:
+    wanted = ["ans-3", "ans-20"]
+    body = client.post(
+        "/search", json={"question": QUESTIONS[7], "k": 10, "filters": {"answer_id": wanted}}
+    ).json()
+    assert body["hits"] and {h["answer_id"] for h in body["hits"]} == set(wanted)
+    assert body["hits"][0]["question_id"] == QIDS[7] and body["answered"]
+    batch = client.post(
+        "/search/batch",
+        json={"questions": [QUESTIONS[7], UNSEEN], "filters": {"answer_id": "ans-20"}},
+    ).json()
+    assert [{h["answer_id"] for h in r["hits"]} for r in batch["results"]] == [{"ans-20"}] * 2
+    none = client.post("/search", json={"question": QUESTIONS[7], "filters": {"answer_id": []}})
+    assert none.status_code == 200 and none.json()["hits"] == [] and not none.json()["answered"]
+
+
+def test_unknown_or_malformed_filters_are_refused(client: TestClient) -> None:
+    for path, body in (
+        ("/search", {"question": QUESTIONS[0]}),
+        ("/search/batch", {"questions": [QUESTIONS[0]]}),
+    ):
+        response = client.post(path, json={**body, "filters": {"locale": "en"}})
+        refused = assert_refused(response, 400, "unknown_filter_field", "'locale'", "answer_id")
+        assert refused["details"] == [{"field": "filters.locale", "known": ["answer_id"]}]
+    bad = client.post("/search", json={"question": QUESTIONS[0], "filters": {"answer_id": 3}})
+    assert_refused(bad, 422, "invalid_request", "filters")

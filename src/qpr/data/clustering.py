@@ -3,7 +3,8 @@
 
 Both paths end in the same two frames:
 
-- questions: question_id (int64), text (str), norm_key (str), cluster_id (int64, -1 = none)
+- questions: question_id (int64), text (str), norm_key (str), cluster_id (int64, -1 = none),
+  and from logs one str column per metadata field kept (``data.filter_fields``)
 - clusters:  cluster_id (int64), source_key (str), size (int64), coherence (float64)
 """
 
@@ -106,8 +107,55 @@ def log_counts(logs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return forms, votes
 
 
+def tag_counts(logs: pd.DataFrame, fields: Sequence[str]) -> pd.DataFrame:
+    """How often each question was logged with each value of each metadata field:
+    norm_key, field, value, n (str, str, str, int64), sorted; null values are not counted.
+    Like `log_counts`, counts of several batches add up. DataFormatError when the logs have
+    no such column."""
+    from qpr.data.loaders import DataFormatError
+
+    missing = [f for f in fields if f not in logs.columns]
+    if missing:
+        raise DataFormatError(
+            f"data.filter_fields names {', '.join(missing)}, which the logs do not have "
+            f"(their columns: {', '.join(map(str, logs.columns))})"
+        )
+    keys = logs["question"].map(normalize).to_numpy()
+    columns = ["norm_key", "field", "value"]
+    parts = [
+        pd.DataFrame({"norm_key": keys, "field": field, "value": logs[field].to_numpy()})
+        for field in fields
+    ]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns}).assign(n=0)
+    frame = pd.concat(parts, ignore_index=True).dropna(subset=["value"])
+    frame = frame[frame["norm_key"] != ""].astype({"value": str})
+    return frame.groupby(columns, sort=True).size().reset_index(name="n")
+
+
+def majority_tags(
+    tags: pd.DataFrame, keys: Sequence[str], fields: Sequence[str]
+) -> dict[str, list[str | None]]:
+    """{field: a value per key}: the value each question was logged with most often, ties
+    by the smaller value (as its answer is chosen); None when never logged with one."""
+    tags = tags.groupby(["norm_key", "field", "value"], sort=False)["n"].sum().reset_index()
+    order = ["norm_key", "field", "n", "value"]
+    tags = tags.sort_values(order, ascending=[True, True, False, True])
+    best = tags.drop_duplicates(["norm_key", "field"])
+    out: dict[str, list[str | None]] = {}
+    for field in fields:
+        value_of = dict(
+            zip(*(best.loc[best["field"] == field, c] for c in ("norm_key", "value")), strict=True)
+        )
+        out[field] = [value_of.get(key) for key in keys]
+    return out
+
+
 def questions_from_counts(
-    forms: pd.DataFrame, votes: pd.DataFrame
+    forms: pd.DataFrame,
+    votes: pd.DataFrame,
+    tags: pd.DataFrame | None = None,
+    fields: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """(forms, votes) of `log_counts` (summed over batches) → one row per distinct question,
     sorted by norm_key: question_id, text, norm_key, cluster_id, answer_id; and counts.
@@ -115,7 +163,8 @@ def questions_from_counts(
     A distinct question is a distinct normalised text; its displayed text is its most
     frequent logged form. A question logged under several answers (a false negative of the
     logs) joins the answer it was logged under most often, ties by answer id, so every
-    question is in exactly one cluster and cannot land in two splits.
+    question is in exactly one cluster and cannot land in two splits. Its metadata fields
+    (`tag_counts` of `fields`) follow the same rule (`majority_tags`).
     """
     forms = forms.groupby(["norm_key", "question"], sort=False)["n"].sum().reset_index()
     votes = votes.groupby(["norm_key", "answer_id"], sort=False)["n"].sum().reset_index()
@@ -139,6 +188,10 @@ def questions_from_counts(
             "answer_id": answers,
         }
     )
+    if fields and tags is not None:
+        questions = questions.assign(
+            **{f: pd.Series(v, dtype=object) for f, v in majority_tags(tags, keys, fields).items()}
+        )
     counts = {
         "questions": len(questions),
         "questions_multi_answer": int((answers_per_question > 1).sum()),
@@ -163,10 +216,13 @@ def cluster_frame(questions: pd.DataFrame, source_of: dict[int, str]) -> pd.Data
     return frame.astype({"cluster_id": "int64", "size": "int64", "coherence": "float64"})
 
 
-def clusters_from_logs(logs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
+def clusters_from_logs(
+    logs: pd.DataFrame, fields: Sequence[str] = ()
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
     """Cleaned log rows → (questions, clusters, counts), in memory (`questions_from_counts`
-    says how a question gets its text and cluster)."""
-    questions, counts = questions_from_counts(*log_counts(logs))
+    says how a question gets its text, cluster and metadata `fields`)."""
+    tags = tag_counts(logs, fields) if fields else None
+    questions, counts = questions_from_counts(*log_counts(logs), tags, fields)
     source_of = dict(zip(questions["cluster_id"], questions["answer_id"], strict=True))
     clusters = cluster_frame(questions, source_of)
     counts = {**counts, "answers": len(clusters)}

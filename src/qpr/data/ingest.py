@@ -31,7 +31,7 @@ def load_logs(settings: Settings, report_dir: Path, log: Callable[[str], None]) 
     )
     log(drops.summary())
     gate_clean_logs(clean, quality, report_dir)
-    questions, clusters, counts = clusters_from_logs(clean)
+    questions, clusters, counts = clusters_from_logs(clean, settings.data.filter_fields)
     return questions, clusters, counts, drops
 
 

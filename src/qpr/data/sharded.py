@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qpr.config import QualitySettings, Settings
-from qpr.data.clustering import cluster_frame, log_counts, questions_from_counts
+from qpr.data.clustering import cluster_frame, log_counts, questions_from_counts, tag_counts
 from qpr.data.dataset import cluster_metrics
 from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport, clean_logs, log_files, read_log_file
@@ -80,6 +80,7 @@ class CleanTask:
     report_dir: Path
     part: str  # names the gate reports; "" for a single group (raw_logs.json, ...)
     out: Path
+    fields: tuple[str, ...] = ()  # metadata columns counted too (data.filter_fields)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class MergeTask:
     hi: str | None
     bucket_bits: int
     out: Path
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ def clean_group(task: CleanTask) -> dict:
     forms, votes = log_counts(clean)
     _write_parquet(forms, task.out.with_suffix(".forms.parquet"))
     _write_parquet(votes, task.out.with_suffix(".votes.parquet"))
+    if task.fields:
+        _write_parquet(tag_counts(clean, task.fields), task.out.with_suffix(".tags.parquet"))
     keys = votes["norm_key"].drop_duplicates().to_numpy()
     step = max(1, len(keys) // SAMPLES)
     summary = {
@@ -139,7 +143,7 @@ def clean_group(task: CleanTask) -> dict:
 
 
 def _read_range(task: MergeTask, kind: str) -> pd.DataFrame:
-    """Every group's `kind` counts (forms or votes) in the task's range. The files are in
+    """Every group's `kind` counts (forms, votes or tags) in the task's range. The files are in
     text order, so Parquet reads only the row groups that can hold the range."""
     bounds = [("norm_key", ">=", task.lo)] if task.lo is not None else []
     bounds += [("norm_key", "<", task.hi)] if task.hi is not None else []
@@ -162,8 +166,9 @@ def merge_range(task: MergeTask) -> dict:
     done = task.out.with_suffix(".json")
     if done.is_file():
         return json.loads(done.read_text())
+    tags = _read_range(task, "tags") if task.fields else None
     questions, counts = questions_from_counts(
-        _read_range(task, "forms"), _read_range(task, "votes")
+        _read_range(task, "forms"), _read_range(task, "votes"), tags, task.fields
     )
     _write_parquet(questions, task.out.with_suffix(".parquet"))
     buckets = bucket_of(questions["cluster_id"].to_numpy(), task.bucket_bits)
@@ -248,14 +253,15 @@ def cluster_logs(
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     groups = file_groups(log_files(settings.data.path))
-    quality = settings.quality
+    quality, fields = settings.quality, settings.data.filter_fields
     cleans = [
         CleanTask(
             group,
             quality,
             report_dir,
             part=group[0].stem if len(groups) > 1 else "",
-            out=work_dir / "counts" / digest(FORMAT, *group, quality.model_dump_json()),
+            out=work_dir / "counts" / digest(FORMAT, *group, quality.model_dump_json(), *fields),
+            fields=fields,
         )
         for group in groups
     ]
@@ -272,7 +278,12 @@ def cluster_logs(
     counts, names = tuple(c.out for c in cleans), [c.out.name for c in cleans]
     merges = [
         MergeTask(
-            counts, lo, hi, bits, work_dir / "ranges" / digest(*names, repr(lo), repr(hi), bits)
+            counts,
+            lo,
+            hi,
+            bits,
+            work_dir / "ranges" / digest(*names, repr(lo), repr(hi), bits, *fields),
+            fields,
         )
         for lo, hi in itertools.pairwise(edges)
     ]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,11 @@ from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, 
 from qpr.config import IndexSettings, Settings
 from qpr.io import write_json_atomic
 from qpr.paths import ProjectPaths
-from qpr.pipeline.handoff import read_cluster_outputs, require_exported_encoder
+from qpr.pipeline.handoff import (
+    MissingInputError,
+    read_cluster_outputs,
+    require_exported_encoder,
+)
 from qpr.quality.checks import Check, require
 from qpr.retrieval.indexer import Indexer, LexicalConfig
 from qpr.tasks import Mapper, local_map
@@ -68,6 +72,7 @@ def run_index(
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
     questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
+    columns = bundle_columns(questions, settings.data.filter_fields)
     vocab = load_tokenizer(paths.vocab)
     cfg = settings.index
     texts = questions["text"].tolist()
@@ -101,7 +106,7 @@ def run_index(
         raise
     assert index is not None  # the gate passed: the vectors were finite
 
-    lexical_seconds = _write_index_files(staging, index, questions, indexer, shards, log)
+    lexical_seconds = _write_index_files(staging, index, questions[columns], indexer, shards, log)
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)
     shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
@@ -157,6 +162,19 @@ def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> 
     )
     answers = [answer_of.get(c) for c in questions["cluster_id"].tolist()]
     return questions.assign(**{ANSWER_ID: pd.Series(answers, index=questions.index, dtype=object)})
+
+
+def bundle_columns(questions: pd.DataFrame, filter_fields: Sequence[str]) -> list[str]:
+    """The question table's columns in the bundle: id, text, cluster, answer, and the
+    metadata fields searches filter on (`qpr.retrieval.selection`), which the cluster stage
+    kept from the logs. MissingInputError when it did not keep one of them."""
+    missing = [f for f in filter_fields if f not in questions.columns]
+    if missing:
+        raise MissingInputError(
+            f"data.filter_fields names {', '.join(missing)}, but the cluster stage's questions "
+            "have no such column: run the cluster stage again (logs with that column)"
+        )
+    return ["question_id", "text", "cluster_id", ANSWER_ID, *filter_fields]
 
 
 def _indexer(settings: Settings, paths: ProjectPaths, engine: Mapper) -> Indexer:
@@ -325,15 +343,13 @@ def _write_index_files(
     shards: list[Path],
     log: Callable[[str], None],
 ) -> float:
-    """The index, its id map, the questions and (index.lexical.enabled) BM25 into
-    `staging`; returns the seconds BM25 took to build."""
+    """The index, its id map, the questions (their bundle columns) and
+    (index.lexical.enabled) BM25 into `staging`; returns the seconds BM25 took to build."""
     from qpr.retrieval.dense import IdMap, save_index
 
     index_path = save_index(index, staging / INDEX_FILE.name)
     IdMap(questions["question_id"].to_numpy(np.int64)).save(IdMap.path_for(index_path))
-    questions[["question_id", "text", "cluster_id", ANSWER_ID]].to_parquet(
-        staging / QUESTIONS_FILE.name, index=False
-    )
+    questions.to_parquet(staging / QUESTIONS_FILE.name, index=False)
     if not indexer.lexical.enabled:
         return 0.0
     from qpr.retrieval.bm25 import describe_bm25

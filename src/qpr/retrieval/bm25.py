@@ -32,7 +32,7 @@ import numpy as np
 
 from qpr.config import check_stemmer
 from qpr.io import write_atomic
-from qpr.retrieval.maxscore import Postings, Query, thread_scratch, top_k
+from qpr.retrieval.maxscore import Postings, Query, scan_top_k, thread_scratch, top_k
 from qpr.text.words import tokenize
 
 FORMAT = "qpr-bm25/1"
@@ -41,6 +41,9 @@ COUNTS_FORMAT = "qpr-bm25-counts/1"
 # Posting lists shorter than this are always read in full (MaxScore's essential lists):
 # searching them would save less than the checks cost.
 WORTH_PRUNING = 2048
+# A filter allowing at most this many documents has them scored from their own rows
+# (`scan_top_k`): MaxScore would walk every list past all the others, pruning late.
+EXACT_SCAN_DOCS = 2048
 
 
 def describe_bm25(settings: Mapping[str, Any]) -> str:
@@ -261,7 +264,13 @@ class BM25Index:
         return Postings(self.indptr, self.rows, self.weights, *self.by_document)
 
     def search(
-        self, text: str, k: int, *, exclude_row: int = -1, worth_pruning: int = WORTH_PRUNING
+        self,
+        text: str,
+        k: int,
+        *,
+        exclude_row: int = -1,
+        allowed: np.ndarray | None = None,
+        worth_pruning: int = WORTH_PRUNING,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(scores float32 [k], rows int64 [k]) best first, ties by row; documents sharing
         no word with the question are not results ((-inf, -1) slots).
@@ -271,13 +280,31 @@ class BM25Index:
         `by_document` scores a few seed documents first, so that pruning starts at once.
         It is built on first use: another copy of the weights, 7 MB for Quora's 134k
         questions. worth_pruning: lists shorter than this are always read in full; tests
-        lower it on small corpora."""
+        lower it on small corpora. allowed: bool [N], the documents that may be returned
+        (None: all); the others are never scored. The weights keep the whole collection's
+        statistics (N, df, avgdl), so an allowed document scores what it scores unfiltered."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if allowed is not None:
+            allowed = np.asarray(allowed)
+            if allowed.dtype != np.bool_ or allowed.shape != (self.num_docs,):
+                raise ValueError(f"allowed must be bool [{self.num_docs}], got {allowed.shape}")
         out_s = np.full(k, -np.inf, np.float32)
         out_r = np.full(k, -1, np.int64)
         counts = Counter(self.query_terms(text).tolist())
         if not counts:
+            return out_s, out_r
+        docs = None if allowed is None else np.flatnonzero(allowed)
+        if docs is not None and docs.size <= EXACT_SCAN_DOCS:
+            scores, rows = scan_top_k(
+                self.postings,
+                Query.of(counts, self.upper_bounds),
+                k,
+                docs,
+                thread_scratch(self.num_docs, len(self.terms)),
+                exclude_row=exclude_row,
+            )
+            out_s[: scores.size], out_r[: rows.size] = scores, rows
             return out_s, out_r
         scores, rows, _pruned_at = top_k(
             self.postings,
@@ -285,6 +312,7 @@ class BM25Index:
             k,
             thread_scratch(self.num_docs, len(self.terms)),
             exclude_row=exclude_row,
+            allowed=allowed,
             worth_pruning=worth_pruning,
         )
         out_s[: scores.size] = scores
@@ -347,9 +375,11 @@ def lexical_search(
     k: int,
     *,
     exclude_rows: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """BM25Index.search for each text: (scores float32 [Q, k], rows int64 [Q, k]).
-    exclude_rows: int64 [Q], the row left out of query i's results (-1: none)."""
+    exclude_rows: int64 [Q], the row left out of query i's results (-1: none).
+    allowed: bool [N], the only documents any query may return (None: all)."""
     q = len(texts)
     exclude = np.full(q, -1, np.int64) if exclude_rows is None else np.asarray(exclude_rows)
     if exclude.shape != (q,):
@@ -357,5 +387,5 @@ def lexical_search(
     scores = np.full((q, k), -np.inf, np.float32)
     rows = np.full((q, k), -1, np.int64)
     for i, text in enumerate(texts):
-        scores[i], rows[i] = bm25.search(text, k, exclude_row=int(exclude[i]))
+        scores[i], rows[i] = bm25.search(text, k, exclude_row=int(exclude[i]), allowed=allowed)
     return scores, rows

@@ -27,6 +27,7 @@ A loaded bundle is immutable; `search` may be called from several threads at onc
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -91,6 +92,7 @@ from qpr.retrieval.fusion import (
     values_at,
 )
 from qpr.retrieval.reranker import Reranker, RerankerError
+from qpr.retrieval.selection import FieldValues, Filters, allowed_rows, normalised
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -111,6 +113,7 @@ __all__ = [
 # Questions encoded per ONNX call in search_batch: large enough to amortise the call,
 # small enough that padding to the longest question of a chunk stays cheap.
 _ENCODE_CHUNK = 256
+_CACHED_MASKS = 64  # filters whose row masks a bundle keeps (N bools each)
 log = logging.getLogger(__name__)
 
 
@@ -228,7 +231,9 @@ class QueryEncoder:
 class IndexedQuestions:
     """What a query is searched against: the FAISS index, each row's question (id, text,
     cluster id, answer id), and the rows' BM25 weights when the bundle fuses BM25 in.
-    answer_ids None: the bundle predates answer ids (`Hit.answer_id` is then None)."""
+    answer_ids None: the bundle predates answer ids (`Hit.answer_id` is then None).
+    fields: the metadata a search may filter on, by name, over the rows (answer_id and
+    the question table's other string columns)."""
 
     index: faiss.Index
     qids: np.ndarray
@@ -236,6 +241,7 @@ class IndexedQuestions:
     cluster_ids: np.ndarray
     bm25: BM25Index | None = None
     answer_ids: list[str | None] | None = None
+    fields: Mapping[str, FieldValues] | None = None
 
 
 class Bundle:
@@ -273,6 +279,9 @@ class Bundle:
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
+        self._fields = dict(questions.fields or {})
+        # A service sees the same few filters (a tenant, a locale) again and again.
+        self._masks = functools.lru_cache(maxsize=_CACHED_MASKS)(self._mask)
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
 
@@ -302,6 +311,24 @@ class Bundle:
             fingerprint=self._fingerprint,
             reranker=None if dense_only else self._reranker,
         )
+
+    @property
+    def filter_fields(self) -> tuple[str, ...]:
+        """The metadata fields a search may filter on (sorted)."""
+        return tuple(sorted(self._fields))
+
+    def allowed(self, filters: Filters | None) -> np.ndarray | None:
+        """bool [size]: the rows matching `filters` (`qpr.retrieval.selection`); None for
+        no filters. FilterError (a ValueError) names an unknown field and the known ones."""
+        if not filters:
+            return None
+        wanted = normalised(filters, list(self._fields))
+        return self._masks(tuple(sorted((f, tuple(sorted(v))) for f, v in wanted.items())))
+
+    def _mask(self, filters: tuple[tuple[str, tuple[str, ...]], ...]) -> np.ndarray:
+        mask = allowed_rows(self._fields, dict(filters), self.size)
+        mask.flags.writeable = False  # shared by every search with these filters
+        return mask
 
     @property
     def bm25(self) -> BM25Index | None:
@@ -473,15 +500,22 @@ class Bundle:
         *,
         threshold: float | None = None,
         explain: bool = False,
+        filters: Filters | None = None,
     ) -> SearchResult:
         """The k indexed questions closest to ``question``, closest first.
 
         k is clipped to the index size. threshold: None uses the bundle's (answered = any
         hit when the bundle has none); pass math.inf to answer every query with a hit.
         explain: each hit carries its `Explanation` (the parts of its score).
+        filters: {field: value or [values]} on the questions' metadata (`filter_fields`):
+        only matching questions are searched, by the dense search and BM25 alike, so the
+        hits are those of a bundle of the matching questions alone (BM25 keeping the whole
+        collection's weights). No match: no hits. FilterError for an unknown field.
         ValueError for an empty question or one with no words after normalisation.
         """
-        return self.search_batch([question], k, threshold=threshold, explain=explain)[0]
+        return self.search_batch(
+            [question], k, threshold=threshold, explain=explain, filters=filters
+        )[0]
 
     def search_batch(
         self,
@@ -490,9 +524,10 @@ class Bundle:
         *,
         threshold: float | None = None,
         explain: bool = False,
+        filters: Filters | None = None,
     ) -> list[SearchResult]:
         """`search` for many questions: one encoder call (ONNX: per 256 questions), one FAISS
-        search.
+        search. filters: as in `search`, the same for every question.
 
         Results are those of `search` on each question (the encoder is padding-invariant,
         so batching changes speed, not vectors). ValueError names the first bad question.
@@ -501,8 +536,9 @@ class Bundle:
         explain: each hit carries its `Explanation`; it searches each question's
         candidates again, so it costs about one more search a question.
         """
+        allowed = self.allowed(filters)
         if self._reranker is None or self._config.rerank_top is None:
-            results = self._first_stage(questions, k, threshold)
+            results = self._first_stage(questions, k, threshold, allowed)
             first_k = k
         else:
             if k < 1:
@@ -512,16 +548,23 @@ class Bundle:
             limit = self._threshold if threshold is None else float(threshold)
             results = [
                 _reranked(result, self._reranker.rerank(result.query, result.hits, top)[:k], limit)
-                for result in self._first_stage(questions, first_k, threshold)
+                for result in self._first_stage(questions, first_k, threshold, allowed)
             ]
         if explain:
-            results = [self._explained(result, min(first_k, self.size)) for result in results]
+            results = [
+                self._explained(result, min(first_k, self.size), allowed) for result in results
+            ]
         return results
 
     def _first_stage(
-        self, questions: Sequence[str], k: int, threshold: float | None
+        self,
+        questions: Sequence[str],
+        k: int,
+        threshold: float | None,
+        allowed: np.ndarray | None = None,
     ) -> list[SearchResult]:
-        """The dense (or fused) search of `search_batch`, before any re-ranking."""
+        """The dense (or fused) search of `search_batch`, before any re-ranking, over the
+        rows `allowed` lets through (bool [size]; None: all)."""
         if isinstance(questions, str):
             # A str is a Sequence[str] of characters: almost certainly a caller's mistake.
             raise TypeError("search_batch takes a sequence of questions, not one string")
@@ -534,15 +577,21 @@ class Bundle:
             return []
         sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
         k = min(k, self.size)
+        if allowed is not None and not allowed.any():  # nothing matches: no hits, no search
+            return [SearchResult(query=q, hits=[], answered=False) for q in questions]
         if self._bm25 is not None:
             lexical_candidates = self._config.lexical_candidates
             assert lexical_candidates is not None  # a fused config has them
             candidates = min(max(k, lexical_candidates), self.size)
             if len(questions) == 1 and self._config.dense_candidates is not None:
-                return [self._fused_one(questions[0], sequences[0], candidates, k, limit)]
-            lexical = _lexical_pool().submit(lexical_search, self._bm25, questions, candidates)
+                return [
+                    self._fused_one(questions[0], sequences[0], (candidates, k), limit, allowed)
+                ]
+            lexical = _lexical_pool().submit(
+                lexical_search, self._bm25, questions, candidates, allowed=allowed
+            )
             vectors = self._embed(sequences)
-            distances, rows, scores = self._fused(vectors, lexical, candidates, k)
+            distances, rows, scores = self._fused(vectors, lexical, candidates, k, allowed)
             return [
                 self._result(q, d, r, limit, s)
                 for q, d, r, s in zip(
@@ -550,7 +599,7 @@ class Bundle:
                 )
             ]
         vectors = self._embed(sequences)
-        distances, rows = search(self._index, vectors, k)
+        distances, rows = search(self._index, vectors, k, allowed=allowed)
         return [
             self._result(q, d, r, limit)
             for q, d, r in zip(questions, distances.tolist(), rows.tolist(), strict=True)
@@ -593,14 +642,16 @@ class Bundle:
         lexical: Future[tuple[np.ndarray, np.ndarray]],
         candidates: int,
         k: int,
+        allowed: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
-        BM25 candidates come from `lexical`, a search already running."""
+        BM25 candidates come from `lexical`, a search already running (over the same
+        `allowed` rows: the union then holds allowed rows only)."""
         config = self._config
         assert config.dense_weight is not None
         weight = config.dense_weight
         if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vectors, candidates)
+            dense_distances, dense_rows = search(self._index, vectors, candidates, allowed=allowed)
             lexical_scores, lexical_rows = lexical.result()
             scores, rows = fuse(
                 -dense_distances, dense_rows, lexical_scores, lexical_rows, weight, k
@@ -608,7 +659,7 @@ class Bundle:
             return distances_to(self._index, vectors, rows), rows, scores
         # Every candidate of both retrievers scored by its exact distance, as evaluated.
         wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vectors, wanted)
+        _, dense_rows = search(self._index, vectors, wanted, allowed=allowed)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows)
         distances = distances_to(self._index, vectors, union)
@@ -616,19 +667,26 @@ class Bundle:
         return values_at(union, distances, rows), rows, scores
 
     def _fused_one(
-        self, question: str, tokens: list[int], candidates: int, k: int, limit: float | None
+        self,
+        question: str,
+        tokens: list[int],
+        depth: tuple[int, int],
+        limit: float | None,
+        allowed: np.ndarray | None,
     ) -> SearchResult:
         """One question fused (the service's path): `_fused`'s ranking with less around
         it. The union's distances come from `RowDistances` (the stored vectors looked up
         once per bundle) and the kept hits' distances are read at the slots the fusion
         returns instead of being searched for again. BM25 reads the question's words on
-        the worker thread too: the request thread goes straight to the encoder."""
+        the worker thread too: the request thread goes straight to the encoder.
+        depth: (BM25 candidates, k)."""
         config = self._config
+        candidates, k = depth
         assert self._bm25 is not None and config.dense_candidates is not None
-        lexical = _lexical_pool().submit(self._bm25.search, question, candidates)
+        lexical = _lexical_pool().submit(self._bm25.search, question, candidates, allowed=allowed)
         vector = self._embed([tokens])
         wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vector, wanted)
+        _, dense_rows = search(self._index, vector, wanted, allowed=allowed)
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
@@ -640,7 +698,9 @@ class Bundle:
             question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
         )
 
-    def _explained(self, result: SearchResult, k: int) -> SearchResult:
+    def _explained(
+        self, result: SearchResult, k: int, allowed: np.ndarray | None = None
+    ) -> SearchResult:
         """`result` with each hit's `Explanation`: the query's candidates found again as
         the first stage found them with `k`, and each side's scaled share read for the hits."""
         if not result.hits:
@@ -657,13 +717,16 @@ class Bundle:
         rows = self._id_map.to_rows(np.asarray([h.question_id for h in hits], np.int64))
         vector = self._embed([self._tokens(result.query, 0, 1)])
         candidates = min(max(k, lexical_candidates), self.size)
-        lexical_scores, lexical_rows = self._bm25.search(result.query, candidates)
+        lexical_scores, lexical_rows = self._bm25.search(result.query, candidates, allowed=allowed)
         if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vector, candidates)
+            dense_distances, dense_rows = search(self._index, vector, candidates, allowed=allowed)
             dense_rows, dense_sims = dense_rows[0], -dense_distances[0]
         else:
             _, dense_rows = search(
-                self._index, vector, min(max(k, config.dense_candidates), self.size)
+                self._index,
+                vector,
+                min(max(k, config.dense_candidates), self.size),
+                allowed=allowed,
             )
             union = candidate_union(dense_rows, lexical_rows[None])[0]
             dense_rows = union[union >= 0]
@@ -847,7 +910,9 @@ def _load_questions(
         raise BundleError(
             f"{ids_path} maps {len(id_map)} rows but {index_path} holds {index.ntotal} vectors"
         )
-    texts, cluster_ids, answer_ids = _read_questions(paths[QUESTIONS_FILE], id_map, index.ntotal)
+    texts, cluster_ids, answer_ids, fields = _read_questions(
+        paths[QUESTIONS_FILE], id_map, index.ntotal
+    )
     bm25 = None
     if config.fused:
         try:
@@ -859,7 +924,7 @@ def _load_questions(
                 f"{paths[BM25_FILE]} weighs {bm25.num_docs} questions but {index_path} "
                 f"holds {index.ntotal}: they come from different index runs"
             )
-    return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25, answer_ids)
+    return IndexedQuestions(index, id_map.qids, texts, cluster_ids, bm25, answer_ids, fields)
 
 
 def _open_encoder(
@@ -981,14 +1046,19 @@ def _parse_max_len(value: str | None, path: Path) -> int:
 
 def _read_questions(
     path: Path, id_map: IdMap, ntotal: int
-) -> tuple[list[str], np.ndarray, list[str | None] | None]:
-    """Texts, cluster ids and answer ids aligned to index rows (the parquet may be in any
-    order); answer ids None for a table written before the index stage kept them."""
+) -> tuple[list[str], np.ndarray, list[str | None] | None, dict[str, FieldValues]]:
+    """Texts, cluster ids, answer ids and the filterable fields aligned to index rows (the
+    parquet may be in any order); answer ids None for a table written before the index
+    stage kept them. Fields: answer_id and every other string column."""
     columns = ["question_id", "text", "cluster_id"]
     try:
-        if ANSWER_ID in pq.read_schema(path).names:
-            columns.append(ANSWER_ID)
-        table = pq.read_table(path, columns=columns)
+        schema = pq.read_schema(path)
+        if ANSWER_ID in schema.names and not _is_text(schema.field(ANSWER_ID).type):
+            raise BundleError(
+                f"{path}: {ANSWER_ID} must be strings, got {schema.field(ANSWER_ID).type}"
+            )
+        extra = [f.name for f in schema if f.name not in columns and _is_text(f.type)]
+        table = pq.read_table(path, columns=columns + extra)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise BundleError(f"cannot read questions {path}: {exc}") from exc
     if table.num_rows != ntotal:
@@ -1020,7 +1090,21 @@ def _read_questions(
         texts[row] = text
     cluster_ids = np.empty(ntotal, dtype=np.int64)
     cluster_ids[rows] = clusters_in
-    return texts, cluster_ids, _answer_ids(path, table, rows, ntotal)
+    answer_ids = _answer_ids(path, table, rows, ntotal)
+    fields = {name: FieldValues.of(_aligned(table, name, rows, ntotal)) for name in extra}
+    return texts, cluster_ids, answer_ids, fields
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+
+
+def _aligned(table: pa.Table, name: str, rows: np.ndarray, ntotal: int) -> list[str | None]:
+    """Column `name` (strings or nulls) in index row order."""
+    out: list[str | None] = [None] * ntotal
+    for row, value in zip(rows.tolist(), table.column(name).to_pylist(), strict=True):
+        out[row] = value
+    return out
 
 
 def _answer_ids(
@@ -1036,10 +1120,4 @@ def _answer_ids(
             ANSWER_ID,
         )
         return None
-    kind = table.schema.field(ANSWER_ID).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
-        raise BundleError(f"{path}: {ANSWER_ID} must be strings, got {kind}")
-    answers: list[str | None] = [None] * ntotal
-    for row, answer in zip(rows.tolist(), table.column(ANSWER_ID).to_pylist(), strict=True):
-        answers[row] = answer
-    return answers
+    return _aligned(table, ANSWER_ID, rows, ntotal)

@@ -34,9 +34,11 @@ from qpr.config import IndexSettings
 from qpr.io import atomic_path, save_numpy_atomic
 
 __all__ = [
+    "EXACT_SCAN_ROWS",
     "MIN_POINTS_PER_CENTROID",
     "IdMap",
     "IndexConfig",
+    "RowSelector",
     "VectorShards",
     "build_index",
     "build_index_from_shards",
@@ -74,6 +76,10 @@ REFINE_BASE_K = 20
 
 # FAISS's IVF fast-scan kernel "search_implem_10" with a reservoir: see use_per_query_scan.
 PER_QUERY_SCAN = 11
+
+# A filtered `search` with at most this many allowed rows scores them all exactly: an IVF
+# probe or an HNSW walk meets few of them, and 2,048 distances cost well under a millisecond.
+EXACT_SCAN_ROWS = 2048
 
 # "IVF2000" as a whole component: "IVF2000,Flat", "IVF2000_HNSW32,Flat", "OPQ16,IVF2000,PQ16".
 _IVF = re.compile(r"(?<![A-Za-z0-9])IVF(\d+)(?=[_,(]|$)")
@@ -729,6 +735,7 @@ def search(
     k: int,
     *,
     exclude: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows for each query.
 
@@ -736,6 +743,10 @@ def search(
     exclude : int64 [Q] or None. ``exclude[i] >= 0`` removes that row from query i's
         results (a query that is itself in the index must not find itself): k+1 are
         asked for and one dropped. ``-1`` excludes nothing.
+    allowed : bool [ntotal] or None (every row). Only rows with True are returned, and
+        they are found inside the search (a FAISS selector: IVF lists and HNSW graphs are
+        walked as usual, other rows skipped), not by asking for more and dropping. At most
+        `EXACT_SCAN_ROWS` allowed rows are scored exactly instead (`_scan_allowed`).
 
     Returns ``(distances float32 [Q, k], rows int64 [Q, k])`` in rank order. Where fewer
     than k rows could be found (small index, few lists probed), rows are -1 with FAISS's
@@ -745,17 +756,84 @@ def search(
         raise ValueError(f"k must be >= 1, got {k}")
     queries = _as_matrix(queries, "queries", index.d)
     ask = k + 1 if exclude is not None else k
+    if allowed is not None:
+        allowed = _checked_mask(allowed, index.ntotal)
+        if int(allowed.sum()) <= EXACT_SCAN_ROWS or _is_gpu_index(index):
+            distances, rows = _scan_allowed(index, queries, ask, allowed)
+            return _finished(distances, rows, exclude, k)
+    selector = None if allowed is None else RowSelector(allowed)
     refine = _refine(index)
     if refine is None:
-        distances, rows = index.search(queries, ask)
+        params = None if selector is None else selector.params(index)
+        distances, rows = index.search(queries, ask, params=params)
     else:
-        distances, rows = _refined_search(refine, queries, ask)
+        distances, rows = _refined_search(refine, queries, ask, selector)
+    return _finished(distances, rows, exclude, k)
+
+
+def _finished(
+    distances: np.ndarray, rows: np.ndarray, exclude: np.ndarray | None, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     distances, rows = drop_excluded(distances, rows.astype(np.int64, copy=False), exclude, k)
     return np.ascontiguousarray(distances, dtype=np.float32), np.ascontiguousarray(rows)
 
 
+class RowSelector:
+    """An ``allowed`` mask as FAISS's selector (a bitmap, one bit a row) and the search
+    parameters that carry it. The bitmap must outlive the search: FAISS keeps a pointer."""
+
+    def __init__(self, allowed: np.ndarray) -> None:
+        self._bits = np.packbits(allowed, bitorder="little")
+        self.selector = faiss.IDSelectorBitmap(allowed.size, faiss.swig_ptr(self._bits))
+
+    def params(self, index: faiss.Index) -> faiss.SearchParameters:
+        """`index`'s own depth (nprobe, efSearch) with the selector: parameters passed to
+        a search replace the index's, so they must carry its depth too."""
+        graph = _hnsw(index)
+        if graph is not None:
+            params = faiss.SearchParametersHNSW()
+            params.efSearch = graph.hnsw.efSearch
+        else:
+            try:
+                ivf = faiss.extract_index_ivf(index)
+            except RuntimeError:  # Flat: no lists
+                ivf = None
+            params = faiss.SearchParameters() if ivf is None else faiss.SearchParametersIVF()
+            if ivf is not None:
+                params.nprobe, params.max_codes = ivf.nprobe, ivf.max_codes
+        params.sel = self.selector
+        return params
+
+
+def _checked_mask(allowed: np.ndarray, ntotal: int) -> np.ndarray:
+    allowed = np.asarray(allowed)
+    if allowed.dtype != np.bool_ or allowed.shape != (ntotal,):
+        raise ValueError(f"allowed must be bool [{ntotal}], got {allowed.dtype} {allowed.shape}")
+    return np.ascontiguousarray(allowed)
+
+
+def _scan_allowed(
+    index: faiss.Index, queries: np.ndarray, k: int, allowed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest allowed rows by their exact distances, every allowed row scored. A
+    graph or a few probed lists holding few allowed rows may find fewer than k of them;
+    a few thousand exact distances cost less than the probe itself."""
+    candidates = np.flatnonzero(allowed).astype(np.int64)
+    q = queries.shape[0]
+    out_d = np.full((q, k), np.finfo(np.float32).max, np.float32)
+    out_r = np.full((q, k), -1, np.int64)
+    if not candidates.size:
+        return out_d, out_r
+    distances = distances_to(index, queries, np.broadcast_to(candidates, (q, candidates.size)))
+    take = min(k, candidates.size)
+    for i in range(q):  # ties by row, as a Flat search breaks them
+        order = np.lexsort((candidates, distances[i]))[:take]
+        out_d[i, :take], out_r[i, :take] = distances[i][order], candidates[order]
+    return out_d, out_r
+
+
 def _refined_search(
-    index: faiss.IndexRefine, queries: np.ndarray, k: int
+    index: faiss.IndexRefine, queries: np.ndarray, k: int, selector: RowSelector | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """A refine index re-ranks k·k_factor candidates picked by their PQ codes. For k = 1
     that is 8, too few to survive the codes' error between near-identical questions: at
@@ -767,6 +845,9 @@ def _refined_search(
     reranked = max(wide, index.k_factor * min(wide, REFINE_BASE_K))
     params = faiss.IndexRefineSearchParameters()
     params.k_factor = float((reranked + 0.5) / wide)  # FAISS truncates k·k_factor
+    if selector is not None:  # the codes' scan skips other rows; the refine only re-ranks
+        params.base_index_params = selector.params(index.base_index)
+        params.sel = selector.selector
     distances, rows = index.search(queries, wide, params=params)
     return distances[:, :k], rows[:, :k]
 

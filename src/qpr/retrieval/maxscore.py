@@ -51,10 +51,20 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-__all__ = ["Postings", "Query", "Scratch", "fuse_one", "thread_scratch", "top_k", "union_one"]
+__all__ = [
+    "Postings",
+    "Query",
+    "Scratch",
+    "fuse_one",
+    "scan_top_k",
+    "thread_scratch",
+    "top_k",
+    "union_one",
+]
 
 _SEEN = 1
 _SEED_DOCS = 256  # documents scored from their rows for a first θ
+_NO_MASK = np.zeros(0, np.bool_)  # `allowed` of size 0: every document may be returned
 
 
 class Postings(NamedTuple):
@@ -126,12 +136,16 @@ def top_k(
     scratch: Scratch,
     *,
     exclude_row: int = -1,
+    allowed: np.ndarray | None = None,
     worth_pruning: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """(scores float32 [<= k], rows int64 [<= k], first term not read in full or -1), best
-    first, ties by row; documents scoring 0 and `exclude_row` are left out. worth_pruning:
+    first, ties by row; documents scoring 0 and `exclude_row` are left out. allowed: bool
+    [N] (None: every document); a document with False is never scored, neither for θ nor
+    for the top k, so the result is the top k of the allowed documents alone. worth_pruning:
     lists shorter than this are always read in full. Compiled, GIL released."""
-    return _top_k(*postings, *question, k, exclude_row, worth_pruning, *scratch)
+    mask = _NO_MASK if allowed is None else allowed
+    return _top_k(*postings, *question, k, exclude_row, mask, worth_pruning, *scratch)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -203,6 +217,7 @@ def _seed_theta(
     repeats: np.ndarray,
     k: int,
     exclude_row: int,
+    allowed: np.ndarray,
     budget: int,
     state: np.ndarray,
     touched: np.ndarray,
@@ -232,7 +247,7 @@ def _seed_theta(
             if n >= budget:
                 break
             d = rows[p]
-            if state[d] != 0 or d == exclude_row:
+            if state[d] != 0 or d == exclude_row or (allowed.size and not allowed[d]):
                 continue
             state[d] = _SEEN
             touched[n] = d
@@ -274,6 +289,7 @@ def _top_k(
     left: np.ndarray,
     k: int,
     exclude_row: int,
+    allowed: np.ndarray,
     worth_pruning: int,
     state: np.ndarray,
     touched: np.ndarray,
@@ -282,6 +298,7 @@ def _top_k(
     """`top_k` with its groups spread out (`Postings`, `Query`, `Scratch` say what each
     array holds)."""
     n_terms = terms.size
+    masked = allowed.size > 0
     # float32 sums of n_terms products may round a hair above the float64 bounds
     slack = 1.0 + 1e-5 + (n_terms + 2) * 2.0**-23
     cur = np.empty(n_terms, np.int64)
@@ -296,7 +313,7 @@ def _top_k(
     if floor < n_terms and k > 0:
         theta = _seed_theta(
             indptr, rows, doc_indptr, doc_terms, doc_weights, terms, repeats, k,
-            exclude_row, _SEED_DOCS, state, touched, position,
+            exclude_row, allowed, _SEED_DOCS, state, touched, position,
         )  # fmt: skip
     heap_s = np.empty(max(k, 1), np.float32)  # the k best so far, worst at the root
     heap_d = np.empty(max(k, 1), np.int64)
@@ -320,7 +337,7 @@ def _top_k(
             if cur[j] < end[j] and rows[cur[j]] == d:
                 s += weights[cur[j]] * repeats[j]
                 cur[j] += 1
-        if d == exclude_row:
+        if d == exclude_row or (masked and not allowed[d]):
             continue
         dropped = False
         for j in range(ess, n_terms):
@@ -354,6 +371,76 @@ def _top_k(
     scores = heap_s[:size][order]
     best = np.argsort(-scores, kind="mergesort")
     return scores[best], kept[best], ess if ess < n_terms else -1
+
+
+def scan_top_k(
+    postings: Postings,
+    question: Query,
+    k: int,
+    docs: np.ndarray,
+    scratch: Scratch,
+    *,
+    exclude_row: int = -1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` over the documents `docs` (int64, ascending) alone, each scored from its own
+    row of the document-major weights: for a filter allowing few documents, reading their
+    rows costs less than walking the posting lists past every other document. The same
+    float32 sums in the same term order, so the same scores and ties."""
+    return _scan_top_k(
+        postings.doc_indptr, postings.doc_terms, postings.doc_weights,
+        question.terms, question.repeats, docs, k, exclude_row, scratch.position,
+    )  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_top_k(
+    doc_indptr: np.ndarray,
+    doc_terms: np.ndarray,
+    doc_weights: np.ndarray,
+    terms: np.ndarray,
+    repeats: np.ndarray,
+    docs: np.ndarray,
+    k: int,
+    exclude_row: int,
+    position: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    n_terms = terms.size
+    for i in range(n_terms):  # a query's terms are distinct (Query.of counts repeats)
+        position[terms[i]] = i
+    found = np.zeros(n_terms, np.float32)
+    heap_s = np.empty(max(k, 1), np.float32)
+    heap_d = np.empty(max(k, 1), np.int64)
+    size = 0
+    for d in docs:
+        if d == exclude_row:
+            continue
+        for r in range(doc_indptr[d], doc_indptr[d + 1]):
+            at = position[doc_terms[r]]
+            if at >= 0:
+                found[at] = doc_weights[r]
+        s = np.float32(0.0)
+        shared = False
+        for at in range(n_terms):
+            if found[at] > 0:
+                s += found[at] * repeats[at]
+                found[at] = 0.0
+                shared = True
+        if not shared:
+            continue
+        if size < k:
+            heap_s[size], heap_d[size] = s, d
+            _sift_up(heap_s, heap_d, size)
+            size += 1
+        elif _worse(heap_s[0], heap_d[0], s, d):
+            heap_s[0], heap_d[0] = s, d
+            _sift_down(heap_s, heap_d, size)
+    for i in range(n_terms):
+        position[terms[i]] = -1
+    order = np.argsort(heap_d[:size])
+    kept = heap_d[:size][order]
+    scores = heap_s[:size][order]
+    best = np.argsort(-scores, kind="mergesort")
+    return scores[best], kept[best]
 
 
 @numba.njit(nogil=True, cache=True)

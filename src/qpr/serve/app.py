@@ -6,6 +6,8 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
   closest known questions (`qpr.retrieval.bundle.HIT_FIELDS`), ``answered``
   (top-1 within the threshold: the request's, else the model's stored one), the threshold
   used, and which model answered. ``"explain": true`` adds each hit's score parts.
+  ``"filters": {"locale": "en", "tenant": ["a", "b"]}`` searches only the questions
+  whose metadata match (exact value or one of a list); an unknown field gets 400.
 - ``POST /search/batch`` ``{"questions": [str, ...], "k"?, "threshold"?}`` → ``results``
   in input order, same fields.
 - ``GET /healthz`` liveness: 200 while the process runs.
@@ -278,6 +280,8 @@ class _SearchBody(BaseModel):
     k: int | None = None
     threshold: float | None = None
     explain: bool = False  # each hit with the parts of its score (Bundle.search)
+    # {field: value or [values]} on the questions' metadata (Bundle.filter_fields)
+    filters: dict[str, str | list[str]] | None = None
 
 
 class _BatchBody(BaseModel):
@@ -286,6 +290,7 @@ class _BatchBody(BaseModel):
     k: int | None = None
     threshold: float | None = None
     explain: bool = False
+    filters: dict[str, str | list[str]] | None = None
 
 
 _SEARCH_EXAMPLE = '{"question": "how do i reset my password?", "k": 10}'
@@ -385,6 +390,20 @@ def _check_threshold(threshold: float | None) -> float | None:
             422, "invalid_threshold", f"threshold must be a finite number >= 0, got {threshold}"
         )
     return threshold
+
+
+def _check_filters(filters: dict[str, str | list[str]] | None, bundle: Bundle) -> None:
+    """400 naming the fields this model keeps when a filter names another one: the
+    request is well-formed JSON but asks for what this model cannot select on."""
+    known = bundle.filter_fields
+    unknown = sorted(set(filters or {}) - set(known))
+    if unknown:
+        raise ApiError(
+            400,
+            "unknown_filter_field",
+            f"unknown filter field {unknown[0]!r}; this model keeps: {', '.join(known) or 'none'}",
+            [{"field": f"filters.{name}", "known": list(known)} for name in unknown],
+        )
 
 
 # ---------------------------------------------------------------- responses
@@ -615,6 +634,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         k = _check_k(body.k, settings)
         threshold = _check_threshold(body.threshold)
         served = state.serving()
+        _check_filters(body.filters, served.bundle)
         try:
             result = await run_in_threadpool(
                 openmp.call,
@@ -623,6 +643,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
                 k,
                 threshold=threshold,
                 explain=body.explain,
+                filters=body.filters,
             )
         except ValueError as exc:  # e.g. only punctuation: no words to search with
             raise ApiError(422, "invalid_question", str(exc)) from None
@@ -654,6 +675,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         k = _check_k(body.k, settings)
         threshold = _check_threshold(body.threshold)
         served = state.serving()
+        _check_filters(body.filters, served.bundle)
         try:
             results = await run_in_threadpool(
                 openmp.call,
@@ -662,6 +684,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
                 k,
                 threshold=threshold,
                 explain=body.explain,
+                filters=body.filters,
             )
         except ValueError as exc:
             raise ApiError(422, "invalid_question", str(exc)) from None
