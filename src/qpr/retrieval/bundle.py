@@ -72,6 +72,7 @@ from qpr.artifacts import (
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, lexical_search
+from qpr.retrieval.deltas import MANIFEST_FILE, DeltaError, delta_files, load_parts
 from qpr.retrieval.dense import (
     IdMap,
     RowDistances,
@@ -236,6 +237,8 @@ class IndexedQuestions:
     cluster_ids: np.ndarray
     bm25: BM25Index | None = None
     answer_ids: list[str | None] | None = None
+    # bool [N]: rows a tombstone hides (`qpr.retrieval.deltas`); None: none is hidden
+    dead: np.ndarray | None = None
 
 
 class Bundle:
@@ -273,6 +276,10 @@ class Bundle:
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
+        self._dead = questions.dead if questions.dead is not None and questions.dead.any() else None
+        # Each search over-fetches this many rows, so that dropping the dead ones among
+        # its candidates still leaves as many live ones as a search without them.
+        self._dead_count = 0 if self._dead is None else int(self._dead.sum())
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
 
@@ -353,6 +360,7 @@ class Bundle:
         root = Path(models_dir)
         paths, config = _bundle_files(root)
         paths |= _rerank_files(root, config)
+        paths |= _delta_paths(root)
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
@@ -365,7 +373,7 @@ class Bundle:
             nprobe=served_nprobe if nprobe is None else nprobe,
             ef_search=served_ef_search if ef_search is None else ef_search,
         )
-        questions = _load_questions(paths, index, config)
+        questions = _with_deltas(root, _load_questions(paths, index, config))
         reranker = _load_reranker(root, config, threads)
         if fold_encoder and not encoder.int8:
             encoder = replace(
@@ -395,8 +403,9 @@ class Bundle:
 
     @property
     def size(self) -> int:
-        """Number of indexed questions."""
-        return int(self._index.ntotal)
+        """Number of questions a search can return (the deltas' included, the tombstoned
+        ones not)."""
+        return int(self._index.ntotal) - self._dead_count
 
     @property
     def threshold(self) -> float | None:
@@ -540,7 +549,9 @@ class Bundle:
             candidates = min(max(k, lexical_candidates), self.size)
             if len(questions) == 1 and self._config.dense_candidates is not None:
                 return [self._fused_one(questions[0], sequences[0], candidates, k, limit)]
-            lexical = _lexical_pool().submit(lexical_search, self._bm25, questions, candidates)
+            lexical = _lexical_pool().submit(
+                lexical_search, self._bm25, questions, self._fetch(candidates)
+            )
             vectors = self._embed(sequences)
             distances, rows, scores = self._fused(vectors, lexical, candidates, k)
             return [
@@ -550,13 +561,34 @@ class Bundle:
                 )
             ]
         vectors = self._embed(sequences)
-        distances, rows = search(self._index, vectors, k)
+        distances, rows = self._live(*search(self._index, vectors, self._fetch(k)), k, np.inf)
         return [
             self._result(q, d, r, limit)
             for q, d, r in zip(questions, distances.tolist(), rows.tolist(), strict=True)
         ]
 
     # -- internals ------------------------------------------------------------------------
+
+    def _fetch(self, width: int) -> int:
+        """Rows a search asks for to keep `width` live ones: over-fetched by the number of
+        tombstoned rows (all of them may be among the candidates), at most every row."""
+        return min(width + self._dead_count, int(self._index.ntotal))
+
+    def _live(
+        self, scores: np.ndarray, rows: np.ndarray, width: int, fill: float = np.inf
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) [Q, width] of search results scores float [Q, C], rows int64
+        [Q, C]: the tombstoned rows dropped, the others in their order, (fill, -1) after."""
+        rows = np.asarray(rows, np.int64)
+        if self._dead is None:
+            return scores[:, :width], rows[:, :width]
+        alive = (rows >= 0) & ~self._dead[np.maximum(rows, 0)]
+        order = np.argsort(~alive, axis=1, kind="stable")[:, :width]
+        kept = np.take_along_axis(alive, order, axis=1)
+        return (
+            np.where(kept, np.take_along_axis(scores, order, axis=1), fill).astype(np.float32),
+            np.where(kept, np.take_along_axis(rows, order, axis=1), -1),
+        )
 
     def _tokens(self, question: str, position: int, count: int) -> list[int]:
         where = "" if count == 1 else f" (question {position})"
@@ -600,16 +632,18 @@ class Bundle:
         assert config.dense_weight is not None
         weight = config.dense_weight
         if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vectors, candidates)
-            lexical_scores, lexical_rows = lexical.result()
+            dense_distances, dense_rows = self._live(
+                *search(self._index, vectors, self._fetch(candidates)), candidates, np.inf
+            )
+            lexical_scores, lexical_rows = self._live(*lexical.result(), candidates, -np.inf)
             scores, rows = fuse(
                 -dense_distances, dense_rows, lexical_scores, lexical_rows, weight, k
             )
             return distances_to(self._index, vectors, rows), rows, scores
         # Every candidate of both retrievers scored by its exact distance, as evaluated.
         wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vectors, wanted)
-        lexical_scores, lexical_rows = lexical.result()
+        _, dense_rows = self._live(*search(self._index, vectors, self._fetch(wanted)), wanted)
+        lexical_scores, lexical_rows = self._live(*lexical.result(), candidates, -np.inf)
         union = candidate_union(dense_rows, lexical_rows)
         distances = distances_to(self._index, vectors, union)
         scores, rows = fuse_union(-distances, union, lexical_scores, lexical_rows, weight, k)
@@ -625,11 +659,14 @@ class Bundle:
         the worker thread too: the request thread goes straight to the encoder."""
         config = self._config
         assert self._bm25 is not None and config.dense_candidates is not None
-        lexical = _lexical_pool().submit(self._bm25.search, question, candidates)
+        lexical = _lexical_pool().submit(self._bm25.search, question, self._fetch(candidates))
         vector = self._embed([tokens])
         wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vector, wanted)
-        lexical_scores, lexical_rows = lexical.result()
+        _, dense_rows = self._live(*search(self._index, vector, self._fetch(wanted)), wanted)
+        lexical_scores, lexical_rows = self._live(
+            *(part[None] for part in lexical.result()), candidates, -np.inf
+        )
+        lexical_scores, lexical_rows = lexical_scores[0], lexical_rows[0]
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
         distances = self._row_distances(vector, union)
@@ -657,14 +694,20 @@ class Bundle:
         rows = self._id_map.to_rows(np.asarray([h.question_id for h in hits], np.int64))
         vector = self._embed([self._tokens(result.query, 0, 1)])
         candidates = min(max(k, lexical_candidates), self.size)
-        lexical_scores, lexical_rows = self._bm25.search(result.query, candidates)
+        lexical_scores, lexical_rows = self._live(
+            *(part[None] for part in self._bm25.search(result.query, self._fetch(candidates))),
+            candidates,
+            -np.inf,
+        )
+        lexical_scores, lexical_rows = lexical_scores[0], lexical_rows[0]
         if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vector, candidates)
+            dense_distances, dense_rows = self._live(
+                *search(self._index, vector, self._fetch(candidates)), candidates, np.inf
+            )
             dense_rows, dense_sims = dense_rows[0], -dense_distances[0]
         else:
-            _, dense_rows = search(
-                self._index, vector, min(max(k, config.dense_candidates), self.size)
-            )
+            wanted = min(max(k, config.dense_candidates), self.size)
+            _, dense_rows = self._live(*search(self._index, vector, self._fetch(wanted)), wanted)
             union = candidate_union(dense_rows, lexical_rows[None])[0]
             dense_rows = union[union >= 0]
             dense_sims = -self._row_distances(vector, dense_rows)
@@ -758,6 +801,42 @@ def _rerank_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
             f"{root / RERANK_CONFIG_FILE} is missing (the rerank stage writes it)"
         )
     return {rel: root / rel for rel in RERANK_FILES if (root / rel).is_file()}
+
+
+def _delta_paths(root: Path) -> dict[Path, Path]:
+    """The deltas' files (`qpr.retrieval.deltas`), hashed into the fingerprint."""
+    try:
+        return {rel: root / rel for rel in delta_files(root)}
+    except DeltaError as exc:
+        raise BundleError(str(exc)) from exc
+
+
+def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
+    """`questions` with the manifest's deltas appended and its tombstones as the dead
+    mask; BundleError for a broken delta (the reloader then keeps the state it serves)."""
+    if not (root / MANIFEST_FILE).is_file():
+        return questions
+    try:
+        parts = load_parts(
+            root,
+            questions.index,
+            questions.qids,
+            questions.texts,
+            questions.cluster_ids,
+            questions.answer_ids,
+            questions.bm25,
+        )
+    except DeltaError as exc:
+        raise BundleError(str(exc)) from exc
+    return IndexedQuestions(
+        parts.index,
+        parts.qids,
+        parts.texts,
+        parts.cluster_ids,
+        parts.bm25,
+        parts.answer_ids,
+        parts.dead,
+    )
 
 
 def _load_reranker(root: Path, config: SearchConfig, threads: int) -> Reranker | None:
