@@ -379,11 +379,13 @@ def add_questions(
     *,
     batch_size: int = 256,
     threads: int = 1,
+    sources: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Make `questions` (question_id int64, text, cluster_id int64, answer_id) searchable
     as one new delta. An id the bundle already serves is replaced (its older row gets a
     tombstone). Returns the delta's manifest entry. The served state changes only when
-    the new manifest is renamed into place: a failure before leaves it as it was."""
+    the new manifest is renamed into place: a failure before leaves it as it was.
+    sources: what the questions came from (files' sha256), recorded in the manifest."""
     root = Path(models_dir)
     manifest = read_manifest(root)
     frame = _checked_questions(questions)
@@ -415,6 +417,7 @@ def add_questions(
         "version": version,
         "rows": len(frame),
         "sha256": _delta_sha256(folder),
+        "sources": list(sources),
         **stats,
     }
     manifest.version = version
