@@ -21,6 +21,10 @@ need not ship them, and importing torch costs seconds and ~0.5 GB).
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
 
+Deltas (`qpr.retrieval.deltas`): questions added since the index stage, in
+``index/deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are
+dropped from every search's candidates, which are over-fetched by their number.
+
 A loaded bundle is immutable; `search` may be called from several threads at once
 (ONNX Runtime sessions and FAISS CPU searches are safe for concurrent reads).
 """
@@ -459,8 +463,9 @@ class Bundle:
     @property
     def fingerprint(self) -> str:
         """sha256 over the bundle's files (six, `qpr.artifacts.REQUIRED_FILES`; one more with
-        BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks):
-        each file's path and sha256, in a fixed order.
+        BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks,
+        the deltas' manifest and files when it has some, `qpr.retrieval.deltas`): each
+        file's path and sha256, in a fixed order. An added delta or a tombstone changes it.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
