@@ -241,3 +241,42 @@ def test_search_filter_flag(tmp_path):
     for bad in (["locale"], ["=en"], ["locale=en", "locale=de"]):
         refused = runner.invoke(app, [*args, *(f"--filter={b}" for b in bad)])
         assert refused.exit_code != 0, bad
+
+
+def test_index_add_then_delete_serves_fresh_questions_at_once(tmp_path):
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    logs = tmp_path / "logs"
+    made = runner.invoke(app, ["data", "synth", "--out", str(logs), "--day", "2026-11-02"])
+    assert made.exit_code == 0, made.output
+    listed = tmp_path / "new.txt"
+    listed.write_text(f"how do i descale my espresso machine\n{QUESTIONS[0]}\n")
+
+    added = runner.invoke(
+        app,
+        ["index", "add", str(logs / "2026-11-02.jsonl"), str(listed), "--models-dir", str(models)],
+    )
+    assert added.exit_code == 0, added.output
+    out = json.loads(added.output)
+    assert out["files"] == 2 and out["added"] >= 1  # QUESTIONS[0] is served already
+    again = runner.invoke(app, ["index", "add", str(listed), "--models-dir", str(models)])
+    assert json.loads(again.output)["files"] == 0  # the same file is not added twice
+
+    args = ["search", "how do i descale my espresso machine", "-k", "1", "--models-dir"]
+    hit = json.loads(runner.invoke(app, [*args, str(models), "--json"]).output)["hits"][0]
+    assert hit["distance"] == 0.0
+    deleted = runner.invoke(
+        app,
+        ["index", "delete", "--question-id", str(hit["question_id"]), "--models-dir", str(models)],
+    )
+    assert deleted.exit_code == 0, deleted.output
+    after = json.loads(runner.invoke(app, [*args, str(models), "--json"]).output)["hits"][0]
+    assert after["question_id"] != hit["question_id"]
+    assert runner.invoke(app, ["index", "delete", "--models-dir", str(models)]).exit_code == 1
+
+
+def test_index_help_names_the_stage_and_the_delta_commands():
+    result = runner.invoke(app, ["index", "--help"])
+    assert result.exit_code == 0
+    assert all(word in result.output for word in ("Stage 4", "add", "delete", "compact"))

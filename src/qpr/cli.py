@@ -400,11 +400,92 @@ def export(params: ParamsOption = Path("params.yaml")) -> None:
     _print_metrics({"export": _run_stage("export", params)})
 
 
-@app.command("index")
-def index(params: ParamsOption = Path("params.yaml")) -> None:
+index_app = typer.Typer(
+    help="Stage 4 (no sub-command), or fresh questions into a served bundle without "
+    "retraining: add, delete, compact (docs/operations.md).",
+)
+app.add_typer(index_app, name="index")
+ModelsOption = Annotated[Path, typer.Option("--models-dir", help="The bundle the deltas go into.")]
+
+
+@index_app.callback(invoke_without_command=True)
+def index(ctx: typer.Context, params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 4: encode every known question with ONNX Runtime and build the FAISS index;
     gate on counts, finite vectors and self-retrieval."""
-    _print_metrics({"index": _run_stage("index", params)})
+    if ctx.invoked_subcommand is None:
+        _print_metrics({"index": _run_stage("index", params)})
+
+
+@index_app.command("add")
+def index_add(
+    files: Annotated[list[Path], typer.Argument(help="Log files or question lists.")],
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    report_dir: Annotated[
+        Path | None, typer.Option(help="Where the raw-log gate writes its report.")
+    ] = None,
+) -> None:
+    """Make the files' new questions searchable now, as one delta beside the index: logs
+    pass the raw-log gate first. A running service picks the delta up at its next poll."""
+    from qpr.config import load_settings
+    from qpr.data.loaders import DataFormatError
+    from qpr.ops.fresh import add_files
+    from qpr.quality.gate import GateFailed
+
+    settings = load_settings(params)
+    try:
+        out = add_files(
+            models_dir,
+            files,
+            settings.quality,
+            report_dir=report_dir,
+            batch_size=settings.index.encode_batch_size,
+            threads=settings.index.threads,
+        )
+    except (DataFormatError, GateFailed, ValueError) as err:
+        _fail(str(err))
+    console.print(json.dumps(out, indent=2, default=str))
+
+
+@index_app.command("delete")
+def index_delete(
+    question_id: Annotated[
+        list[int] | None, typer.Option("--question-id", help="A question id (repeatable).")
+    ] = None,
+    ids_file: Annotated[
+        Path | None, typer.Option("--ids-file", help="Question ids, one a line (or .npy).")
+    ] = None,
+    models_dir: ModelsOption = Path("models"),
+) -> None:
+    """Stop serving questions: a tombstone each, applied at search time until compaction."""
+    from qpr.ops.fresh import read_ids
+    from qpr.retrieval.deltas import delete_questions
+
+    ids = read_ids(question_id or [], ids_file)
+    if not ids:
+        _fail("give --question-id or --ids-file")
+    console.print(json.dumps(delete_questions(models_dir, ids)))
+
+
+@index_app.command("compact")
+def index_compact(
+    models_dir: ModelsOption = Path("models"), params: ParamsOption = Path("params.yaml")
+) -> None:
+    """Merge the deltas and tombstones into a new main index (index.factory of params),
+    BM25 statistics recomputed over every question."""
+    from qpr.config import load_settings
+    from qpr.retrieval.deltas import compact
+    from qpr.retrieval.dense import IndexConfig, build_index
+
+    settings = load_settings(params)
+    config = IndexConfig.from_settings(settings.index)
+    out = compact(
+        models_dir,
+        lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
+        batch_size=settings.index.encode_batch_size,
+        threads=settings.index.threads,
+    )
+    console.print(json.dumps(out))
 
 
 class DataFormat(StrEnum):

@@ -281,6 +281,9 @@ class RetrainSettings(_Section):
     git_commit: bool = False  # commit data.dvc + dvc.lock after a successful run
     dvc_push: bool = False  # `dvc push` the new data after a successful run
     repro_timeout_s: int | None = Field(None, ge=60)  # kill dvc repro after this long
+    # Retrain only once the valid new files hold this many rows; until then they wait in
+    # incoming (the refresh deployment serves their questions meanwhile). 0: any file.
+    min_new_rows: int = Field(0, ge=0)
 
 
 class MlflowSettings(_Section):

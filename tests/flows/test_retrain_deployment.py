@@ -1,5 +1,6 @@
 """prefect.yaml: the team-mode deployments of flows/retrain.py: the cycle on the params'
-schedule, and recovery on its own light schedule every few minutes."""
+schedule, recovery on its own light schedule every few minutes, and the refresh of the
+index with new questions (flows/refresh.py) every few minutes."""
 
 from __future__ import annotations
 
@@ -40,4 +41,15 @@ def test_recovery_runs_every_five_minutes_on_its_own(deployments):
     assert _entrypoint_exists(deployment)
     (schedule,) = deployment.schedules
     assert schedule.cron == "*/5 * * * *"
-    assert set(deployments) == {"retrain", "recover"}
+    assert set(deployments) == {"retrain", "recover", "refresh"}
+
+
+def test_refresh_puts_new_questions_in_the_index_every_few_minutes(deployments):
+    deployment = deployments["refresh"]
+    assert deployment.entrypoint == "flows/refresh.py:refresh_flow"
+    assert _entrypoint_exists(deployment)
+    (schedule,) = deployment.schedules
+    minutes = schedule.cron.split()[0]
+    # minutes, not days: fresher than the daily retrain
+    assert minutes.startswith("*/") and int(minutes[2:]) <= 15
+    assert deployment.concurrency_limit.limit == 1

@@ -215,3 +215,21 @@ def test_a_cycle_killed_while_promoting_is_rolled_forward(root: Path, fake, monk
 
     assert recovery is not None and recovery.action == "rolled-forward"
     assert fake.aliases[registry.CHAMPION] == 2 and fake.versions[2][registry.TAG_COMMITTED]
+
+
+def test_too_few_new_rows_wait_in_incoming(root: Path):
+    import dataclasses
+
+    base = _cycle(root, _failed)  # the pipeline must not run
+    retrain = base.settings.retrain.model_copy(update={"min_new_rows": 1_000})
+    cycle = dataclasses.replace(
+        base, settings=base.settings.model_copy(update={"retrain": retrain})
+    )
+    day4 = write_log_day(cycle.layout.incoming)
+    pin = cycle.layout.dvc_file.read_text()
+
+    summary = run_cycle(cycle, new_summary(RUN))
+
+    assert summary["outcome"] == "waiting-for-rows" and 0 < summary["new_rows"] < 1_000
+    assert day4.is_file() and cycle.layout.dvc_file.read_text() == pin
+    assert not cycle.layout.journal.exists()

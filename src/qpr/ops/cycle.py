@@ -234,6 +234,12 @@ def run_cycle(
     if not good:
         summary["outcome"] = "only-quarantined"
         return summary
+    wanted = cycle.settings.retrain.min_new_rows
+    if summary["new_rows"] < wanted:
+        # Not enough new pairs to be worth a retraining: the files stay for the next cycle.
+        summary["outcome"] = "waiting-for-rows"
+        cycle.log(f"{summary['new_rows']} new rows, retrain.min_new_rows is {wanted}: waiting")
+        return summary
     journal = Journal.begin(
         layout,
         run=cycle.run,
@@ -281,6 +287,7 @@ def _valid_files(
         summary["quarantined"].append(quarantined_entry(v, where))
         cycle.log(f"quarantined {v.file.name} → {where}: {quarantined_entry(v, where)['reason']}")
     summary["files_valid"] = [f.name for f in good]
+    summary["new_rows"] = sum(v.rows for v in validations if v.ok)
     return good
 
 

@@ -69,6 +69,7 @@ from qpr.ops.pyfunc import (
     verify_artifacts,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
+from qpr.retrieval.deltas import delta_files
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -395,7 +396,9 @@ def bundle_files(models_dir: Path) -> list[Path]:
     (BM25 for a bundle that fuses it in, the int8 query encoder)."""
     config = search_config_file(models_dir).relative_to(models_dir)
     required = [config if rel == SEARCH_FILE else rel for rel in REQUIRED_FILES]
-    return [*required, *(rel for rel in OPTIONAL_FILES if (models_dir / rel).is_file())]
+    optional = [rel for rel in OPTIONAL_FILES if (models_dir / rel).is_file()]
+    # The deltas and tombstones served beside the base index (qpr.retrieval.deltas).
+    return [*required, *optional, *delta_files(models_dir)]
 
 
 def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:

@@ -3,6 +3,7 @@
 short report a person reads in the flow log or the terminal.
 
 Outcomes: ``retrained``, ``nothing-new``, ``only-quarantined``, ``no-new-rows``,
+``waiting-for-rows`` (fewer valid new rows than retrain.min_new_rows: the files wait),
 ``failed``; with ``--recover-only``: ``recovered``, ``nothing-to-recover``.
 
 Exit codes of `qpr retrain` / `python -m flows.retrain` (`exit_code`): 0 the cycle did

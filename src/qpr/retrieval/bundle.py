@@ -21,6 +21,10 @@ need not ship them, and importing torch costs seconds and ~0.5 GB).
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
 
+Deltas (`qpr.retrieval.deltas`): questions added since the index stage, in
+``index/deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are
+dropped from every search's candidates, which are over-fetched by their number.
+
 A loaded bundle is immutable; `search` may be called from several threads at once
 (ONNX Runtime sessions and FAISS CPU searches are safe for concurrent reads).
 """
@@ -73,6 +77,7 @@ from qpr.artifacts import (
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, lexical_search
+from qpr.retrieval.deltas import MANIFEST_FILE, DeltaError, delta_files, load_parts
 from qpr.retrieval.dense import (
     IdMap,
     RowDistances,
@@ -92,7 +97,7 @@ from qpr.retrieval.fusion import (
     values_at,
 )
 from qpr.retrieval.reranker import Reranker, RerankerError
-from qpr.retrieval.selection import FieldValues, Filters, allowed_rows, normalised
+from qpr.retrieval.selection import FieldValues, Filters, allowed_rows, both, normalised
 from qpr.text import load_tokenizer
 from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
 
@@ -242,6 +247,8 @@ class IndexedQuestions:
     bm25: BM25Index | None = None
     answer_ids: list[str | None] | None = None
     fields: Mapping[str, FieldValues] | None = None
+    # bool [N]: rows a tombstone hides (`qpr.retrieval.deltas`); None: none is hidden
+    dead: np.ndarray | None = None
 
 
 class Bundle:
@@ -282,6 +289,13 @@ class Bundle:
         self._fields = dict(questions.fields or {})
         # A service sees the same few filters (a tenant, a locale) again and again.
         self._masks = functools.lru_cache(maxsize=_CACHED_MASKS)(self._mask)
+        dead = questions.dead if questions.dead is not None and questions.dead.any() else None
+        self._dead_count = 0 if dead is None else int(dead.sum())
+        # Tombstones are one more mask: applied inside the dense search and BM25 like a
+        # filter, so a search needs no over-fetch and stays exact.
+        self._live_rows = None if dead is None else ~dead
+        if self._live_rows is not None:
+            self._live_rows.flags.writeable = False
         self._threshold = config.threshold
         self._row_distances = RowDistances(questions.index)
 
@@ -318,15 +332,18 @@ class Bundle:
         return tuple(sorted(self._fields))
 
     def allowed(self, filters: Filters | None) -> np.ndarray | None:
-        """bool [size]: the rows matching `filters` (`qpr.retrieval.selection`); None for
-        no filters. FilterError (a ValueError) names an unknown field and the known ones."""
+        """bool [ntotal]: the rows matching `filters` (`qpr.retrieval.selection`) that no
+        tombstone hides; None when there are neither filters nor tombstones. FilterError
+        (a ValueError) names an unknown field and the known ones."""
         if not filters:
-            return None
+            return self._live_rows
         wanted = normalised(filters, list(self._fields))
         return self._masks(tuple(sorted((f, tuple(sorted(v))) for f, v in wanted.items())))
 
     def _mask(self, filters: tuple[tuple[str, tuple[str, ...]], ...]) -> np.ndarray:
-        mask = allowed_rows(self._fields, dict(filters), self.size)
+        mask = both(
+            allowed_rows(self._fields, dict(filters), int(self._index.ntotal)), self._live_rows
+        )
         mask.flags.writeable = False  # shared by every search with these filters
         return mask
 
@@ -380,6 +397,7 @@ class Bundle:
         root = Path(models_dir)
         paths, config = _bundle_files(root)
         paths |= _rerank_files(root, config)
+        paths |= _delta_paths(root)
         # The files are stat'ed before and after loading: the pipeline replaces them by
         # rename, and a bundle assembled from files of two different runs must not start.
         before = _signatures(paths.values())
@@ -392,7 +410,7 @@ class Bundle:
             nprobe=served_nprobe if nprobe is None else nprobe,
             ef_search=served_ef_search if ef_search is None else ef_search,
         )
-        questions = _load_questions(paths, index, config)
+        questions = _with_deltas(root, _load_questions(paths, index, config))
         reranker = _load_reranker(root, config, threads)
         if fold_encoder and not encoder.int8:
             encoder = replace(
@@ -422,8 +440,9 @@ class Bundle:
 
     @property
     def size(self) -> int:
-        """Number of indexed questions."""
-        return int(self._index.ntotal)
+        """Number of questions a search can return (the deltas' included, the tombstoned
+        ones not)."""
+        return int(self._index.ntotal) - self._dead_count
 
     @property
     def threshold(self) -> float | None:
@@ -477,8 +496,9 @@ class Bundle:
     @property
     def fingerprint(self) -> str:
         """sha256 over the bundle's files (six, `qpr.artifacts.REQUIRED_FILES`; one more with
-        BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks):
-        each file's path and sha256, in a fixed order.
+        BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks,
+        the deltas' manifest and files when it has some, `qpr.retrieval.deltas`): each
+        file's path and sha256, in a fixed order. An added delta or a tombstone changes it.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service
         can report which model answered and a cache can key on it.
@@ -821,6 +841,59 @@ def _rerank_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
             f"{root / RERANK_CONFIG_FILE} is missing (the rerank stage writes it)"
         )
     return {rel: root / rel for rel in RERANK_FILES if (root / rel).is_file()}
+
+
+def _delta_paths(root: Path) -> dict[Path, Path]:
+    """The deltas' files (`qpr.retrieval.deltas`), hashed into the fingerprint."""
+    try:
+        return {rel: root / rel for rel in delta_files(root)}
+    except DeltaError as exc:
+        raise BundleError(str(exc)) from exc
+
+
+def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
+    """`questions` with the manifest's deltas appended and its tombstones as the dead
+    mask; BundleError for a broken delta (the reloader then keeps the state it serves)."""
+    if not (root / MANIFEST_FILE).is_file():
+        return questions
+    try:
+        parts = load_parts(
+            root,
+            questions.index,
+            questions.qids,
+            questions.texts,
+            questions.cluster_ids,
+            questions.answer_ids,
+            questions.bm25,
+        )
+    except DeltaError as exc:
+        raise BundleError(str(exc)) from exc
+    return IndexedQuestions(
+        parts.index,
+        parts.qids,
+        parts.texts,
+        parts.cluster_ids,
+        parts.bm25,
+        parts.answer_ids,
+        _extended_fields(questions.fields, parts.answer_ids, int(parts.index.ntotal)),
+        parts.dead,
+    )
+
+
+def _extended_fields(
+    fields: Mapping[str, FieldValues] | None, answer_ids: list[str | None] | None, n: int
+) -> dict[str, FieldValues]:
+    """The main index's filter fields over all `n` rows, the deltas' appended: their
+    answer ids, and null (no filter matches it) for metadata a delta does not keep."""
+    out: dict[str, FieldValues] = {}
+    for name, field in (fields or {}).items():
+        if name == ANSWER_ID and answer_ids is not None:
+            out[name] = FieldValues.of(answer_ids)
+            continue
+        codes = np.full(n, -1, np.int32)
+        codes[: field.codes.size] = field.codes
+        out[name] = FieldValues(field.values, codes)
+    return out
 
 
 def _load_reranker(root: Path, config: SearchConfig, threads: int) -> Reranker | None:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from qpr.artifacts import LEGACY_SEARCH_FILE, OPTIONAL_FILES, REQUIRED_FILES
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import BundleError
+from qpr.retrieval.deltas import MANIFEST_FILE
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -67,8 +68,10 @@ TAG_GIT_COMMIT = "qpr.git_commit"
 # without it (a crashed run's orphan) is never served, whatever alias points at it.
 TAG_COMMITTED = "qpr.committed"
 # The files whose stat signature tells a local bundle changed (all that Bundle.load may
-# read: an older bundle's search config is its threshold.json).
-_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES)
+# read: an older bundle's search config is its threshold.json). The deltas' manifest is
+# renamed into place last, after their folders, which never change once named in it: its
+# signature tells a new delta or tombstone arrived.
+_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES, MANIFEST_FILE)
 # A poll is one quick try: MLflow's default (7 retries, backoff factor 2, 120 s timeout)
 # held a start in a registry outage for minutes. Variables the operator set win.
 _QUICK_HTTP = {

@@ -1,0 +1,75 @@
+"""Fresh questions into the served bundle every few minutes, without retraining.
+
+One flow run: every log file in retrain.incoming that no delta holds yet (by sha256) →
+raw-log gate → its new questions encoded and added as one delta (qpr.ops.fresh). The
+files stay where they are: the daily `retrain` cycle still merges them into data/ and
+retrains. A running service picks the delta up at its next poll (its canaries decide).
+
+    python -m flows.refresh                 # one refresh now
+    python -m flows.refresh --compact       # merge the deltas into the main index
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.stage import settings_and_paths
+from qpr.data.loaders import log_files
+from qpr.ops.fresh import add_files
+from qpr.retrieval import deltas
+
+
+@task(cache_policy=NO_CACHE)
+def add_incoming(params: Path) -> dict[str, Any]:
+    settings, paths = settings_and_paths(params)
+    incoming = paths.root / settings.retrain.incoming
+    files = log_files(incoming) if incoming.is_dir() and any(incoming.iterdir()) else []
+    return add_files(
+        paths.models_dir,
+        files,
+        settings.quality,
+        report_dir=paths.root / "reports" / "refresh",
+        batch_size=settings.index.encode_batch_size,
+        threads=settings.index.threads,
+    )
+
+
+@task(cache_policy=NO_CACHE)
+def compact_deltas(params: Path) -> dict[str, Any]:
+    from qpr.retrieval.dense import IndexConfig, build_index
+
+    settings, paths = settings_and_paths(params)
+    config = IndexConfig.from_settings(settings.index)
+    return deltas.compact(
+        paths.models_dir,
+        lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
+        batch_size=settings.index.encode_batch_size,
+        threads=settings.index.threads,
+    )
+
+
+@flow(name="refresh", log_prints=True)
+def refresh_flow(params: str = "params.yaml", compact: bool = False) -> dict[str, Any]:
+    """New questions of retrain.incoming into a delta; compact: merge the deltas instead."""
+    path = Path(params).resolve()
+    out = compact_deltas(path) if compact else add_incoming(path)
+    print(json.dumps(out, default=str))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--compact", action="store_true")
+    args = parser.parse_args()
+    refresh_flow(args.params, args.compact)
+
+
+if __name__ == "__main__":
+    main()
