@@ -194,7 +194,8 @@ def load_parts(
         all_qids.append(frame["question_id"].to_numpy(np.int64))
         all_clusters.append(frame["cluster_id"].to_numpy(np.int64))
         texts += frame["text"].tolist()
-        answers += frame[ANSWER_ID].tolist()
+        # A question list has no answers: pandas reads its nulls back as NaN.
+        answers += [a if isinstance(a, str) else None for a in frame[ANSWER_ID].tolist()]
         postings.append({**weights, "docs": np.int64(len(frame))})
     merged_qids = np.concatenate(all_qids)
     dead = dead_rows(merged_qids, np.concatenate(versions), manifest.tombstones)
