@@ -188,6 +188,22 @@ def _sift_up(heap_s: np.ndarray, heap_d: np.ndarray, c: int) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
+def _offer(
+    heap_s: np.ndarray, heap_d: np.ndarray, size: int, k: int, s: np.float32, d: np.int64
+) -> int:
+    """Keep (s, d) in the k-best min-heap of `size` entries when it belongs there; the
+    heap's new size."""
+    if size < k:
+        heap_s[size], heap_d[size] = s, d
+        _sift_up(heap_s, heap_d, size)
+        return size + 1
+    if _worse(heap_s[0], heap_d[0], s, d):
+        heap_s[0], heap_d[0] = s, d
+        _sift_down(heap_s, heap_d, size)
+    return size
+
+
+@numba.njit(nogil=True, cache=True)
 def _next_geq(rows: np.ndarray, lo: int, hi: int, d: int) -> int:
     """The first p in [lo, hi) with rows[p] >= d (hi if none): galloping, then binary."""
     if lo >= hi or rows[lo] >= d:
@@ -351,15 +367,8 @@ def _top_k(
                 s += weights[cur[j]] * repeats[j]
         if dropped:
             continue
-        if size < k:
-            heap_s[size], heap_d[size] = s, d
-            _sift_up(heap_s, heap_d, size)
-            size += 1
-        elif _worse(heap_s[0], heap_d[0], s, d):
-            heap_s[0], heap_d[0] = s, d
-            _sift_down(heap_s, heap_d, size)
-        else:
-            continue
+        size = _offer(heap_s, heap_d, size, k, s, d)
+        # A no-op when (s, d) was not kept: theta already holds the heap's worst.
         if size == k and heap_s[0] > theta:
             theta = heap_s[0]
             while ess > floor and left[ess - 1] * slack < theta:
@@ -427,13 +436,7 @@ def _scan_top_k(
                 shared = True
         if not shared:
             continue
-        if size < k:
-            heap_s[size], heap_d[size] = s, d
-            _sift_up(heap_s, heap_d, size)
-            size += 1
-        elif _worse(heap_s[0], heap_d[0], s, d):
-            heap_s[0], heap_d[0] = s, d
-            _sift_down(heap_s, heap_d, size)
+        size = _offer(heap_s, heap_d, size, k, s, d)
     for i in range(n_terms):
         position[terms[i]] = -1
     order = np.argsort(heap_d[:size])
