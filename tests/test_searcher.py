@@ -139,3 +139,27 @@ def test_build_refuses_mismatched_lists(models: Path, tmp_path: Path) -> None:
                        question_ids=[1, 1])  # fmt: skip
     with pytest.raises(FileNotFoundError, match=r"encoder\.onnx"):
         Searcher.build(["a"], ["x"], encoder=tmp_path, out=tmp_path / "x")
+
+
+def test_search_filters_take_a_value_or_a_list_of_values(models: Path, tmp_path: Path) -> None:
+    from qpr import Searcher
+    from qpr.retrieval.selection import FilterError
+
+    locales = [("en", "de", "fr")[i % 3] for i in range(len(QUESTIONS))]
+    answers = [f"a{i % 4}" for i in range(len(QUESTIONS))]
+    searcher = Searcher.build(QUESTIONS, answers, encoder=models, out=tmp_path / "own",
+                              metadata={"locale": locales})  # fmt: skip
+    assert searcher.bundle.filter_fields == ("answer_id", "locale")
+    for wanted, keep in (
+        ({"locale": "en"}, {"en"}),
+        ({"locale": ["en", "fr"]}, {"en", "fr"}),
+        ({"locale": ("de",), "answer_id": ["a1", "a2"]}, {"de"}),
+    ):
+        hits = searcher.search(QUESTIONS[4], k=len(QUESTIONS), filters=wanted).hits
+        kept = {i for i, loc in enumerate(locales) if loc in keep}
+        kept &= {i for i, a in enumerate(answers) if a in wanted.get("answer_id", answers)}
+        assert {h.question_id for h in hits} == kept  # default ids: 0, 1, 2, …
+        batch = searcher.search_batch([QUESTIONS[4]], k=len(QUESTIONS), filters=wanted)
+        assert batch[0].hits == hits
+    with pytest.raises(FilterError, match="answer_id, locale"):
+        searcher.search(QUESTIONS[4], filters={"tenant": "a"})

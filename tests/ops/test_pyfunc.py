@@ -1,5 +1,6 @@
 """The registered pyfunc is logged as code: no pickle in the model directory, and a bundle
-file changed in the store after logging is refused on load (and by download_bundle).
+file changed in the store after logging is refused on load (and by download_bundle). The
+``filters`` param searches only the matching questions, as the service's filters do.
 
 The bundle is real (random-weight CNN → ONNX → FAISS Flat, as tests/retrieval does); the
 MLflow store is the session's throw-away sqlite one (tests/conftest.py)."""
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from mlflow.pyfunc import PythonModelContext
 
 from qpr.artifacts import (
     ENCODER_FILE,
@@ -31,14 +33,21 @@ from qpr.model import CNNEncoder
 from qpr.model.onnx import export_onnx
 from qpr.ops import registry
 from qpr.ops.pyfunc import (
+    BUNDLE_ARTIFACT,
+    MANIFEST_ARTIFACT,
     ModelIntegrityError,
+    QPRSearchModel,
+    _frame,
     _questions,
     digests,
+    parse_filters,
     verify_artifacts,
     verify_bundle,
 )
+from qpr.retrieval.bundle import Bundle
 from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
 from qpr.retrieval.encoders import encode, load_session
+from qpr.retrieval.selection import FilterError
 from qpr.text.vocab import Vocabulary
 
 NAME = "qpr-pyfunc-test"
@@ -47,6 +56,18 @@ QUESTIONS = [
     for v, o, t in itertools.product(
         ("install", "reset"), ("printer", "garden", "laptop"), ("how do i {v} my {o}",)
     )
+]
+# The questions' metadata, filterable: one answer per verb, one locale per object.
+ANSWER_IDS = [f"ans-{q.split()[3]}" for q in QUESTIONS]
+LOCALES = [{"printer": "en", "garden": "de", "laptop": "fr"}[q.split()[-1]] for q in QUESTIONS]
+QIDS = [100 + i for i in range(len(QUESTIONS))]
+FILTERS = [  # {filter: the question ids it keeps}
+    ({"locale": "de"}, {QIDS[i] for i, loc in enumerate(LOCALES) if loc == "de"}),
+    ({"locale": ["de", "fr"]}, {QIDS[i] for i, loc in enumerate(LOCALES) if loc != "en"}),
+    (
+        {"locale": ["de", "fr"], "answer_id": "ans-reset"},
+        {QIDS[i] for i, loc in enumerate(LOCALES) if loc != "en" and "reset" in QUESTIONS[i]},
+    ),
 ]
 
 
@@ -101,13 +122,15 @@ def _build_bundle(models: Path) -> None:
         vectors, IndexConfig("Flat", nprobe=1, use_gpu=False), seed=0, log=lambda _: None
     )
     save_index(index, models / INDEX_FILE)
-    qids = np.arange(len(QUESTIONS), dtype=np.int64) + 100
+    qids = np.asarray(QIDS, dtype=np.int64)
     IdMap(qids).save(models / IDS_FILE)
     table = pa.table(
         {
             "question_id": pa.array(qids, pa.int64()),
             "text": pa.array(QUESTIONS, pa.string()),
             "cluster_id": pa.array(np.arange(len(QUESTIONS)), pa.int64()),
+            "answer_id": pa.array(ANSWER_IDS, pa.string()),
+            "locale": pa.array(LOCALES, pa.string()),
         }
     )
     pq.write_table(table, models / QUESTIONS_FILE)
@@ -115,9 +138,25 @@ def _build_bundle(models: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory: pytest.TempPathFactory) -> registry.VersionInfo:
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models = tmp_path_factory.mktemp("pyfunc-models")
     _build_bundle(models)
+    return models
+
+
+@pytest.fixture(scope="module")
+def model(models: Path, tmp_path_factory: pytest.TempPathFactory) -> QPRSearchModel:
+    """The pyfunc's model class loaded as MLflow loads it, without a store."""
+    manifest = tmp_path_factory.mktemp("pyfunc-manifest") / "manifest.json"
+    manifest.write_text(json.dumps(digests(models)), encoding="utf-8")
+    loaded = QPRSearchModel()
+    artifacts = {BUNDLE_ARTIFACT: str(models), MANIFEST_ARTIFACT: str(manifest)}
+    loaded.load_context(PythonModelContext(artifacts, {"k": 10}))
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def registered(models: Path) -> registry.VersionInfo:
     # Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them).
     if mlflow.get_experiment_by_name("qpr-pyfunc-tests") is None:
         mlflow.create_experiment(
@@ -165,3 +204,70 @@ def test_a_tampered_bundle_file_is_refused_on_load(registered, tmp_path: Path) -
         mlflow.pyfunc.load_model(str(model_dir))
     with pytest.raises(ModelIntegrityError):
         verify_artifacts(model_dir / "artifacts")
+
+
+@pytest.mark.parametrize("none", [None, "", "  ", "{}", {}])
+def test_no_filters_is_none(none):
+    assert parse_filters(none, ("locale",)) is None
+
+
+def test_parse_filters_reads_a_json_object_or_a_mapping():
+    wanted = {"locale": ["de", "fr"], "answer_id": "ans-reset"}
+    assert parse_filters(json.dumps(wanted), ("answer_id", "locale")) == wanted
+    assert parse_filters(wanted) == wanted
+
+
+@pytest.mark.parametrize("bad", ["locale=en", '["en"]', '"en"', "{'locale': 'en'}"])
+def test_filters_that_are_not_a_json_object_are_a_filter_error(bad):
+    with pytest.raises(FilterError, match="JSON object") as caught:
+        parse_filters(bad, ("answer_id", "locale"))
+    assert caught.value.known == ("answer_id", "locale")
+
+
+@pytest.mark.parametrize(("wanted", "kept"), FILTERS)
+def test_a_filtered_prediction_is_the_bundles_filtered_search(model, models, wanted, kept):
+    bundle = Bundle.load(models)
+    queries = [QUESTIONS[3], "how do i fix my garden"]
+    out = model.predict(None, queries, params={"k": 10, "filters": json.dumps(wanted)})
+    pd.testing.assert_frame_equal(out, _frame(bundle.search_batch(queries, 10, filters=wanted)))
+    for query in queries:  # every matching question, and only those, for each query
+        assert set(out.loc[out["query"] == query, "question_id"]) == kept
+    direct = model.predict(None, queries, params={"k": 10, "filters": wanted})  # a dict
+    pd.testing.assert_frame_equal(direct, out)
+
+
+def test_no_filters_give_the_unfiltered_search(model, models):
+    expected = _frame(Bundle.load(models).search_batch([QUESTIONS[3]], 4))
+    for params in ({"k": 4}, {"k": 4, "filters": ""}, {"k": 4, "filters": "{}"}):
+        pd.testing.assert_frame_equal(model.predict(None, [QUESTIONS[3]], params=params), expected)
+    assert expected["question_id"].iloc[0] == QIDS[3]  # a filter on "de" must drop it
+
+
+def test_a_bad_filter_is_the_services_filter_error(model):
+    with pytest.raises(FilterError, match="unknown filter field 'tenant'") as caught:
+        model.predict(None, [QUESTIONS[3]], params={"filters": '{"tenant": "a"}'})
+    assert "answer_id, locale" in str(caught.value)
+    assert caught.value.known == ("answer_id", "locale")
+    with pytest.raises(FilterError, match="string or a list of strings"):
+        model.predict(None, [QUESTIONS[3]], params={"filters": '{"locale": 5}'})
+
+
+@pytest.mark.slow
+def test_the_registered_champion_filters_as_the_searcher_does(registered) -> None:
+    from qpr import Searcher
+
+    mlflow.MlflowClient().set_registered_model_alias(NAME, "champion", str(registered.version))
+    registry.mark_committed(NAME, registered.version, by="test")  # Searcher serves only these
+    uri = f"models:/{NAME}@champion"
+    model = mlflow.pyfunc.load_model(uri)
+    assert {p.name for p in model.metadata.get_params_schema().params} == {"k", "filters"}
+    searcher = Searcher.load(uri)
+    for wanted, kept in FILTERS:
+        out = model.predict([QUESTIONS[3]], params={"k": 10, "filters": json.dumps(wanted)})
+        expected = searcher.search_batch([QUESTIONS[3]], 10, filters=wanted)
+        pd.testing.assert_frame_equal(out, _frame(expected))
+        assert set(out["question_id"]) == kept
+    unfiltered = model.predict([QUESTIONS[3]], params={"k": 10})
+    pd.testing.assert_frame_equal(unfiltered, _frame(searcher.search_batch([QUESTIONS[3]], 10)))
+    with pytest.raises(FilterError, match=r"unknown filter field 'tenant'.*answer_id, locale"):
+        model.predict([QUESTIONS[3]], params={"filters": '{"tenant": "a"}'})

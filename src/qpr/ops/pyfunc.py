@@ -11,6 +11,12 @@ runs only the package's own source; a cloudpickled model (MLflow's default for a
 reads any of them and refuses the model (`ModelIntegrityError`) on any difference: a
 changed, missing or extra file. `verify_artifacts` is the same check for code that
 downloads the files itself (`qpr.ops.registry.download_bundle`).
+
+`QPRSearchModel.predict` takes the service's filters as the inference param ``filters``: a
+JSON object, ``{"locale": "en", "tenant": ["a", "b"]}`` (a string, since MLflow's param
+schema has no free-form map). They are checked and applied as ``/search`` does
+(`qpr.retrieval.selection`): an unknown field or a value that is not a string or a list of
+strings raises `FilterError`.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
 from qpr.errors import QPRError
-from qpr.retrieval.bundle import HIT_FIELDS, Bundle
+from qpr.retrieval.bundle import HIT_FIELDS, Bundle, SearchResult
+from qpr.retrieval.selection import FilterError, Filters
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -45,6 +52,7 @@ __all__ = [
     "QPRSearchModel",
     "digests",
     "log_search_model",
+    "parse_filters",
     "verify_artifacts",
     "verify_bundle",
 ]
@@ -159,12 +167,14 @@ def verify_artifacts(artifacts_dir: str | Path) -> None:
 class QPRSearchModel(PythonModel):
     """The bundle as an MLflow pyfunc: questions in, top-k known paraphrases out.
 
-    predict(model_input, params={"k": 10}): model_input is a question, a list/Series of
-    questions, or a DataFrame with a "question" column (or a single column). The result is
-    one row per (query, hit), columns `PREDICTION_COLUMNS`, rank 1 = closest; "answered"
-    is the bundle's no-answer decision for the query (top-1 distance within the stored
-    threshold). An empty question raises ValueError (a whole batch fails, as the bundle
-    does: a silently dropped row would misalign the caller's results).
+    predict(model_input, params={"k": 10, "filters": '{"locale": "en"}'}): model_input is
+    a question, a list/Series of questions, or a DataFrame with a "question" column (or a
+    single column). The result is one row per (query, hit), columns `PREDICTION_COLUMNS`,
+    rank 1 = closest; "answered" is the bundle's no-answer decision for the query (top-1
+    distance within the stored threshold). An empty question raises ValueError (a whole
+    batch fails, as the bundle does: a silently dropped row would misalign the caller's
+    results). filters (`parse_filters`) apply to every question: only the matching
+    questions are searched, as ``/search/batch`` does; a bad one raises `FilterError`.
     """
 
     def load_context(self, context: PythonModelContext) -> None:
@@ -182,15 +192,49 @@ class QPRSearchModel(PythonModel):
         model_input: pd.DataFrame,  # via pyfunc: the signature turns a list into a frame
         params: dict[str, Any] | None = None,
     ) -> pd.DataFrame:
-        k = int((params or {}).get("k") or self._k)
-        results = self._bundle.search_batch(_questions(model_input), k=k)
-        rows = [
-            (r.query, rank, *(getattr(h, name) for name in HIT_FIELDS), r.answered)
-            for r in results
-            for rank, h in enumerate(r.hits, 1)
-        ]
-        frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
-        return frame.astype({name: kind for name, (kind, _) in _COLUMN_TYPES.items()})
+        params = params or {}
+        k = int(params.get("k") or self._k)
+        filters = parse_filters(params.get("filters"), self._bundle.filter_fields)
+        return _frame(self._bundle.search_batch(_questions(model_input), k=k, filters=filters))
+
+
+def _frame(results: Iterable[SearchResult]) -> pd.DataFrame:
+    """Search results as predict returns them: one row per (query, hit)."""
+    rows = [
+        (r.query, rank, *(getattr(h, name) for name in HIT_FIELDS), r.answered)
+        for r in results
+        for rank, h in enumerate(r.hits, 1)
+    ]
+    frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+    return frame.astype({name: kind for name, (kind, _) in _COLUMN_TYPES.items()})
+
+
+def parse_filters(value: str | Filters | None, known: Iterable[str] = ()) -> Filters | None:
+    """The ``filters`` inference param → {field: value or [values]}, None for none.
+
+    value: a JSON object (what the param schema carries: ``'{"locale": ["en", "de"]}'``),
+    an already decoded mapping (a direct call of `QPRSearchModel.predict`), or None / ""
+    / "{}" for no filters. FilterError (a ValueError; it lists `known`, the bundle's
+    filter fields) for text that is not a JSON object; the fields and values are checked
+    by the search itself (`qpr.retrieval.selection.normalised`), as the service does.
+    """
+    known = tuple(known)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise FilterError(
+                f'filters must be a JSON object such as {{"locale": "en"}}: {exc}', known
+            ) from None
+    if not isinstance(value, Mapping):
+        raise FilterError(
+            'filters must be a JSON object, {"field": "value"} or {"field": ["v1", "v2"]}, '
+            f"got {type(value).__name__}",
+            known,
+        )
+    return dict(value) or None
 
 
 def _questions(model_input: Any) -> list[str]:
@@ -254,7 +298,8 @@ def _signature() -> ModelSignature:
         # column would make MLflow reject a plain list before predict sees it.
         inputs=Schema([ColSpec("string")]),
         outputs=Schema([ColSpec(_COLUMN_TYPES[name][1], name) for name in PREDICTION_COLUMNS]),
-        params=ParamSchema([ParamSpec("k", "long", DEFAULT_K)]),
+        # filters: a JSON object (MLflow params have no free-form map type); "" = none.
+        params=ParamSchema([ParamSpec("k", "long", DEFAULT_K), ParamSpec("filters", "string", "")]),
     )
 
 
