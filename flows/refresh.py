@@ -4,6 +4,9 @@ One flow run: every log file in retrain.incoming that no delta holds yet (by sha
 raw-log gate → its new questions encoded and added as one delta (qpr.ops.fresh). The
 files stay where they are: the daily `retrain` cycle still merges them into data/ and
 retrains. A running service picks the delta up at its next poll (its canaries decide).
+Then the change is published (`qpr.ops.fresh.publish`): pinned in dvc.lock by `dvc commit`,
+and, with registry.follow_deltas, registered and promoted as a version that
+`qpr model rollback` undoes.
 
     python -m flows.refresh                 # one refresh now
     python -m flows.refresh --compact       # merge the deltas into the main index
@@ -21,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.stage import settings_and_paths
 from qpr.data.loaders import log_files
-from qpr.ops.fresh import add_files
+from qpr.ops.fresh import add_files, publish
 from qpr.retrieval import deltas
 
 
@@ -54,11 +57,22 @@ def compact_deltas(params: Path) -> dict[str, Any]:
     )
 
 
+@task(cache_policy=NO_CACHE)
+def publish_change(params: Path, reason: str) -> dict[str, str]:
+    settings, paths = settings_and_paths(params)
+    return publish(paths.models_dir, settings, actor="refresh", reason=reason)
+
+
 @flow(name="refresh", log_prints=True)
 def refresh_flow(params: str = "params.yaml", compact: bool = False) -> dict[str, Any]:
     """New questions of retrain.incoming into a delta; compact: merge the deltas instead."""
     path = Path(params).resolve()
     out = compact_deltas(path) if compact else add_incoming(path)
+    if compact:
+        out["published"] = publish_change(path, f"refresh: compacted {out['deltas_merged']}")
+    elif out["delta"] is not None:
+        reason = f"refresh: delta {out['delta']['number']}, {out['added']} questions"
+        out["published"] = publish_change(path, reason)
     print(json.dumps(out, default=str))
     return out
 

@@ -274,9 +274,23 @@ def test_index_add_then_delete_serves_fresh_questions_at_once(tmp_path):
     after = json.loads(runner.invoke(app, [*args, str(models), "--json"]).output)["hits"][0]
     assert after["question_id"] != hit["question_id"]
     assert runner.invoke(app, ["index", "delete", "--models-dir", str(models)]).exit_code == 1
+    assert "published" in out  # not a DVC project, no champion: said, not failed
+    assert out["published"]["dvc"].startswith("not the models/ of a DVC project")
+
+    dropped = runner.invoke(
+        app, ["index", "drop", "1", "--reason", "bad file", "--models-dir", str(models), "--local"]
+    )
+    assert dropped.exit_code == 0, dropped.output
+    assert json.loads(dropped.output)["dropped"] == 1 and "published" not in dropped.output
+    gone = json.loads(runner.invoke(app, [*args, str(models), "--json"]).output)["hits"][0]
+    assert gone["text"] != "how do i descale my espresso machine"
+    again = runner.invoke(app, ["index", "drop", "1", "--models-dir", str(models), "--local"])
+    assert again.exit_code == 1 and "no delta 1" in again.output
 
 
 def test_index_help_names_the_stage_and_the_delta_commands():
     result = runner.invoke(app, ["index", "--help"])
     assert result.exit_code == 0
-    assert all(word in result.output for word in ("Stage 4", "add", "delete", "compact"))
+    assert all(
+        word in result.output for word in ("Stage 4", "add", "delete", "drop", "compact")
+    )

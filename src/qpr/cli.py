@@ -402,10 +402,31 @@ def export(params: ParamsOption = Path("params.yaml")) -> None:
 
 index_app = typer.Typer(
     help="Stage 4 (no sub-command), or fresh questions into a served bundle without "
-    "retraining: add, delete, compact (docs/operations.md).",
+    "retraining: add, delete, drop, compact (docs/operations.md).",
 )
 app.add_typer(index_app, name="index")
 ModelsOption = Annotated[Path, typer.Option("--models-dir", help="The bundle the deltas go into.")]
+LocalOption = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Change the folder only: no `dvc commit`, no registry version (docs/operations.md).",
+    ),
+]
+
+
+def _published(
+    out: dict[str, Any], models_dir: Path, params: Path, local: bool, reason: str
+) -> dict[str, Any]:
+    """`out` with what `qpr.ops.fresh.publish` did (dvc.lock, registry), unless --local."""
+    if local:
+        return out
+    environment.apply()
+    from qpr.config import load_settings
+    from qpr.ops.fresh import publish
+
+    settings = load_settings(params)
+    return out | {"published": publish(models_dir, settings, actor=_actor(None), reason=reason)}
 
 
 @index_app.callback(invoke_without_command=True)
@@ -424,6 +445,7 @@ def index_add(
     report_dir: Annotated[
         Path | None, typer.Option(help="Where the raw-log gate writes its report.")
     ] = None,
+    local: LocalOption = False,
 ) -> None:
     """Make the files' new questions searchable now, as one delta beside the index: logs
     pass the raw-log gate first. A running service picks the delta up at its next poll."""
@@ -444,7 +466,10 @@ def index_add(
         )
     except (DataFormatError, GateFailed, ValueError) as err:
         _fail(str(err))
-    console.print(json.dumps(out, indent=2, default=str))
+    if out["delta"] is not None:
+        reason = f"index add: delta {out['delta']['number']}, {out['added']} questions"
+        out = _published(out, models_dir, params, local, reason)
+    typer.echo(json.dumps(out, indent=2, default=str))
 
 
 @index_app.command("delete")
@@ -456,6 +481,8 @@ def index_delete(
         Path | None, typer.Option("--ids-file", help="Question ids, one a line (or .npy).")
     ] = None,
     models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
 ) -> None:
     """Stop serving questions: a tombstone each, applied at search time until compaction."""
     from qpr.ops.fresh import read_ids
@@ -464,12 +491,38 @@ def index_delete(
     ids = read_ids(question_id or [], ids_file)
     if not ids:
         _fail("give --question-id or --ids-file")
-    console.print(json.dumps(delete_questions(models_dir, ids)))
+    out = delete_questions(models_dir, ids)
+    if out["deleted"]:
+        reason = f"index delete: {len(out['deleted'])} questions"
+        out = _published(out, models_dir, params, local, reason)
+    typer.echo(json.dumps(out))
+
+
+@index_app.command("drop")
+def index_drop(
+    number: Annotated[int, typer.Argument(help="The delta's number (deltas/deltas.json).")],
+    reason: Annotated[str, typer.Option(help="Why: kept in the manifest.")] = "dropped by hand",
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
+) -> None:
+    """Undo one delta: its questions go, the rows it replaced come back, and its files are
+    never added again. A delta a full build or compaction absorbed cannot be dropped."""
+    from qpr.retrieval.deltas import DeltaError, drop_delta
+
+    try:
+        out = drop_delta(models_dir, number, reason=reason)
+    except DeltaError as err:
+        _fail(str(err))
+    out = _published(out, models_dir, params, local, f"index drop {number}: {reason}")
+    typer.echo(json.dumps(out))
 
 
 @index_app.command("compact")
 def index_compact(
-    models_dir: ModelsOption = Path("models"), params: ParamsOption = Path("params.yaml")
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
 ) -> None:
     """Merge the deltas and tombstones into a new main index (index.factory of params),
     BM25 statistics recomputed over every question."""
@@ -485,7 +538,8 @@ def index_compact(
         batch_size=settings.index.encode_batch_size,
         threads=settings.index.threads,
     )
-    console.print(json.dumps(out))
+    reason = f"index compact: {out['deltas_merged']} deltas merged"
+    typer.echo(json.dumps(_published(out, models_dir, params, local, reason)))
 
 
 class DataFormat(StrEnum):

@@ -267,6 +267,9 @@ class RegistrySettings(_Section):
     metric: str = Field("val.recip_rank", pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
     margin: float = Field(0.002, ge=0.0)  # a challenger must beat the champion by this much
     min_metric: float = 0.0  # floor on `metric`: never promoted below it, the first model too
+    # Index changes (qpr index add/delete/drop/compact, the refresh flow) become a version,
+    # promoted when the champion has the same base: `qpr model rollback` then undoes one.
+    follow_deltas: bool = True
 
 
 class RetrainSettings(_Section):

@@ -185,3 +185,55 @@ def test_filter_fields_reach_the_bundle(tmp_path: Path, tiny_settings) -> None:
     assert bundle.filter_fields == ("answer_id", "locale")
     hits = bundle.search(table["text"].iloc[0], 10, filters={"locale": ["de", "fr"]}).hits
     assert hits and all(locale_of(h.text) in ("de", "fr") for h in hits)
+
+
+def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
+    """The index stage indexes the deltas' questions less the tombstoned ones, records the
+    manifest version it holds, and serves the same questions and answers as before."""
+    from qpr.artifacts import SearchConfig
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
+    from qpr.retrieval import deltas
+    from qpr.retrieval.bundle import Bundle
+
+    quiet = lambda _: None  # noqa: E731
+    paths = ProjectPaths(tmp_path)
+    run_cluster(
+        tiny_settings,
+        out_dir=paths.cluster_dir,
+        report_dir=paths.gate_reports("cluster"),
+        log=quiet,
+    )
+    run_train(tiny_settings, paths, progress=False, log=quiet)
+    run_export(tiny_settings, paths, log=quiet)
+    first = run_index(tiny_settings, paths, log=quiet)
+    assert first["deltas_version"] == 0 and deltas.read_manifest(paths.models_dir).version == 0
+    SearchConfig().write(paths.models_dir)
+    served = deltas.live_questions(paths.models_dir)
+    changed, gone = served["question_id"].iloc[0], served["question_id"].iloc[1]
+    new = pd.DataFrame(
+        {
+            "question_id": [changed, 42],
+            "text": [served["text"].iloc[0], "how do i grow tomatoes on a balcony"],
+            "cluster_id": -1,
+            "answer_id": ["changed", "balcony"],
+        }
+    )
+    deltas.add_questions(paths.models_dir, new)
+    deltas.delete_questions(paths.models_dir, [gone])
+    before = deltas.live_questions(paths.models_dir).set_index("question_id")
+
+    second = run_index(tiny_settings, paths, log=quiet)
+    assert second["deltas_version"] == deltas.absorbed_version(paths.models_dir) == 2
+    # one question added, one deleted
+    assert second["questions"] == first["questions"] == second["questions_clustered"]
+    after = deltas.live_questions(paths.models_dir).set_index("question_id")
+    assert (after["version"] == 0).all()  # every row in the main index, no delta loaded
+    assert sorted(after.index) == sorted(before.index)
+    assert after.loc[changed, "answer_id"] == "changed" and gone not in after.index
+    bundle = Bundle.load(paths.models_dir)
+    assert bundle.size == len(after)
+    assert bundle.search("how do i grow tomatoes on a balcony", k=1).hits[0].question_id == 42

@@ -195,11 +195,19 @@ def test_compaction_equals_a_full_build(models: Path, tmp_path: Path, fused: boo
 
     full = Path(shutil.copytree(models, tmp_path / "full"))
     shutil.rmtree(full / "index")
+    shutil.rmtree(full / deltas.DELTAS_DIR)
     (full / "index").mkdir()
     _write_index(full, live["text"].tolist(), live["question_id"].tolist())
     out = deltas.compact(models, lambda v: build_index(v, FLAT, seed=0, log=lambda _: None))
-    assert out == {"questions": len(live), "deltas_merged": 2, "tombstones_applied": 2}
-    assert not (models / deltas.MANIFEST_FILE).exists()
+    assert out == {
+        "questions": len(live),
+        "deltas_merged": 2,
+        "tombstones_applied": 2,
+        "version": 3,
+    }
+    # The manifest stays (a full build needs the deltas again); loads skip what is absorbed.
+    assert deltas.absorbed_version(models) == deltas.read_manifest(models).version == 3
+    assert deltas.delta_files(models) == [deltas.ABSORBED_FILE, deltas.MANIFEST_FILE]
     compacted, rebuilt = Bundle.load(models), Bundle.load(full)
     assert compacted.size == rebuilt.size == with_deltas.size
     assert [_ids(compacted, q, 5) for q in queries] == [_ids(rebuilt, q, 5) for q in queries]
@@ -304,7 +312,7 @@ def test_the_registry_stores_the_deltas(models: Path) -> None:
 
     deltas.add_questions(models, _frame(LATER[:1], [1]))
     files = {p.as_posix() for p in bundle_files(models)}
-    assert {"index/deltas.json", "index/deltas/0001/vectors.faiss"} <= files
+    assert {"deltas/deltas.json", "deltas/0001/vectors.faiss"} <= files
 
 
 def test_filters_see_deltas_tombstones_and_survive_compaction(models: Path) -> None:
@@ -329,3 +337,62 @@ def test_filters_see_deltas_tombstones_and_survive_compaction(models: Path) -> N
     assert {hit.question_id for hit in by_answer.hits} == {1, 2, 3, 4}
     deltas.compact(models, lambda v: build_index(v, FLAT, seed=0, log=lambda _: None))
     assert found(Bundle.load(models)) == english
+
+
+def test_dropping_a_delta_undoes_its_add(models: Path) -> None:
+    """The dropped delta's questions go, the rows it replaced come back, a later delta
+    stays, and its number is never given again."""
+    deltas.add_questions(models, _frame([*LATER[:2], MAIN[2]], [1, 2, MAIN_IDS[2]], "bad"))
+    deltas.add_questions(models, _frame(LATER[2:4], [3, 4]))
+    bundle = Bundle.load(models)
+    assert bundle.search(MAIN[2], k=1).hits[0].answer_id == "bad"
+
+    out = deltas.drop_delta(models, 1, reason="wrong answers")
+    assert out == {"dropped": 1, "questions": 3, "tombstones_lifted": 1, "version": 3}
+    assert not (models / deltas.delta_dir(1)).exists()
+    live = deltas.live_questions(models).set_index("question_id")
+    assert {1, 2}.isdisjoint(live.index) and {3, 4} <= set(live.index)
+    assert live.loc[MAIN_IDS[2], "answer_id"] == f"a{MAIN_IDS[2]}"
+    bundle = Bundle.load(models)
+    assert bundle.search(MAIN[2], k=1).hits[0].answer_id == f"a{MAIN_IDS[2]}"
+    assert bundle.search(LATER[0], k=1).hits[0].question_id not in (1, 2)
+    assert deltas.add_questions(models, _frame(LATER[4:5], [5]))["number"] == 3
+    assert deltas.read_manifest(models).dropped[0]["reason"] == "wrong answers"
+    with pytest.raises(deltas.DeltaError, match="no delta 1"):
+        deltas.drop_delta(models, 1)
+
+
+def test_a_compacted_delta_cannot_be_dropped_and_later_ones_still_load(models: Path) -> None:
+    deltas.add_questions(models, _frame(LATER[:2], [1, 2]))
+    deltas.compact(models, lambda v: build_index(v, FLAT, seed=0, log=lambda _: None))
+    with pytest.raises(deltas.DeltaError, match="main index"):
+        deltas.drop_delta(models, 1)
+    deltas.add_questions(models, _frame(LATER[2:3], [3]))
+    deltas.delete_questions(models, [1])
+    bundle = Bundle.load(models)
+    assert bundle.size == len(MAIN) + 2  # main (with 1 and 2) + 3, less the deleted 1
+    live = set(deltas.live_questions(models)["question_id"])
+    assert live == set(MAIN_IDS) | {2, 3}
+    assert _ids(bundle, LATER[2], 1) == [3]
+    assert 1 not in _ids(bundle, LATER[0], bundle.size)
+
+
+def test_a_full_build_takes_every_deltas_questions_less_the_tombstoned(models: Path) -> None:
+    """for_full_build: the cluster stage's rows first, then the deltas' (absorbed or not);
+    tombstones apply to both; a replaced row gives way to its replacement."""
+    deltas.add_questions(models, _frame(LATER[:2], [1, 2]))
+    deltas.compact(models, lambda v: build_index(v, FLAT, seed=0, log=lambda _: None))
+    deltas.add_questions(models, _frame([MAIN[0], LATER[2]], [MAIN_IDS[0], 3], "changed"))
+    deltas.delete_questions(models, [MAIN_IDS[1], 2])
+    clustered = pd.DataFrame(
+        {"question_id": MAIN_IDS, "text": MAIN, "cluster_id": 7, "split": "train"}
+    )
+    built, version = deltas.for_full_build(models, clustered)
+    assert version == deltas.read_manifest(models).version == 3
+    rows = built.set_index("question_id")
+    assert set(rows.index) == (set(MAIN_IDS) - {MAIN_IDS[1]}) | {1, 3}
+    assert rows.index.is_unique
+    assert rows.loc[MAIN_IDS[0], "answer_id"] == "changed"  # the replacement
+    assert rows.loc[MAIN_IDS[2], "cluster_id"] == 7 and rows.loc[1, "cluster_id"] == -1
+    untouched, none = deltas.for_full_build(models / "missing", clustered)
+    assert none == 0 and untouched is clustered

@@ -5,7 +5,9 @@ A file is either QA logs (it has a timestamp column: the raw-log gate, then the 
 of the cluster stage) or a question list (.txt one question a line, or CSV / JSONL /
 Parquet with a "question" or "text" column and optional question_id, answer_id). Questions
 the bundle already serves with the same text are skipped; a listed question_id the bundle
-serves is replaced (a changed answer). Other new questions get fresh ids.
+serves is replaced (a changed answer). Other new questions get the id the cluster stage
+would give them (`stable_id` of the normalised text): a full build that later finds them
+in the logs indexes them once.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import numpy as np
 import pandas as pd
 
 from qpr.artifacts import ANSWER_ID
-from qpr.config import QualitySettings
+from qpr.config import QualitySettings, Settings
+from qpr.data.clustering import stable_id
 from qpr.data.loaders import DataFormatError, clean_logs, read_log_file
 from qpr.io import file_sha256
 from qpr.retrieval import deltas
+from qpr.text.normalize import normalize
 
 
 def read_questions(path: Path, quality: QualitySettings, report_dir: Path | None) -> pd.DataFrame:
@@ -81,20 +85,24 @@ def _from_logs(path: Path, quality: QualitySettings, report_dir: Path | None) ->
 
 
 def new_questions(models_dir: Path, questions: pd.DataFrame) -> pd.DataFrame:
-    """The questions to add: those whose text the bundle does not serve, and those whose
-    given id it serves (a replacement); fresh ids for the others. cluster_id -1 (no
-    paraphrase cluster is known before the next training)."""
+    """The questions to add: those whose given id the bundle serves (a replacement), and
+    the others whose text and id it does not serve. Without a given id, a question's id is
+    the cluster stage's (`stable_id` of its normalised text), so two spellings of one
+    question are added once. cluster_id -1 (no paraphrase cluster is known before the next
+    training)."""
     live = deltas.live_questions(models_dir)
     served_ids = set(live["question_id"].tolist())
     served_texts = set(live["text"].tolist())
-    given = questions["question_id"].to_numpy(np.int64) >= 0
-    replaces = given & questions["question_id"].isin(served_ids).to_numpy()
-    fresh = ~questions["text"].isin(served_texts).to_numpy()
-    frame = questions[replaces | fresh].copy()
-    missing = frame["question_id"].to_numpy(np.int64) < 0
-    ids = frame["question_id"].to_numpy(np.int64).copy()
-    ids[missing] = deltas.next_question_ids(models_dir, int(missing.sum()))
-    return frame.assign(question_id=ids, cluster_id=np.int64(-1)).reset_index(drop=True)
+    keys = questions["text"].map(normalize)
+    ids = questions["question_id"].to_numpy(np.int64).copy()
+    given = ids >= 0
+    ids[~given] = [stable_id(k) for k in keys[~given]]
+    served = np.isin(ids, list(served_ids))
+    replaces = given & served
+    fresh = ~questions["text"].isin(served_texts).to_numpy() & ~served & (keys != "").to_numpy()
+    frame = questions.assign(question_id=ids)[replaces | fresh]
+    frame = frame.drop_duplicates("question_id", keep="last")
+    return frame.assign(cluster_id=np.int64(-1)).reset_index(drop=True)
 
 
 def add_files(
@@ -109,7 +117,9 @@ def add_files(
     """Every file's new questions as one delta (none when nothing is new). Returns
     {"files", "questions_read", "added", "replaced", "delta"}; files already indexed
     (same sha256, recorded in the manifest) are skipped."""
-    seen = {s for d in deltas.read_manifest(models_dir).deltas for s in d.get("sources", [])}
+    manifest = deltas.read_manifest(models_dir)
+    # A dropped delta's files stay out: the schedule would offer them again.
+    seen = {s for d in manifest.deltas + manifest.dropped for s in d.get("sources", [])}
     todo = [(Path(f), file_sha256(f)) for f in files]
     todo = [(f, sha) for f, sha in todo if sha not in seen]
     frames = [read_questions(f, quality, report_dir) for f, _ in todo]
@@ -139,3 +149,28 @@ def read_ids(values: Sequence[int], file: Path | None) -> list[int]:
         else:
             ids += [int(line) for line in Path(file).read_text().split() if line.strip()]
     return ids
+
+
+def publish(models_dir: Path, settings: Settings, *, actor: str, reason: str) -> dict[str, str]:
+    """After an index change: pin it in dvc.lock (`qpr.ops.vcs.pin_deltas`) and, with
+    registry.follow_deltas, register and promote it (`qpr.ops.registry.register_refresh`).
+    The change is already served from the folder; a failure here undoes nothing and
+    is said in the result ({"dvc": ..., "registry": ...})."""
+    from qpr.ops.layout import RetrainError
+    from qpr.ops.vcs import pin_deltas
+
+    try:
+        out = {"dvc": pin_deltas(models_dir)}
+    except (RetrainError, OSError, ValueError) as err:
+        out = {"dvc": f"not pinned: {err}"}
+    if settings.registry.follow_deltas:
+        from qpr.ops.registry import RegistryError, register_refresh
+
+        try:
+            info, said = register_refresh(
+                models_dir, name=settings.registry.name, actor=actor, reason=reason
+            )
+            out["registry"] = said if info is None else f"version {info.version}: {said}"
+        except RegistryError as err:
+            out["registry"] = f"not registered: {err}"
+    return out

@@ -58,7 +58,7 @@ from mlflow.tracking import MlflowClient
 import qpr
 from qpr.artifacts import OPTIONAL_FILES, REQUIRED_FILES, SEARCH_FILE, search_config_file
 from qpr.errors import QPRError
-from qpr.io import json_text
+from qpr.io import file_sha256, json_sha256, json_text
 from qpr.ops.pyfunc import (
     BUNDLE_ARTIFACT,
     DEFAULT_K,
@@ -69,7 +69,7 @@ from qpr.ops.pyfunc import (
     verify_artifacts,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
-from qpr.retrieval.deltas import delta_files
+from qpr.retrieval.deltas import ABSORBED_FILE, delta_files, read_manifest
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -83,6 +83,7 @@ __all__ = [
     "QPRSearchModel",
     "RegistryError",
     "VersionInfo",
+    "base_fingerprint",
     "bundle_files",
     "champion",
     "data_source_mismatch",
@@ -99,6 +100,7 @@ __all__ = [
     "promote",
     "promotion_refusal",
     "register_bundle",
+    "register_refresh",
     "rollback",
     "set_challenger",
 ]
@@ -126,6 +128,10 @@ TAG_COMMITTED = "qpr.committed"
 TAG_RETRAIN_RUN = "qpr.retrain_run"  # the retraining cycle that registered the version
 TAG_DATA_SOURCE = "qpr.data_source"  # data.source it was trained on: like with like only
 TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--force)
+# What a version serves: its base (every file but the deltas) and its deltas (JSON: the
+# manifest version and sha256, the delta numbers), so a refresh knows what it extends.
+TAG_BASE = "qpr.base_fingerprint"
+TAG_DELTAS = "qpr.deltas"
 # Set by a retraining cycle for `dvc repro`: the register stage then leaves the aliases
 # and the committed mark to the cycle's commit.
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
@@ -337,6 +343,8 @@ def register_bundle(
                 return existing
 
         version_tags: dict[str, str] = {
+            TAG_BASE: base_fingerprint(staged),
+            TAG_DELTAS: _deltas_tag(staged),
             TAG_METRIC: metric,
             TAG_METRIC_VALUE: repr(value),
             TAG_MEASURES: json.dumps(_measures(metrics), sort_keys=True),
@@ -399,6 +407,67 @@ def bundle_files(models_dir: Path) -> list[Path]:
     optional = [rel for rel in OPTIONAL_FILES if (models_dir / rel).is_file()]
     # The deltas and tombstones served beside the base index (qpr.retrieval.deltas).
     return [*required, *optional, *delta_files(models_dir)]
+
+
+def base_fingerprint(models_dir: Path) -> str:
+    """sha256 over the bundle's files less its deltas (their manifest and parts): the main
+    index, encoder, vocabulary and search config a delta extends."""
+    root = Path(models_dir)
+    deltas = {rel for rel in delta_files(root) if rel != ABSORBED_FILE}
+    return json_sha256(
+        {rel.as_posix(): file_sha256(root / rel) for rel in bundle_files(root) if rel not in deltas}
+    )
+
+
+def _deltas_tag(models_dir: Path) -> str:
+    manifest = read_manifest(models_dir)
+    return json.dumps(
+        {
+            "version": manifest.version,
+            "manifest_sha256": manifest.sha256,
+            "deltas": [int(d["number"]) for d in manifest.deltas],
+            "tombstones": len(manifest.tombstones),
+        },
+        sort_keys=True,
+    )
+
+
+@_mlflow_errors
+def register_refresh(
+    models_dir: str | Path, *, name: str, actor: str, reason: str
+) -> tuple[VersionInfo | None, str]:
+    """After `qpr index add | delete | drop | compact`: the bundle with its deltas as a new
+    version, committed and promoted, when the champion has the same base (`TAG_BASE`).
+    So a service that follows the registry serves the change, and `rollback` undoes it.
+    Returns (the version or None, what happened). A version rolled back before is not
+    promoted again; a champion with another base (a retraining not promoted yet, or one
+    registered before deltas were) leaves the change local."""
+    models_dir = Path(models_dir)
+    current = champion(name)
+    if current is None:
+        return None, f"model {name!r} has no champion: the change stays local"
+    if current.tags.get(TAG_BASE) != base_fingerprint(models_dir):
+        return None, (
+            f"champion version {current.version} serves another base than {models_dir} "
+            "(or was registered before deltas were): the change stays local"
+        )
+    measures = json.loads(current.tags.get(TAG_MEASURES, "{}"))
+    metrics: dict[str, Any] = {k: v for k, v in measures.items() if not k.startswith("val.")}
+    metrics["val"] = {k[4:]: v for k, v in measures.items() if k.startswith("val.")}
+    keep = (TAG_DATA_SOURCE, TAG_DATA_HASH, TAG_GIT_COMMIT)
+    info = register_bundle(
+        models_dir,
+        metrics,
+        name=name,
+        metric=current.tags.get(TAG_METRIC, "val.recip_rank"),
+        tags={key: current.tags[key] for key in keep if key in current.tags},
+    )
+    if info.version == current.version:
+        return info, f"version {info.version} already serves this state"
+    if "qpr.rolled_back_at" in info.tags:
+        return info, f"version {info.version} holds this state and was rolled back: not promoted"
+    mark_committed(name, info.version, by=actor)
+    return promote(name, info.version, reason=reason, actor=actor), "promoted"
 
 
 def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:

@@ -48,6 +48,7 @@ from qpr.pipeline.handoff import (
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
+from qpr.retrieval import deltas
 from qpr.retrieval.indexer import Indexer, LexicalConfig
 from qpr.tasks import Mapper, local_map
 from qpr.text import load_tokenizer
@@ -72,6 +73,9 @@ def run_index(
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
     questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
+    clustered = len(questions)
+    # The deltas' questions and tombstones (qpr.retrieval.deltas): a full build absorbs them.
+    questions, absorbed = deltas.for_full_build(paths.models_dir, questions)
     columns = bundle_columns(questions, settings.data.filter_fields)
     vocab = load_tokenizer(paths.vocab)
     cfg = settings.index
@@ -107,6 +111,8 @@ def run_index(
     assert index is not None  # the gate passed: the vectors were finite
 
     lexical_seconds = _write_index_files(staging, index, questions[columns], indexer, shards, log)
+    deltas.write_absorbed(staging, absorbed)
+    deltas.ensure_manifest(paths.models_dir)  # the stage's persisted output must exist
     shutil.rmtree(paths.index_dir, ignore_errors=True)
     staging.rename(paths.index_dir)
     shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
@@ -115,6 +121,8 @@ def run_index(
     described = nlist_of(index)
     metrics = {
         "questions": len(questions),
+        "questions_clustered": clustered,
+        "deltas_version": absorbed,
         "dim": int(vectors.dim),
         "nlist": int(described) if described is not None else 0,
         "nprobe": cfg.nprobe,

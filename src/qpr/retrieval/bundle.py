@@ -21,9 +21,9 @@ need not ship them, and importing torch costs seconds and ~0.5 GB).
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
 
-Deltas (`qpr.retrieval.deltas`): questions added since the index stage, in
-``index/deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are
-dropped from every search's candidates, which are over-fetched by their number.
+Deltas (`qpr.retrieval.deltas`): questions added since the main index was built, in
+``deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are a row
+mask applied inside the dense search and BM25, as a filter is (no over-fetch).
 
 A loaded bundle is immutable; `search` may be called from several threads at once
 (ONNX Runtime sessions and FAISS CPU searches are safe for concurrent reads).

@@ -1,21 +1,28 @@
 """Fresh questions without retraining: index deltas, tombstones and their compaction.
 
-A bundle's main index (models/index/) is written by the index stage. Beside it:
+A bundle's main index (models/index/) is written by the index stage. Beside it, in a
+folder of its own (the index stage's persisted DVC output, so `dvc repro` never wipes it):
 
-    index/deltas.json            the manifest: version counter, each delta, the tombstones
-    index/deltas/<NNNN>/         one delta: vectors.faiss (exact Flat), ids.npy,
+    deltas/deltas.json           the manifest: version counter, each delta, the tombstones
+    deltas/<NNNN>/               one delta: vectors.faiss (exact Flat), ids.npy,
                                  questions.parquet, bm25.npz
+    index/absorbed.json          the manifest version the main index already holds
 
 The manifest is the single commit point. A delta is written to a temporary folder,
 fsynced, renamed to deltas/<NNNN>, and only then named in a new manifest (written
 atomically). A crash before that rename or that manifest leaves the served state as it was:
 a folder the manifest does not name is never read (and is removed by the next `add`).
 
-Versions: every `add` and `delete` raises the counter by one. A delta carries the version
-it was added at (the main index is version 0). A tombstone (question id, version v) hides
-that id's rows in every part older than v. So a changed answer is one `add` of the same
-id: its delta writes the tombstone that hides the old row. A deleted id comes back only
-when a later delta adds it again.
+Versions: every `add`, `delete` and `drop` raises the counter by one. A delta carries the
+version it was added at (the main index is version 0). A tombstone (question id, version v)
+hides that id's rows in every part older than v. So a changed answer is one `add` of the
+same id: its delta writes the tombstone that hides the old row. A deleted id comes back
+only when a later delta adds it again.
+
+Absorption: a full build (the index stage) and `compact` index the live questions of the
+main set and of every delta, and record the manifest version they hold (absorbed.json).
+Loading skips the deltas and tombstones at or below it. The manifest keeps them: the next
+full build starts again from the cluster stage's questions and needs them once more.
 
 BM25: a delta's weights use the main index's statistics (N, each term's df, the mean
 length avgdl), frozen at the main build. Its words unknown to the main vocabulary score
@@ -24,8 +31,8 @@ nothing until compaction; each delta records how many of its word tokens that dr
 
 Loading (`load_parts`): the delta vectors are added to the loaded, in-memory copy of the
 main index and the delta postings appended to the main BM25 postings, so one search sees
-every row (the files on disk never change). Tombstoned rows are then dropped from each
-search's candidates, which are over-fetched by the number of dead rows (`Bundle`).
+every row (the files on disk never change). Tombstoned rows are a row mask applied inside
+the dense search and BM25, as a filter is (`Bundle`).
 
 Arrays: float32 vectors [N, D], int64 question ids [N], bool dead mask [N].
 No framework code: the CLI and flows/refresh.py call these functions.
@@ -60,20 +67,26 @@ from qpr.io import file_sha256, fsync_dir, json_sha256, write_json_atomic
 from qpr.retrieval.bm25 import BM25Index, count_terms
 
 __all__ = [
+    "ABSORBED_FILE",
     "DELTAS_DIR",
     "MANIFEST_FILE",
     "DeltaError",
     "Manifest",
+    "absorbed_version",
     "add_questions",
     "delete_questions",
     "delta_files",
+    "drop_delta",
+    "ensure_manifest",
+    "for_full_build",
     "live_questions",
     "load_parts",
     "read_manifest",
 ]
 
-MANIFEST_FILE = INDEX_DIR / "deltas.json"
-DELTAS_DIR = INDEX_DIR / "deltas"
+DELTAS_DIR = Path("deltas")
+MANIFEST_FILE = DELTAS_DIR / "deltas.json"
+ABSORBED_FILE = INDEX_DIR / "absorbed.json"
 FORMAT = "qpr-deltas/1"
 _VECTORS = "vectors.faiss"
 _IDS = "ids.npy"
@@ -89,13 +102,16 @@ class DeltaError(ValueError):
 
 @dataclass
 class Manifest:
-    """deltas.json. deltas: [{"number", "version", "rows", "sha256", "tokens",
-    "unknown_tokens", "unknown_terms"}], tombstones: [[question_id, version]]."""
+    """deltas.json. deltas: [{"number", "version", "rows", "sha256", "sources", "tokens",
+    "unknown_tokens", "unknown_terms"}], tombstones: [[question_id, version]], dropped:
+    the entries `drop_delta` removed (with "dropped_at_version" and "reason"), whose
+    sources are never added again."""
 
     version: int = 0
     deltas: list[dict[str, Any]] = field(default_factory=list)
     tombstones: list[list[int]] = field(default_factory=list)
-    main_avgdl: float | None = None
+    main_avgdl: dict[str, Any] | None = None
+    dropped: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,7 +120,15 @@ class Manifest:
             "deltas": self.deltas,
             "tombstones": self.tombstones,
             "main_avgdl": self.main_avgdl,
+            "dropped": self.dropped,
         }
+
+    def pending(self, absorbed: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
+        """The deltas and tombstones newer than what the main index holds (`absorbed`)."""
+        return (
+            [d for d in self.deltas if int(d["version"]) > absorbed],
+            [t for t in self.tombstones if int(t[1]) > absorbed],
+        )
 
     @property
     def sha256(self) -> str:
@@ -122,10 +146,40 @@ def read_manifest(models_dir: Path) -> Manifest:
         if raw.get("format") != FORMAT:
             raise DeltaError(f"{path}: format {raw.get('format')!r}, expected {FORMAT!r}")
         return Manifest(
-            int(raw["version"]), list(raw["deltas"]), list(raw["tombstones"]), raw["main_avgdl"]
+            int(raw["version"]),
+            list(raw["deltas"]),
+            list(raw["tombstones"]),
+            raw["main_avgdl"],
+            list(raw.get("dropped", [])),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DeltaError(f"{path}: not a readable deltas manifest ({exc})") from exc
+
+
+def ensure_manifest(models_dir: Path) -> Path:
+    """The manifest's path; an empty manifest is written when there is none (the index
+    stage's DVC output must exist, and an empty one hashes the same on every machine)."""
+    path = Path(models_dir) / MANIFEST_FILE
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, Manifest().as_dict())
+    return path
+
+
+def absorbed_version(models_dir: Path) -> int:
+    """The manifest version the main index already holds (0 without index/absorbed.json)."""
+    path = Path(models_dir) / ABSORBED_FILE
+    if not path.is_file():
+        return 0
+    try:
+        return int(json.loads(path.read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DeltaError(f"{path}: unreadable ({exc})") from exc
+
+
+def write_absorbed(index_dir: Path, version: int) -> None:
+    """Record in a (staged) main index folder the manifest version its questions hold."""
+    write_json_atomic(Path(index_dir) / ABSORBED_FILE.name, {"version": int(version)})
 
 
 def delta_dir(number: int) -> Path:
@@ -133,13 +187,16 @@ def delta_dir(number: int) -> Path:
 
 
 def delta_files(models_dir: Path) -> list[Path]:
-    """The manifest and every file of the deltas it names, relative to `models_dir`
-    (empty without a manifest): what the fingerprint hashes and the registry stores."""
-    manifest = read_manifest(models_dir)
-    if not (Path(models_dir) / MANIFEST_FILE).is_file():
-        return []
-    out = [MANIFEST_FILE]
-    for delta in manifest.deltas:
+    """index/absorbed.json, the manifest and every file of the deltas a load reads,
+    relative to `models_dir` (only what exists): what the fingerprint hashes and the
+    registry stores. Absorbed deltas are left out: the main index holds their questions."""
+    root = Path(models_dir)
+    out = [ABSORBED_FILE] if (root / ABSORBED_FILE).is_file() else []
+    if not (root / MANIFEST_FILE).is_file():
+        return out
+    pending, _ = read_manifest(root).pending(absorbed_version(root))
+    out.append(MANIFEST_FILE)
+    for delta in pending:
         out += [delta_dir(int(delta["number"])) / name for name in DELTA_FILES]
     return out
 
@@ -181,12 +238,13 @@ def load_parts(
     (sha256), of another width or whose files disagree."""
     root = Path(models_dir)
     manifest = read_manifest(root)
+    pending, tombstones = manifest.pending(absorbed_version(root))
     qids = np.asarray(qids, np.int64)
     versions = [np.zeros(qids.size, np.int64)]
     all_qids, all_clusters = [qids], [np.asarray(cluster_ids, np.int64)]
     texts, answers = list(texts), list(answer_ids or [None] * qids.size)
     postings = []
-    for delta in manifest.deltas:
+    for delta in pending:
         folder = root / delta_dir(int(delta["number"]))
         vectors, frame, weights = _read_delta(folder, delta, index.d)
         index.add(vectors)
@@ -198,7 +256,7 @@ def load_parts(
         answers += [a if isinstance(a, str) else None for a in frame[ANSWER_ID].tolist()]
         postings.append({**weights, "docs": np.int64(len(frame))})
     merged_qids = np.concatenate(all_qids)
-    dead = dead_rows(merged_qids, np.concatenate(versions), manifest.tombstones)
+    dead = dead_rows(merged_qids, np.concatenate(versions), tombstones)
     if bm25 is not None and postings:
         bm25 = merge_bm25(bm25, postings)
     shown = np.where(dead, -2 - np.arange(merged_qids.size, dtype=np.int64), merged_qids)
@@ -212,7 +270,7 @@ def load_parts(
         answers if answer_ids is not None or postings else answer_ids,
         bm25,
         dead,
-        manifest.sha256 if manifest.deltas or manifest.tombstones else None,
+        manifest.sha256 if pending or tombstones else None,
     )
 
 
@@ -296,18 +354,46 @@ def live_questions(models_dir: Path) -> pd.DataFrame:
     tombstoned rows. Columns question_id int64, text, cluster_id int64, answer_id, version
     int64 (0: main), in row order."""
     root = Path(models_dir)
-    manifest = read_manifest(root)
-    frames = [_main_questions(root).assign(version=0)]
-    for delta in manifest.deltas:
-        frame = pd.read_parquet(root / delta_dir(int(delta["number"])) / _QUESTIONS)
+    pending, tombstones = read_manifest(root).pending(absorbed_version(root))
+    return _live(_main_questions(root), root, pending, tombstones)
+
+
+def _live(
+    main: pd.DataFrame,
+    root: Path,
+    entries: Sequence[dict[str, Any]],
+    tombstones: Sequence[Sequence[int]],
+) -> pd.DataFrame:
+    """`main` (version 0) and the `entries`' questions, less the rows `tombstones` hide."""
+    frames = [main.assign(version=0)]
+    for delta in entries:
+        folder = root / delta_dir(int(delta["number"]))
+        try:
+            frame = pd.read_parquet(folder / _QUESTIONS)
+        except (OSError, ValueError) as exc:
+            raise DeltaError(f"{folder}: unreadable delta ({exc})") from exc
         frames.append(frame.assign(version=int(delta["version"])))
     both = pd.concat(frames, ignore_index=True)
     dead = dead_rows(
-        both["question_id"].to_numpy(np.int64),
-        both["version"].to_numpy(np.int64),
-        manifest.tombstones,
+        both["question_id"].to_numpy(np.int64), both["version"].to_numpy(np.int64), tombstones
     )
     return both[~dead].reset_index(drop=True)
+
+
+def for_full_build(models_dir: Path, questions: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """What a full build indexes: the cluster stage's `questions` (question_id, text, any
+    other columns) and every delta's, absorbed or not, less the tombstoned rows; an id in
+    both keeps the cluster stage's row. Returns them and the manifest version they hold
+    (0 and `questions` unchanged without a manifest)."""
+    root = Path(models_dir)
+    if not (root / MANIFEST_FILE).is_file():
+        return questions, 0
+    manifest = read_manifest(root)
+    if not manifest.deltas and not manifest.tombstones:
+        return questions, manifest.version
+    live = _live(questions, root, manifest.deltas, manifest.tombstones)
+    live = live.drop_duplicates("question_id", keep="first").drop(columns="version")
+    return live.reset_index(drop=True), manifest.version
 
 
 def _main_questions(root: Path) -> pd.DataFrame:
@@ -357,16 +443,6 @@ def delta_postings(
     return arrays, stats
 
 
-def next_question_ids(models_dir: Path, count: int) -> np.ndarray:
-    """int64 [count] ids no question of the bundle (main, deltas, dead or alive) has."""
-    root = Path(models_dir)
-    known = [np.load(root / IDS_FILE, allow_pickle=False)]
-    for delta in read_manifest(root).deltas:
-        known.append(np.load(root / delta_dir(int(delta["number"])) / _IDS, allow_pickle=False))
-    start = int(max((int(k.max(initial=-1)) for k in known), default=-1)) + 1
-    return np.arange(start, start + count, dtype=np.int64)
-
-
 def _encode(root: Path, texts: list[str], batch_size: int, threads: int) -> np.ndarray:
     """float32 [n, D]: the texts through the bundle's document encoder (encoder.onnx), as
     the index stage encodes its questions."""
@@ -398,7 +474,8 @@ def add_questions(
     manifest = read_manifest(root)
     frame = _checked_questions(questions)
     version = manifest.version + 1
-    number = 1 + max((int(d["number"]) for d in manifest.deltas), default=0)
+    # A dropped delta's number is never given again: logs and notes may name it.
+    number = 1 + max((int(d["number"]) for d in manifest.deltas + manifest.dropped), default=0)
     vectors = _encode(root, frame["text"].tolist(), batch_size, threads)
     bm25_path = root / BM25_FILE
     postings: dict[str, np.ndarray] = {
@@ -408,13 +485,9 @@ def add_questions(
     }
     stats = {"tokens": 0, "unknown_tokens": 0, "unknown_terms": 0}
     if bm25_path.is_file():
-        if manifest.main_avgdl is None:  # once per main index: its mean question length
-            texts = _main_questions(root)["text"].tolist()
-            manifest.main_avgdl = float(
-                count_terms(texts, stemmer=BM25Index.load(bm25_path).stemmer).lengths.mean()
-            )
+        main = BM25Index.load(bm25_path)
         postings, stats = delta_postings(
-            BM25Index.load(bm25_path), frame["text"].tolist(), manifest.main_avgdl
+            main, frame["text"].tolist(), _main_avgdl(root, manifest, main)
         )
     folder = _write_delta(root, number, vectors, frame, postings)
     replaced = set(live_questions(root)["question_id"].tolist()) & set(
@@ -433,6 +506,19 @@ def add_questions(
     manifest.tombstones += [[int(q), version] for q in sorted(replaced)]
     write_json_atomic(root / MANIFEST_FILE, manifest.as_dict())  # the commit point
     return {**entry, "replaced": len(replaced), "manifest_sha256": manifest.sha256}
+
+
+def _main_avgdl(root: Path, manifest: Manifest, main: BM25Index) -> float:
+    """The main index's mean question length in BM25 words, computed once per main index
+    (keyed by its id map's sha256: a full build or a compaction makes a new one)."""
+    key = file_sha256(root / IDS_FILE)
+    cached = manifest.main_avgdl
+    if isinstance(cached, dict) and cached.get("ids_sha256") == key:
+        return float(cached["avgdl"])
+    texts = _main_questions(root)["text"].tolist()
+    avgdl = float(count_terms(texts, stemmer=main.stemmer).lengths.mean())
+    manifest.main_avgdl = {"ids_sha256": key, "avgdl": avgdl}
+    return avgdl
 
 
 def _checked_questions(questions: pd.DataFrame) -> pd.DataFrame:
@@ -506,6 +592,41 @@ def delete_questions(models_dir: str | os.PathLike[str], question_ids: Sequence[
     return {"deleted": deleted, "unknown": unknown, "version": manifest.version}
 
 
+def drop_delta(
+    models_dir: str | os.PathLike[str], number: int, *, reason: str = ""
+) -> dict[str, Any]:
+    """Undo one `add`: delta `number` leaves the manifest with the tombstones it wrote (the
+    rows it replaced come back), and its files go. Its sources are remembered, so a
+    schedule does not add the same file again. DeltaError for an unknown delta or one the
+    main index already holds (delete its questions instead). Returns {"dropped",
+    "questions", "tombstones_lifted", "version"}."""
+    root = Path(models_dir)
+    manifest = read_manifest(root)
+    entry = next((d for d in manifest.deltas if int(d["number"]) == int(number)), None)
+    if entry is None:
+        known = ", ".join(str(d["number"]) for d in manifest.deltas) or "none"
+        raise DeltaError(f"no delta {number} in {root / MANIFEST_FILE} (deltas: {known})")
+    version = int(entry["version"])
+    if version <= absorbed_version(root):
+        raise DeltaError(
+            f"delta {number} is in the main index since its last build ({ABSORBED_FILE}): "
+            "delete its questions instead (qpr index delete)"
+        )
+    lifted = [t for t in manifest.tombstones if int(t[1]) == version]
+    manifest.deltas.remove(entry)
+    manifest.tombstones = [t for t in manifest.tombstones if int(t[1]) != version]
+    manifest.version += 1
+    manifest.dropped.append({**entry, "dropped_at_version": manifest.version, "reason": reason})
+    write_json_atomic(root / MANIFEST_FILE, manifest.as_dict())  # the commit point
+    shutil.rmtree(root / delta_dir(int(number)), ignore_errors=True)
+    return {
+        "dropped": int(number),
+        "questions": int(entry["rows"]),
+        "tombstones_lifted": len(lifted),
+        "version": manifest.version,
+    }
+
+
 def compact(
     models_dir: str | os.PathLike[str],
     build: Callable[[np.ndarray], faiss.Index],
@@ -515,13 +636,15 @@ def compact(
 ) -> dict[str, Any]:
     """Merge the deltas into a new main index: the live questions encoded again and
     indexed by `build` (vectors float32 [N, D] → a filled index: the index stage's
-    factory), BM25 recomputed over all of them (every statistic exact again), the
-    manifest gone. The new index/ is swapped in by rename; other files there (the int8
-    query encoder) are kept. Returns {"questions", "deltas_merged", "tombstones_applied"}."""
+    factory), BM25 recomputed over all of them (every statistic exact again), and the
+    manifest version they hold recorded (index/absorbed.json: loads skip those deltas).
+    The new index/ is swapped in by rename; other files there (the int8 query encoder)
+    are kept. Returns {"questions", "deltas_merged", "tombstones_applied", "version"}."""
     from qpr.retrieval.dense import IdMap, save_index
 
     root = Path(models_dir)
     manifest = read_manifest(root)
+    pending, tombstones = manifest.pending(absorbed_version(root))
     live = live_questions(root)
     vectors = _encode(root, live["text"].tolist(), batch_size, threads)
     index_dir = root / INDEX_DIR
@@ -540,9 +663,11 @@ def compact(
         BM25Index.build(live["text"].tolist(), k1=main.k1, b=main.b, stemmer=main.stemmer).save(
             staging / BM25_FILE.name
         )
+    write_absorbed(staging, manifest.version)
     rewritten = {INDEX_FILE.name, IDS_FILE.name, QUESTIONS_FILE.name, BM25_FILE.name}
+    rewritten.add(ABSORBED_FILE.name)
     for other in index_dir.iterdir():
-        if other.is_file() and other.name not in rewritten and other.name != MANIFEST_FILE.name:
+        if other.is_file() and other.name not in rewritten:
             shutil.copy2(other, staging / other.name)
     old = index_dir.with_name(index_dir.name + ".compact-old")
     shutil.rmtree(old, ignore_errors=True)
@@ -552,6 +677,7 @@ def compact(
     shutil.rmtree(old, ignore_errors=True)
     return {
         "questions": len(live),
-        "deltas_merged": len(manifest.deltas),
-        "tombstones_applied": len(manifest.tombstones),
+        "deltas_merged": len(pending),
+        "tombstones_applied": len(tombstones),
+        "version": manifest.version,
     }

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from qpr.artifacts import LEGACY_SEARCH_FILE, OPTIONAL_FILES, REQUIRED_FILES
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import BundleError
-from qpr.retrieval.deltas import MANIFEST_FILE
+from qpr.retrieval.deltas import ABSORBED_FILE, MANIFEST_FILE
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -71,7 +71,7 @@ TAG_COMMITTED = "qpr.committed"
 # read: an older bundle's search config is its threshold.json). The deltas' manifest is
 # renamed into place last, after their folders, which never change once named in it: its
 # signature tells a new delta or tombstone arrived.
-_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES, MANIFEST_FILE)
+_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES, ABSORBED_FILE, MANIFEST_FILE)
 # A poll is one quick try: MLflow's default (7 retries, backoff factor 2, 120 s timeout)
 # held a start in a registry outage for minutes. Variables the operator set win.
 _QUICK_HTTP = {
