@@ -286,11 +286,15 @@ def test_index_add_then_delete_serves_fresh_questions_at_once(tmp_path):
     assert gone["text"] != "how do i descale my espresso machine"
     again = runner.invoke(app, ["index", "drop", "1", "--models-dir", str(models), "--local"])
     assert again.exit_code == 1 and "no delta 1" in again.output
+    listed = runner.invoke(app, ["index", "list", "--models-dir", str(models)])
+    assert listed.exit_code == 0 and "dropped" in listed.output
+    manifest = json.loads(
+        runner.invoke(app, ["index", "list", "--json", "--models-dir", str(models)]).output
+    )
+    assert manifest["dropped"][0]["number"] == 1 and manifest["absorbed_version"] == 0
 
 
 def test_index_help_names_the_stage_and_the_delta_commands():
     result = runner.invoke(app, ["index", "--help"])
     assert result.exit_code == 0
-    assert all(
-        word in result.output for word in ("Stage 4", "add", "delete", "drop", "compact")
-    )
+    assert all(word in result.output for word in ("Stage 4", "add", "delete", "drop", "compact"))

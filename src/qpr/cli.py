@@ -498,6 +498,52 @@ def index_delete(
     typer.echo(json.dumps(out))
 
 
+@index_app.command("list")
+def index_list(
+    models_dir: ModelsOption = Path("models"),
+    as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
+) -> None:
+    """The bundle's deltas: number, version, questions, BM25 words unknown to the main
+    index, and whether the main index already holds them (absorbed) or a load adds them."""
+    from qpr.retrieval.deltas import DeltaError, absorbed_version, read_manifest
+
+    try:
+        manifest, absorbed = read_manifest(models_dir), absorbed_version(models_dir)
+    except DeltaError as err:
+        _fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(manifest.as_dict() | {"absorbed_version": absorbed}, indent=2))
+        return
+    table = Table("delta", "version", "questions", "unknown BM25 words", "state", "sources")
+    for delta in manifest.deltas:
+        share = delta.get("unknown_tokens", 0) / max(delta.get("tokens", 0), 1)
+        state = "absorbed" if int(delta["version"]) <= absorbed else "served as a delta"
+        sources = ", ".join(s[:12] for s in delta.get("sources", [])) or "-"
+        table.add_row(
+            str(delta["number"]),
+            str(delta["version"]),
+            f"{delta['rows']:,}",
+            f"{share:.1%}",
+            state,
+            sources,
+        )
+    for delta in manifest.dropped:
+        table.add_row(
+            str(delta["number"]),
+            str(delta["version"]),
+            f"{delta['rows']:,}",
+            "",
+            f"dropped: {delta.get('reason', '')}",
+            "",
+        )
+    console.print(table)
+    pending = sum(int(t[1]) > absorbed for t in manifest.tombstones)
+    console.print(
+        f"manifest version {manifest.version}; the main index holds version {absorbed}; "
+        f"{pending} tombstones applied at search time"
+    )
+
+
 @index_app.command("drop")
 def index_drop(
     number: Annotated[int, typer.Argument(help="The delta's number (deltas/deltas.json).")],
