@@ -243,6 +243,7 @@ def add_file(models: Path, rows: pd.DataFrame, path: Path, args: Any, quality: A
 def end_to_end(models: Path, held: pd.DataFrame, args: Any, quality: Any) -> dict[str, Any]:
     """H as one file: add_files → Bundle.load → the first search returning a question of H
     (an H question's own text as the query)."""
+    load = os.getloadavg()[0]
     step = add_file(models, held, args.work / "held.csv", args, quality)
     loaded_at = time.perf_counter()
     bundle = Bundle.load(models, threads=1)
@@ -255,6 +256,7 @@ def end_to_end(models: Path, held: pd.DataFrame, args: Any, quality: Any) -> dic
         "first_search_s": done - searched_at,
         "first_hit_is_held": bool(hits) and hits[0].question_id == int(probe["question_id"]),
         "found_in_top5": any(h.question_id == int(probe["question_id"]) for h in hits),
+        "load_average_before": load,
     }
     step["end_to_end_s"] = step["add_files_s"] + step["load_s"] + step["first_search_s"]
     return step
@@ -362,6 +364,19 @@ def run_states(args: Any, settings: Any, held: pd.DataFrame, queries: pd.DataFra
         shutil.rmtree(folder)
 
 
+def e2e_repeats(args: Any, settings: Any, held: pd.DataFrame, ckpt: Checkpoint) -> None:
+    """The end-to-end add again on fresh copies of the base (after the rest: the first run
+    shares the machine with whatever ran then)."""
+    for run in range(1, args.e2e_repeats + 1):
+        if f"end to end {run}" in ckpt:
+            continue
+        folder = copy_bundle(args.work / "base", args.work / "e2e")
+        step = end_to_end(folder, held, args, settings.quality)
+        say(f"end to end, run {run + 1}: {step['end_to_end_s']:.1f} s")
+        ckpt.put(f"end to end {run}", step)
+        shutil.rmtree(folder)
+
+
 def filtered(args: Any, ckpt: Checkpoint) -> None:
     """filters.py's measure on a bucketed link copy of the bundle."""
     if "filters" in ckpt:
@@ -383,7 +398,9 @@ def result_of(args: Any, ckpt: Checkpoint, counts: dict, started_load: float) ->
     states = {"base (H deleted)": ckpt["state 0"]}
     states |= {deltas_name(n): ckpt[f"state {n}"] for n in MARKS}
     states["compacted (full rebuild)"] = full
-    e2e = ckpt[f"state {MARKS[0]}"]["adds"][0]
+    runs = [ckpt[f"state {MARKS[0]}"]["adds"][0]]
+    runs += [ckpt[f"end to end {i}"] for i in range(1, args.e2e_repeats + 1)]
+    e2e = sorted(runs, key=lambda run: run["end_to_end_s"])[(len(runs) - 1) // 2]
     per_delta = {n: ckpt[f"state {n}"]["adds"] for n in MARKS}
     import onnxruntime
 
@@ -404,6 +421,7 @@ def result_of(args: Any, ckpt: Checkpoint, counts: dict, started_load: float) ->
         "batch": args.batch,
         "base": ckpt["base"],
         "end_to_end": e2e | {"target_s": TARGET_S},
+        "end_to_end_runs": runs,
         "add_seconds": {
             n: percentiles([a["add_files_s"] for a in adds]) for n, adds in per_delta.items()
         },
@@ -429,46 +447,71 @@ def verdict(seconds: float, target: float) -> str:
     return f"missed by {seconds - target:.1f} s ({seconds / target - 1:.0%} over {target:.0f} s)"
 
 
-def e2e_lines(result: dict[str, Any]) -> list[str]:
-    e2e = result["end_to_end"]
-    write = e2e["delta_s"] - e2e["encode_s"]
-    rest = e2e["add_files_s"] - e2e["read_s"] - e2e["dedup_s"] - e2e["delta_s"]
-    rows = [
-        ("read the CSV, length filter, dedup within the file", e2e["read_s"]),
-        ("drop questions the bundle serves (live questions read)", e2e["dedup_s"]),
-        ("encode with the document encoder", e2e["encode_s"]),
-        ("BM25 postings, write the delta, manifest", write),
-        ("the rest of add_files (file sha256)", rest),
-        ("Bundle.load with the delta", e2e["load_s"]),
-        ("first search (an H question's text)", e2e["first_search_s"]),
-        ("**end to end**", e2e["end_to_end_s"]),
+E2E_STEPS = (
+    ("read the CSV, length filter, dedup within the file", "read_s"),
+    ("drop questions the bundle serves (live questions read)", "dedup_s"),
+    ("encode with the document encoder", "encode_s"),
+    ("BM25 postings, write the delta, manifest", "write_s"),
+    ("the rest of add_files (file sha256)", "rest_s"),
+    ("Bundle.load with the delta", "load_s"),
+    ("first search (an H question's text)", "first_search_s"),
+    ("**end to end**", "end_to_end_s"),
+)
+
+
+def e2e_table(runs: list[dict[str, Any]]) -> list[str]:
+    """One column a run: seconds per step, the load average before it."""
+    for run in runs:
+        run["write_s"] = run["delta_s"] - run["encode_s"]
+        run["rest_s"] = run["add_files_s"] - run["read_s"] - run["dedup_s"] - run["delta_s"]
+    loads = [run.get("load_average_before") for run in runs]
+    return [
+        "| step | " + " | ".join(f"run {i} s" for i in range(1, len(runs) + 1)) + " |",
+        "|---|" + "---:|" * len(runs),
+        *[
+            f"| {name} | " + " | ".join(f"{run[key]:.2f}" for run in runs) + " |"
+            for name, key in E2E_STEPS
+        ],
+        "| questions/s encoded | "
+        + " | ".join(f"{run['questions'] / run['encode_s']:.0f}" for run in runs)
+        + " |",
+        "| load average before | "
+        + " | ".join("-" if x is None else f"{x:.1f}" for x in loads)
+        + " |",
     ]
+
+
+def e2e_lines(result: dict[str, Any]) -> list[str]:
+    runs = result["end_to_end_runs"]
+    e2e = result["end_to_end"]  # the median run
     rate = e2e["questions"] / max(e2e["encode_s"], 1e-9)
+    totals = sorted(run["end_to_end_s"] for run in runs)
     lines = [
         "## End to end: a file of 10,000 questions → the first served answer",
         "",
-        "| step | s |",
-        "|---|---:|",
-        *[f"| {name} | {seconds:.2f} |" for name, seconds in rows],
+        "Run 1 is the 1-delta state's add; the others ran on fresh copies of the base "
+        "after the rest (load average: the 1-minute figure).",
+        "",
+        *e2e_table(runs),
         "",
         f"{e2e['questions']:,} questions added as one delta. Target ≤ {e2e['target_s']:.0f} s: "
-        f"{verdict(e2e['end_to_end_s'], e2e['target_s'])}.",
-        f"Encoding takes {e2e['encode_s'] / e2e['end_to_end_s']:.0%} of it: "
+        f"the median run {verdict(e2e['end_to_end_s'], e2e['target_s'])}; runs "
+        f"{totals[0]:.1f} to {totals[-1]:.1f} s.",
+        f"Encoding takes {e2e['encode_s'] / e2e['end_to_end_s']:.0%} of the median run: "
         f"{rate:.0f} questions/s through the MiniLM-family encoder on {result['threads']} "
-        "threads (batches of " + f"{result['batch']}).",
+        f"threads (batches of {result['batch']}).",
         "A question list has no raw-log gate (log files have): its gate is the length "
         "filter and the dedup.",
-        "The first search returned the H question itself first: "
-        f"{'yes' if e2e['first_hit_is_held'] else 'no'}.",
+        "The first search returned the H question itself first in "
+        f"{sum(bool(run['first_hit_is_held']) for run in runs)} of {len(runs)} runs.",
     ]
     if e2e["end_to_end_s"] > e2e["target_s"]:
-        needed = e2e["questions"] / max(
-            e2e["target_s"] - (e2e["end_to_end_s"] - e2e["encode_s"]), 1
-        )
+        other = e2e["end_to_end_s"] - e2e["encode_s"]
+        needed = e2e["questions"] / max(e2e["target_s"] - other, 1)
         lines.append(
-            f"Why: the other steps take {e2e['end_to_end_s'] - e2e['encode_s']:.1f} s; "
-            f"meeting {e2e['target_s']:.0f} s needs about {needed:.0f} questions/s of "
-            f"encoding, {rate:.0f} now."
+            f"Why: encoding dominates; the other steps take {other:.1f} s. Meeting "
+            f"{e2e['target_s']:.0f} s needs about {needed:.0f} questions/s of encoding, "
+            f"{rate:.0f} in the median run."
         )
     return lines
 
@@ -633,6 +676,9 @@ def main() -> None:
     parser.add_argument("--latency-queries", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--filter-queries", type=int, default=300)
+    parser.add_argument(
+        "--e2e-repeats", type=int, default=2, help="end-to-end runs after the first"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-freshness-quora"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--name", default="freshness_quora")
@@ -657,6 +703,7 @@ def main() -> None:
     say(f"H: {len(held):,} questions; {len(queries):,} queries ({counts})")
     run_states(args, settings, held, queries, relevant, ckpt)
     filtered(args, ckpt)
+    e2e_repeats(args, settings, held, ckpt)
     result = result_of(args, ckpt, counts, started_load)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
