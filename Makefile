@@ -11,6 +11,7 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: help install install-gpu data run repro metrics experiments test test-fast lint format lock clean \
         ui bench-quora bench-serve bench-reliability bench-embedding bench-scale \
+        bench-freshness-quora \
 	retrain docker-build docker-build-gpu docker-lint docker-smoke
 
 help: ## Show the targets
@@ -87,6 +88,10 @@ bench-quora: install ## Quora table: losses, encoders, sweeps (hours on 2 cores;
 
 bench-serve: install ## Search latency, recall vs exact and throughput on the Quora index
 	$(BIN)/python benchmarks/serve_latency.py
+
+# Needs the Quora bundle and split of `make bench-quora` (see the script's --bundle, --clusters)
+bench-freshness-quora: install ## 10k held-out Quora questions through deltas vs a rebuild (~30 min; resumable)
+	$(BIN)/python benchmarks/freshness_quora.py
 
 # make bench-reliability FRESH=1: every section again (finished ones are skipped otherwise)
 bench-reliability: install ## Service under fuzzing, 1,000 held connections, hot swaps (~6 min)
