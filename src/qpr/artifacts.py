@@ -68,6 +68,9 @@ __all__ = [
     "STUDENT_DIR",
     "STUDENT_FILE",
     "STUDENT_OF",
+    "TAG_COMMITTED",
+    "TAG_FINGERPRINT",
+    "TAG_GIT_COMMIT",
     "VOCAB_FILE",
     "VOCAB_SHA256_KEY",
     "SearchConfig",
@@ -130,6 +133,15 @@ RERANK_INT8_FILE = RERANK_DIR / "model.int8.onnx"  # only when int8 kept its ran
 RERANK_FILES = (RERANK_CONFIG_FILE, RERANK_TOKENIZER_FILE, RERANK_MODEL_FILE, RERANK_INT8_FILE)
 # What a bundle may hold besides REQUIRED_FILES (the registry stores those present).
 OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE, *RERANK_FILES)
+
+
+# Registry version tags (qpr.ops.registry writes them; qpr.serve.sources reads them).
+TAG_FINGERPRINT = "qpr.bundle_fingerprint"  # Bundle.fingerprint of the stored files
+TAG_GIT_COMMIT = "qpr.git_commit"
+# Set only once everything that produced the version committed (a retraining cycle's
+# commit point, or the register stage run on its own): a registry-following server and
+# `promote` never take a version without it (a crashed run's orphan).
+TAG_COMMITTED = "qpr.committed"
 
 
 def served_query_encoder(models_dir: PathLike) -> Path:

@@ -56,7 +56,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 import qpr
-from qpr.artifacts import OPTIONAL_FILES, REQUIRED_FILES, SEARCH_FILE, search_config_file
+from qpr.artifacts import (
+    OPTIONAL_FILES,
+    REQUIRED_FILES,
+    SEARCH_FILE,
+    TAG_COMMITTED,
+    TAG_FINGERPRINT,
+    TAG_GIT_COMMIT,
+    search_config_file,
+)
 from qpr.errors import QPRError
 from qpr.io import file_sha256, json_sha256, json_text
 from qpr.ops.pyfunc import (
@@ -116,15 +124,9 @@ METRICS_FILE = "metrics.json"
 TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by
 TAG_METRIC_VALUE = "qpr.metric_value"
 TAG_MEASURES = "qpr.measures"  # JSON: every numeric test/val measure (no baselines)
-TAG_FINGERPRINT = "qpr.bundle_fingerprint"
-TAG_GIT_COMMIT = "qpr.git_commit"
 TAG_DATA_HASH = "qpr.data_hash"
 TAG_PREVIOUS = "qpr.previous_champion"
 TAG_EVENTS = "qpr.events"  # number of qpr.event.NNN tags
-# Set only once everything that produced the version committed (a retraining cycle's
-# commit point, or the register stage run on its own): a registry-following server and
-# `promote` never take a version without it (a crashed run's orphan).
-TAG_COMMITTED = "qpr.committed"
 TAG_RETRAIN_RUN = "qpr.retrain_run"  # the retraining cycle that registered the version
 TAG_DATA_SOURCE = "qpr.data_source"  # data.source it was trained on: like with like only
 TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--force)

@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from qpr.artifacts import LEGACY_SEARCH_FILE, OPTIONAL_FILES, REQUIRED_FILES
+from qpr.artifacts import (
+    LEGACY_SEARCH_FILE,
+    OPTIONAL_FILES,
+    REQUIRED_FILES,
+    TAG_COMMITTED,
+    TAG_FINGERPRINT,
+    TAG_GIT_COMMIT,
+)
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import BundleError
 from qpr.retrieval.deltas import ABSORBED_FILE, MANIFEST_FILE
@@ -60,13 +67,9 @@ log = logging.getLogger("qpr.serve")
 
 # Inside a registered model version's artifacts (the registry's contract).
 BUNDLE_SUBDIR = Path("artifacts") / "bundle"
-# Version tags the project's registry (qpr.ops.registry) writes; optional here: a version
-# without them is served all the same, only without the integrity check / commit.
-TAG_FINGERPRINT = "qpr.bundle_fingerprint"
-TAG_GIT_COMMIT = "qpr.git_commit"
-# Required: set only after the run that registered the version committed. A version
-# without it (a crashed run's orphan) is never served, whatever alias points at it.
-TAG_COMMITTED = "qpr.committed"
+# Version tags (qpr.artifacts): the fingerprint and git commit are optional here (a version
+# without them is served, only without the integrity check); TAG_COMMITTED is required (a
+# crashed run's orphan is never served, whatever alias points at it).
 # The files whose stat signature tells a local bundle changed (all that Bundle.load may
 # read: an older bundle's search config is its threshold.json). The deltas' manifest is
 # renamed into place last, after their folders, which never change once named in it: its
