@@ -24,6 +24,15 @@ from qpr.evaluation.trec import MEASURE_LABELS as SHOWN
 STAGES = ("cluster", "train", "export", "index", "evaluate")
 
 
+def merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    """`extra`'s keys into `into`, nested dicts merged rather than replaced."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def stage_durations(project: Path, experiment: str) -> dict[str, dict[str, Any]]:
     """Wall time of the latest FINISHED MLflow run of each stage (start → end)."""
     import mlflow
@@ -167,6 +176,11 @@ def main() -> None:
         if (project / "metrics" / f"{stage}.json").is_file()
     }
     metrics["evaluate"] = json.loads((project / "metrics.json").read_text())
+    # Each stage's seconds and rates live apart (metrics/timings/), out of `dvc metrics diff`.
+    for stage in STAGES:
+        timings = project / "metrics" / "timings" / f"{stage}.json"
+        if timings.is_file():
+            merge(metrics.setdefault(stage, {}), json.loads(timings.read_text()))
     report = {
         "name": args.name,
         "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
