@@ -30,6 +30,7 @@ Every other block must exit 0 within BLOCK_TIMEOUT_S.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -192,12 +193,14 @@ def servers():
     started: list[subprocess.Popen] = []
     yield started
     for process in started:
-        if process.poll() is None:
+        # The whole group, even when its shell has exited: the MLflow server's job
+        # consumers outlive it otherwise.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
