@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -83,6 +84,40 @@ def test_ctrl_c_stops_every_server() -> None:
     assert code == 0
     assert len(started) == 2 and all(p.poll() is not None for p in started)
     assert "Ctrl-C stops both" in printed
+
+
+def test_sigterm_stops_every_server(tmp_path: Path) -> None:
+    """`docker stop` or a test harness sends SIGTERM: the servers, in their own process
+    groups, stop with the ui process instead of running on."""
+    pids = tmp_path / "pids"
+    script = f"""
+import subprocess, sys
+from pathlib import Path
+from qpr.ui import UiServer, serve
+real = subprocess.Popen
+def popen(*args, **kwargs):
+    process = real(*args, **kwargs)
+    with open({str(pids)!r}, "a") as out:
+        out.write(f"{{process.pid}}\\n")
+    return process
+subprocess.Popen = popen
+code = "import time; time.sleep(60)"
+servers = [UiServer(n, "http://127.0.0.1/" + n, (sys.executable, "-c", code)) for n in "ab"]
+sys.exit(serve(servers))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ui = subprocess.Popen(
+        [sys.executable, "-u", "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert ui.stdout is not None
+    assert "Ctrl-C stops both" in [ui.stdout.readline() for _ in range(3)][-1]
+    ui.send_signal(signal.SIGTERM)
+    assert ui.wait(timeout=30) == 0
+    children = [int(line) for line in pids.read_text().split()]
+    assert len(children) == 2
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_one_server_stopping_stops_the_other() -> None:

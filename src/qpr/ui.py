@@ -121,6 +121,7 @@ def serve(
     """Start the local servers, print every address, wait. Ctrl-C stops them all (exit 0);
     one that stops by itself (a port in use, a bad store) stops the others (exit 1)."""
     running: list[tuple[UiServer, subprocess.Popen]] = []
+    previous = _stop_on_sigterm()
     try:
         for server in servers:
             if server.local:
@@ -145,3 +146,19 @@ def serve(
     finally:
         for _, process in running:
             _stop(process)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm() -> signal.Handlers | Callable | int | None:
+    """SIGTERM (docker stop, systemd, a process manager) stops the servers as Ctrl-C does:
+    its default ends Python at once, leaving them running in their own groups. Returns the
+    handler it replaced (None off the main thread, where none can be set)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        return None
