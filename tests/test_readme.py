@@ -193,14 +193,26 @@ def servers():
     started: list[subprocess.Popen] = []
     yield started
     for process in started:
-        # The whole group, even when its shell has exited: the MLflow server's job
-        # consumers outlive it otherwise.
+        # The whole group, until it is empty: a block's shell may exit at once while what
+        # it started (qpr ui stopping its servers) still needs a few seconds.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=20)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and _group_alive(process):
+            time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    process.poll()  # reap the leader: a zombie would count as alive
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ either framework.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,18 +99,21 @@ def ui_servers(
     ]
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Stop a server and whatever it started (its own process group)."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """Stop the servers and whatever they started (each its own process group): all are
+    asked at once, then each gets STOP_TIMEOUT_S before SIGKILL."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def serve(
@@ -144,8 +148,7 @@ def serve(
     except KeyboardInterrupt:
         return 0
     finally:
-        for _, process in running:
-            _stop(process)
+        _stop([process for _, process in running])
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
