@@ -118,15 +118,13 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
     settings = served_settings(settings, config)
     started = time.perf_counter()
     inputs = stage._read_inputs(settings, paths, lambda _: None)
-    k, lexical = settings.evaluate.k, settings.index.lexical
-    candidates = max(k, lexical.candidates) if inputs.bm25 is not None else k
-    dense_candidates = max(k, lexical.dense_candidates)
+    k = settings.evaluate.k
     splits = {}
     for position, split in enumerate(stage.SPLITS):
         queries = sample(
             query_set(inputs.questions, split), inputs.questions, n, settings.seed + position
         )
-        splits[split] = (queries, stage._search_split(inputs, queries, k, candidates))
+        splits[split] = stage._search_split(inputs, queries, k)
     weight = None
     if config.fusion is not None:
         weight = config.fusion["dense_weight"]
@@ -135,13 +133,11 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
             set_nprobe(inputs.index, config.fused_nprobe)
         if config.fused_ef_search:
             set_ef_search(inputs.index, config.fused_ef_search)
-        fused = stage._fused_results(inputs, splits, weight, dense_candidates, k)
-        results = {split: fused[split]["model"] for split in stage.SPLITS}
-    else:
-        results = {split: splits[split][1].dense for split in stage.SPLITS}
-    no_paraphrase = stage._no_paraphrase(
-        settings, inputs, splits, weight, candidates, dense_candidates
-    )
+    # The served ranking with the bundle's own search.json, as the service runs it.
+    searcher = stage._searcher(inputs, config)
+    served = stage._served_results(searcher, inputs, splits, k)
+    results = {split: served[split]["model"] for split in stage.SPLITS}
+    no_paraphrase = stage._no_paraphrase(settings, inputs, searcher, splits)
     scratch = Path(tempfile.mkdtemp(prefix="no_answer_"))  # threshold.md: this page has it
     chosen, summary, curve = threshold_report(
         results["val"],

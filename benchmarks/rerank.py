@@ -50,13 +50,23 @@ Log = Callable[[str], None]
 def first_stage(models: Path, queries, work: Path, log: Log) -> tuple[np.ndarray, np.ndarray]:
     """(rows int64 [Q, 20], fused or dense scores) of the bundle's served search with each
     query left out of its results; cached in `work`."""
-    from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, SearchConfig, served_query_encoder
-    from qpr.evaluation.fusion_tuning import hybrid_candidates
-    from qpr.retrieval.bm25 import BM25Index, lexical_search
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from qpr.artifacts import (
+        BM25_FILE,
+        IDS_FILE,
+        INDEX_FILE,
+        QUESTIONS_FILE,
+        SearchConfig,
+        served_query_encoder,
+    )
+    from qpr.retrieval.bm25 import BM25Index
     from qpr.retrieval.bundle import Bundle
-    from qpr.retrieval.dense import IdMap, load_index, search
+    from qpr.retrieval.dense import IdMap, load_index
     from qpr.retrieval.encoders import encode, load_session, onnx_max_len
-    from qpr.retrieval.fusion import fuse_union
+    from qpr.retrieval.hybrid import HybridSearch
     from qpr.text import load_tokenizer
 
     fingerprint = Bundle.load(models).fingerprint
@@ -78,25 +88,16 @@ def first_stage(models: Path, queries, work: Path, log: Log) -> tuple[np.ndarray
         batch_size=64,
         max_len=onnx_max_len(session),
     )
-    if config.dense_weight is None:
-        distances, rows = search(index, vectors, K, exclude=query_rows)
-        scores = -distances
-    else:
-        bm25 = BM25Index.load(models / BM25_FILE)
-        lexical = lexical_search(
-            bm25, queries.texts, config.lexical_candidates, exclude_rows=query_rows
-        )
-        hybrid = hybrid_candidates(
-            index, queries, query_rows, vectors, *lexical, config.dense_candidates
-        )
-        scores, rows = fuse_union(
-            hybrid.dense_sims,
-            hybrid.dense_rows,
-            hybrid.lexical_scores,
-            hybrid.lexical_rows,
-            config.dense_weight,
-            K,
-        )
+    # The served first stage (qpr.retrieval.hybrid), the re-ranker left out.
+    bm25 = BM25Index.load(models / BM25_FILE) if config.fused else None
+    texts = pd.read_parquet(models / QUESTIONS_FILE, columns=["text"])["text"].tolist()
+    ordered = [texts[r] for r in np.argsort(IdMap.load(models / IDS_FILE).to_rows(
+        pd.read_parquet(models / QUESTIONS_FILE, columns=["question_id"])["question_id"]
+        .to_numpy(np.int64)))]  # fmt: skip
+    searcher = HybridSearch(index, replace(config, rerank_top=None), bm25=bm25, texts=ordered)
+    ranking = searcher.rank(queries.texts, lambda: vectors, K, exclude=query_rows)
+    rows = ranking.rows
+    scores = -ranking.distances if ranking.scores is None else ranking.scores
     work.mkdir(parents=True, exist_ok=True)
     np.savez(cache, rows=rows, scores=scores)
     return rows, scores

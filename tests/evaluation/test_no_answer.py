@@ -9,15 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from qpr.evaluation.no_answer import (
-    dense_top1_without_cluster,
-    drop_own_cluster,
-    fused_top1_without_cluster,
-    held_out_mask,
-    row_clusters,
-)
-from qpr.retrieval.dense import distances_to
-from qpr.retrieval.fusion import candidate_union, fuse_union
+from qpr.artifacts import SearchConfig
+from qpr.evaluation.no_answer import cluster_rows, held_out_mask, row_clusters, top1_without_cluster
+from qpr.retrieval.bm25 import BM25Index
+from qpr.retrieval.hybrid import HybridSearch
 
 
 def test_held_out_mask_takes_whole_clusters_seeded():
@@ -42,66 +37,33 @@ def test_row_clusters_keep_64_bit_ids_exact():
     assert got.dtype == np.int64 and got.tolist() == [big + 1, big, -1]
 
 
-def test_drop_own_cluster_moves_the_rest_up():
-    rows = np.array([[4, 1, 2, 0, -1], [3, 2, 1, 0, 4]], np.int64)
-    values = np.arange(10, dtype=np.float32).reshape(2, 5)
-    row_cluster = np.array([7, 8, 7, 9, 8], np.int64)  # rows 0..4
-    kept_rows, kept_values = drop_own_cluster(rows, values, row_cluster, np.array([8, 7]), 3)
-    assert kept_rows.tolist() == [[2, 0, -1], [3, 1, 4]]
-    assert kept_values.tolist() == [[2.0, 3.0, -np.inf], [5.0, 7.0, 9.0]]
+def test_cluster_rows_lists_each_query_cluster_padded():
+    row_cluster = np.array([7, 8, 7, 9, 8, -1, 7], np.int64)  # rows 0..6
+    got = cluster_rows(np.array([8, 7, 5]), row_cluster, 3)
+    assert got.tolist() == [[1, 4, -1], [0, 2, 6], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="width"):
+        cluster_rows(np.array([7]), row_cluster, 2)
 
 
-def _world(seed: int = 0):
-    """60 vectors in 12 clusters of 5; each query is a cluster member's own vector."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((12, 8)).astype(np.float32)
+def test_the_served_top1_without_the_cluster_is_an_index_without_it():
+    rng = np.random.default_rng(0)
     row_cluster = np.repeat(np.arange(12, dtype=np.int64), 5)
+    centres = rng.standard_normal((12, 8)).astype(np.float32)
     x = centres[row_cluster] + 0.3 * rng.standard_normal((60, 8)).astype(np.float32)
-    lexical = rng.random((6, 60)).astype(np.float32)  # a fixed lexical score per row
-    queries = np.arange(0, 60, 10)  # one member of every other cluster
-    return x, row_cluster, lexical, queries
-
-
-def _top_scores(scores: np.ndarray, allowed: np.ndarray, k: int):
-    """Each query's top k rows among `allowed` by `scores` [Q, N], best first."""
-    masked = np.where(allowed, scores, -np.inf)
-    rows = np.argsort(-masked, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(masked, rows, axis=1), rows.astype(np.int64)
-
-
-def test_dropping_the_cluster_is_searching_an_index_without_it():
-    x, row_cluster, lexical, queries = _world()
+    texts = [f"topic{c} word{i % 7} item{i % 3}" for i, c in enumerate(row_cluster)]
     index = faiss.IndexFlatL2(8)
     index.add(x)
-    own = row_cluster[queries]
-    vectors = x[queries]
-    extra, dense_k, lexical_k, weight = 5, 4, 6, 0.6
-
-    got_dense = dense_top1_without_cluster(index, vectors, row_cluster, own, 1 + extra)
-    got_fused = fused_top1_without_cluster(
-        index,
-        vectors,
-        _top_scores(lexical, np.ones(60, bool)[None], lexical_k + extra),
-        row_cluster,
-        own,
-        dense_candidates=dense_k,
-        extra=extra,
-        dense_weight=weight,
-    )
-    for i, cluster in enumerate(own):
-        # the reference: an index that never held the cluster, its rows mapped back
-        left = np.flatnonzero(row_cluster != cluster)
-        small = faiss.IndexFlatL2(8)
-        small.add(x[left])
-        d, r = small.search(vectors[i : i + 1], dense_k)
-        assert got_dense[i] == pytest.approx(d[0, 0])
-        dense_rows = left[r]
-        lex_scores, lex_rows = _top_scores(lexical[i : i + 1], row_cluster[None] != cluster, 6)
-        union = candidate_union(dense_rows, lex_rows)
-        sims = -distances_to(index, vectors[i : i + 1], union)
-        _, top = fuse_union(sims, union, lex_scores, lex_rows, weight, 1)
-        want = distances_to(index, vectors[i : i + 1], top)[0, 0]
-        assert got_fused[i] == pytest.approx(want)
-        assert row_cluster[top[0, 0]] != cluster
+    config = SearchConfig(dense_weight=0.6, lexical_candidates=6, dense_candidates=4)
+    searcher = HybridSearch(index, config, bm25=BM25Index.build(texts), texts=texts)
+    queries = np.arange(0, 60, 10)  # one member of every other cluster
+    own = cluster_rows(row_cluster[queries], row_cluster, 5)
+    got = top1_without_cluster(searcher, [texts[q] for q in queries], x[queries], own)
+    for i, q in enumerate(queries):
+        # the reference: the cluster's rows never searched, the collection's weights kept
+        allowed = row_cluster != row_cluster[q]
+        ranking = searcher.rank([texts[q]] * 2, lambda q=q: x[[q, q]], 1, allowed=allowed)
+        assert (
+            got[i] == ranking.distances[0, 0] and row_cluster[ranking.rows[0, 0]] != row_cluster[q]
+        )
     # with its cluster in the index, a query finds itself: distance 0, nothing like it
-    assert (got_dense > 0.1).all()
+    assert (got > 0.1).all()

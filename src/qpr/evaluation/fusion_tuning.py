@@ -6,115 +6,48 @@ validation split.
 - `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
   target recall of that exact ranking.
 
-Candidates are scored as `qpr.retrieval.bundle.Bundle.search` scores them per question,
-so what is measured here is what the service serves.
+Both work on the served ranking's own steps (`qpr.retrieval.hybrid`: `Candidates` found
+once, `fuse` at each α), so what is tuned here is what the service serves.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from qpr.evaluation.queries import QuerySet, SystemResult, score_system
+from qpr.evaluation.queries import QuerySet, score_system
+from qpr.retrieval.hybrid import Candidates, fuse
 
 
-@dataclass(frozen=True)
-class HybridCandidates:
-    """One split's candidates from both retrievers, before fusion."""
-
-    queries: QuerySet
-    query_rows: np.ndarray  # int64 [Q] each query's own index row (left out of its results)
-    vectors: np.ndarray  # float32 [Q, D] query embeddings
-    dense_sims: np.ndarray  # float32 [Q, C] minus the exact L2 distance of every candidate
-    dense_rows: np.ndarray  # int64 [Q, C] both retrievers' candidates (candidate_union)
-    lexical_scores: np.ndarray  # float32 [Q, Cl] BM25
-    lexical_rows: np.ndarray  # int64 [Q, Cl]
-    seconds: float
-
-
-def hybrid_candidates(
-    index,
-    queries: QuerySet,
-    query_rows: np.ndarray,
-    vectors: np.ndarray,
-    lexical_scores: np.ndarray,
-    lexical_rows: np.ndarray,
-    dense_candidates: int,
-    seconds: float = 0.0,
-) -> HybridCandidates:
-    """The served candidates: the index's top `dense_candidates` and BM25's, each scored
-    by its exact distance (what `Bundle.search` does per question). `index` may be an
-    exact twin (`qpr.retrieval.dense.exact_twin`): the reference the served nprobe is
-    chosen against.
-    """
-    from qpr.retrieval.dense import distances_to, search
-    from qpr.retrieval.fusion import candidate_union
-
-    started = time.perf_counter()
-    _, dense_rows = search(index, vectors, dense_candidates, exclude=query_rows)
-    rows = candidate_union(dense_rows, lexical_rows)
-    sims = -distances_to(index, vectors, rows)
-    return HybridCandidates(
-        queries,
-        query_rows,
-        vectors,
-        sims,
-        rows,
-        lexical_scores,
-        lexical_rows,
-        seconds + time.perf_counter() - started,
-    )
-
-
-def fused_result(
-    candidates: HybridCandidates, dense_weight: float, index, row_to_qid: np.ndarray, k: int
-) -> SystemResult:
-    """The served ranking: fusion at α = dense_weight; top1 is the rank-1 question's L2
-    distance (the unit of the no-answer threshold), whichever retriever found it."""
-    from qpr.retrieval.dense import distances_to
-    from qpr.retrieval.fusion import fuse_union
-
-    started = time.perf_counter()
-    scores, rows = fuse_union(
-        candidates.dense_sims,
-        candidates.dense_rows,
-        candidates.lexical_scores,
-        candidates.lexical_rows,
-        dense_weight,
-        k,
-    )
+def val_success_1(
+    candidates: Candidates, dense_weight: float, queries: QuerySet, row_to_qid: np.ndarray, k: int
+) -> float:
+    """success@1 of the candidates fused at α = dense_weight (ties as the service breaks
+    them: by row)."""
+    ranking = fuse(candidates, dense_weight, k)
     result = score_system(
-        "model",
-        candidates.queries,
-        rows,
-        scores,
-        row_to_qid,
-        higher_is_better=True,
-        seconds=candidates.seconds + time.perf_counter() - started,
+        "model", queries, ranking.rows, ranking.scores, row_to_qid, higher_is_better=True, seconds=0
     )
-    top1 = distances_to(index, candidates.vectors, rows[:, :1])[:, 0].astype(np.float64)
-    return replace(result, top1=top1)
+    return result.summary["success_1"]
 
 
 def choose_dense_weight(
-    val: HybridCandidates,
+    val: Candidates,
     weights: Sequence[float],
-    index,
+    queries: QuerySet,
     row_to_qid: np.ndarray,
     k: int,
     plot: Path,
 ) -> dict:
     """The α of `weights` with the best validation success@1 (ties: the larger α, the
-    ranking closer to the dense one); the curve is plotted."""
-    by_weight: dict[str, float] = {}
-    for weight in sorted(set(weights)):
-        by_weight[str(weight)] = fused_result(val, weight, index, row_to_qid, k).summary[
-            "success_1"
-        ]
+    ranking closer to the dense one); the curve is plotted. val: the validation queries'
+    candidates from an exact dense search."""
+    by_weight = {
+        str(weight): val_success_1(val, weight, queries, row_to_qid, k)
+        for weight in sorted(set(weights))
+    }
     best = max(by_weight.items(), key=lambda item: (item[1], float(item[0])))
     plot_fusion_curve(by_weight, float(best[0]), plot)
     return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
@@ -136,17 +69,19 @@ SERVED_DEPTHS = {
 
 def choose_served_depth(
     index,
-    exact: HybridCandidates,
+    exact: Candidates,
+    served: Callable[[], Candidates],
     dense_weight: float,
-    dense_candidates: int,
     k: int,
     target: float,
     log: Callable[[str], None] = print,
 ) -> dict:
     """The shallowest search (fewest IVF lists, or fewest HNSW candidates kept) whose
-    fused top k keeps `target` of the top k fused from an exact dense search (`exact`: the
-    validation candidates from the index's exact twin, `hybrid_candidates(exact_twin(index),
-    ...)`).
+    fused top k keeps `target` of the top k fused from an exact dense search.
+
+    exact: the validation candidates found over the index's exact twin
+    (`qpr.retrieval.dense.exact_twin`); served(): the same queries' candidates found over
+    `index` at the depth it is set to now (`HybridSearch.candidates`).
 
     A fused ranking takes only a few candidates from the index and scores every candidate
     exactly, so it needs a far shallower search than the dense ranking alone. Depths are
@@ -165,44 +100,25 @@ def choose_served_depth(
         set_ef_search,
         set_nprobe,
     )
-    from qpr.retrieval.fusion import fuse_union
 
-    def fused_rows(candidates: HybridCandidates) -> np.ndarray:
-        return fuse_union(
-            candidates.dense_sims,
-            candidates.dense_rows,
-            candidates.lexical_scores,
-            candidates.lexical_rows,
-            dense_weight,
-            k,
-        )[1]
+    reference = fuse(exact, dense_weight, k).rows
 
-    def served_at(searched) -> float:
-        candidates = hybrid_candidates(
-            searched,
-            exact.queries,
-            exact.query_rows,
-            exact.vectors,
-            exact.lexical_scores,
-            exact.lexical_rows,
-            dense_candidates,
-        )
-        return recall_against(fused_rows(candidates), reference)
+    def served_recall() -> float:
+        return recall_against(fuse(served(), dense_weight, k).rows, reference)
 
-    reference = fused_rows(exact)
     out: dict = {"nprobe": None, "ef_search": None, "by_nprobe": {}, "by_ef_search": {}}
     if nlist_of(index) is not None:
         knob, own, set_depth = "nprobe", int(faiss.extract_index_ivf(index).nprobe), set_nprobe
     elif ef_search_of(index) is not None:
         knob, own, set_depth = "ef_search", int(ef_search_of(index)), set_ef_search
     else:
-        recall = served_at(index)
+        recall = served_recall()
         return {**out, "recall": recall, "target": target, "reached": recall >= target}
     tried: dict[str, float] = {}
     chosen = own
     for depth in [d for d in SERVED_DEPTHS[knob] if d < own] + [own]:
         set_depth(index, depth)
-        tried[str(depth)] = served_at(index)
+        tried[str(depth)] = served_recall()
         log(f"served recall@{k} of the fusion at {knob} {depth}: {tried[str(depth)]:.4f}")
         if tried[str(depth)] >= target:
             chosen = depth

@@ -7,7 +7,8 @@ it finds is right. The "no answer" threshold must refuse it; answering it is a f
 answer.
 
 The removal is simulated per query: its own cluster's rows are dropped from both
-retrievers' candidates, fetched deeper by the largest cluster's size. Within the candidate
+retrievers' candidates, fetched deeper by the largest cluster's size, inside the served
+ranking (`qpr.retrieval.hybrid.HybridSearch.rank` with ``exclude``). Within the candidate
 depth this is the ranking an index without that cluster serves (BM25's IDF aside).
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from qpr.evaluation.queries import QuerySet
+from qpr.retrieval.hybrid import HybridSearch
 
 
 @dataclass(frozen=True)
@@ -69,80 +71,32 @@ def held_out_mask(clusters: np.ndarray, share: float, seed: int) -> np.ndarray:
     return np.isin(clusters, chosen)
 
 
-def drop_own_cluster(
-    rows: np.ndarray,
-    values: np.ndarray,
-    row_cluster: np.ndarray,
-    own: np.ndarray,
-    keep: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Candidates with every row of the query's own cluster removed, the rest moved up in
-    their order: (rows int64 [Q, keep], values float32 [Q, keep]); -1 / -inf pad the tail.
-
-    rows int64 [Q, C] (-1 = empty), values float [Q, C] beside them, row_cluster int64 [N]
-    (`row_clusters`), own int64 [Q] each query's cluster.
-    """
-    rows = np.asarray(rows, np.int64)
-    values = np.asarray(values, np.float32)
-    gone = (rows < 0) | (row_cluster[np.maximum(rows, 0)] == np.asarray(own)[:, None])
-    # A stable sort on "dropped" keeps the survivors in their rank order, first.
-    order = np.argsort(gone, axis=1, kind="stable")[:, :keep]
-    kept_rows = np.take_along_axis(rows, order, axis=1)
-    kept_values = np.take_along_axis(values, order, axis=1)
-    dropped = np.take_along_axis(gone, order, axis=1)
-    out_rows = np.full((rows.shape[0], keep), -1, np.int64)
-    out_values = np.full((rows.shape[0], keep), -np.inf, np.float32)
-    width = order.shape[1]
-    out_rows[:, :width] = np.where(dropped, -1, kept_rows)
-    out_values[:, :width] = np.where(dropped, -np.inf, kept_values)
-    return out_rows, out_values
+def cluster_rows(own: np.ndarray, row_cluster: np.ndarray, width: int) -> np.ndarray:
+    """int64 [Q, width]: the index rows of each query's own cluster, -1 padded; what a
+    search leaves out (`qpr.retrieval.hybrid`'s ``exclude``) to serve the query as if its
+    cluster were not indexed. own int64 [Q]; row_cluster int64 [N] (`row_clusters`);
+    width: at least the largest cluster's size (ValueError otherwise)."""
+    own = np.asarray(own, np.int64)
+    out = np.full((own.size, width), -1, np.int64)
+    clustered = np.flatnonzero(np.asarray(row_cluster) >= 0)
+    members = pd.Series(clustered).groupby(np.asarray(row_cluster)[clustered]).apply(np.asarray)
+    for i, cluster in enumerate(own.tolist()):
+        rows = members.get(cluster, np.empty(0, np.int64))
+        if rows.size > width:
+            raise ValueError(f"cluster {cluster} has {rows.size} rows, more than width {width}")
+        out[i, : rows.size] = rows
+    return out
 
 
-def dense_top1_without_cluster(
-    index,
+def top1_without_cluster(
+    searcher: HybridSearch,
+    texts: list[str],
     vectors: np.ndarray,
-    row_cluster: np.ndarray,
-    own: np.ndarray,
-    depth: int,
+    own_rows: np.ndarray,
 ) -> np.ndarray:
-    """float64 [Q] the dense rank-1 distance once the query's own cluster is gone.
-
-    vectors float32 [Q, D]; depth: how many rows to fetch (at least 1 + the largest
-    cluster, so something outside the cluster is always among them)."""
-    from qpr.retrieval.dense import search
-
-    distances, rows = search(index, vectors, depth)
-    rows, distances = drop_own_cluster(rows, distances, row_cluster, own, 1)
-    return np.where(rows[:, 0] >= 0, distances[:, 0], np.inf).astype(np.float64)
-
-
-def fused_top1_without_cluster(
-    index,
-    vectors: np.ndarray,
-    lexical: tuple[np.ndarray, np.ndarray],
-    row_cluster: np.ndarray,
-    own: np.ndarray,
-    *,
-    dense_candidates: int,
-    extra: int,
-    dense_weight: float,
-) -> np.ndarray:
-    """float64 [Q] the rank-1 distance of the served fusion once the query's own cluster
-    is gone: the index's top `dense_candidates` and BM25's top Cl - `extra` outside the
-    cluster, each scored by its exact distance and fused at `dense_weight`
-    (`qpr.evaluation.fusion_tuning.fused_result`, as `Bundle.search` serves it).
-
-    lexical: BM25 (scores float32 [Q, Cl], rows int64 [Q, Cl]) fetched `extra` deeper
-    than the served candidates; extra: the largest cluster's size (the over-fetch).
-    """
-    from qpr.retrieval.dense import distances_to, search
-    from qpr.retrieval.fusion import candidate_union, fuse_union
-
-    distances, dense_rows = search(index, vectors, dense_candidates + extra)
-    dense_rows, _ = drop_own_cluster(dense_rows, distances, row_cluster, own, dense_candidates)
-    served = lexical[1].shape[1] - extra
-    lex_rows, lex_scores = drop_own_cluster(lexical[1], lexical[0], row_cluster, own, served)
-    rows = candidate_union(dense_rows, lex_rows)
-    sims = -distances_to(index, vectors, rows)
-    _, top = fuse_union(sims, rows, lex_scores, lex_rows, dense_weight, 1)
-    return distances_to(index, vectors, top)[:, 0].astype(np.float64)
+    """float64 [Q] the served rank-1 distance of each query once its own cluster is gone
+    (own_rows int64 [Q, E], `cluster_rows`): BM25 and the index fetched E deeper, the
+    cluster's rows dropped, then fused, re-ranked and cut as `Bundle.search` serves; inf
+    where nothing is left."""
+    ranking = searcher.rank(texts, lambda: vectors, 1, exclude=own_rows)
+    return np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf).astype(np.float64)

@@ -3,6 +3,10 @@
 Every question of a split's clusters is a query; its relevant documents are the other
 questions of its cluster (`qpr.evaluation.trec.qrels_from_clusters`). A system's search
 output becomes a TREC run scored with trec_eval's measures (`trec_measures`).
+
+Questions added after the logs were clustered (`qpr index add`) and absorbed by a full
+build are in the index but in no cluster; `judged_questions` gives each the cluster its
+answer leads to, so a hit on it counts as a paraphrase, as it is one.
 """
 
 from __future__ import annotations
@@ -43,6 +47,34 @@ def query_set(questions: pd.DataFrame, split: str) -> QuerySet:
         texts=kept["text"].tolist(),
         qrels=qrels,
     )
+
+
+def judged_questions(questions: pd.DataFrame, index_questions: pd.DataFrame) -> pd.DataFrame:
+    """The questions relevance is judged on: the cluster stage's (question_id, text,
+    cluster_id, split), plus each indexed question it does not hold (absorbed from a
+    delta) with the cluster whose answer it leads to, and split None.
+
+    index_questions: the index stage's question table (question_id, text, cluster_id,
+    answer_id). An answer is a cluster's when the indexed questions of that cluster, and
+    of no other, lead to it; a question whose answer is no cluster's keeps cluster -1."""
+    known = set(questions["question_id"].tolist())
+    extra = index_questions[~index_questions["question_id"].isin(known)]
+    if extra.empty or "answer_id" not in index_questions.columns:
+        return questions
+    clustered = index_questions[
+        (index_questions["cluster_id"] >= 0) & index_questions["answer_id"].notna()
+    ]
+    per_answer = clustered.groupby("answer_id")["cluster_id"].unique()
+    cluster_of = {a: int(c[0]) for a, c in per_answer.items() if len(c) == 1}
+    added = pd.DataFrame(
+        {
+            "question_id": extra["question_id"].to_numpy(np.int64),
+            "text": extra["text"].tolist(),
+            "cluster_id": [cluster_of.get(a, -1) for a in extra["answer_id"].tolist()],
+            "split": None,
+        }
+    )
+    return pd.concat([questions, added], ignore_index=True)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """The evaluate stage: TREC-style evaluation of the trained system and of baselines.
 
 Every question of a split's clusters is a query; its relevant documents are the other
-questions of its cluster; it searches the full index with itself excluded; top k kept.
-Measures are trec_eval's (pytrec_eval), a query that retrieves nothing counts as a miss.
-With BM25 in the bundle, the fusion weight and how deep fused searches go are chosen on
-the validation split (`qpr.evaluation.fusion_tuning`). The "no answer" threshold is
-chosen on the validation split and reported on test (`qpr.evaluation.threshold`); a
-seeded share of each split's clusters is held out to make queries with no paraphrase,
-which it must refuse (`qpr.evaluation.no_answer`).
+questions of its cluster (a question the index absorbed from a delta counts by its
+answer, `qpr.evaluation.queries.judged_questions`); it searches the full index with
+itself excluded; top k kept. Measures are trec_eval's (pytrec_eval), a query that
+retrieves nothing counts as a miss. With BM25 in the bundle, the fusion weight and how
+deep fused searches go are chosen on the validation split (`qpr.evaluation.fusion_tuning`).
+Val and test are then measured through the served ranking itself
+(`qpr.retrieval.hybrid.HybridSearch.rank`, the call `Bundle.search` makes), re-ranker and
+query student included: ``metrics.json`` describes what the service serves. The "no
+answer" threshold is chosen on the validation split and reported on test
+(`qpr.evaluation.threshold`); a seeded share of each split's clusters is held out to make
+queries with no paraphrase, which it must refuse (`qpr.evaluation.no_answer`).
 """
 
 from __future__ import annotations
@@ -25,22 +29,26 @@ from qpr.artifacts import RERANK_MODEL_FILE, SearchConfig, served_query_encoder
 from qpr.config import Settings
 from qpr.evaluation.baselines import run_baselines, untrained_description
 from qpr.evaluation.fusion_tuning import (
-    HybridCandidates,
     choose_dense_weight,
     choose_served_depth,
-    fused_result,
-    hybrid_candidates,
     plot_fusion_curve,
 )
 from qpr.evaluation.no_answer import (
     Unanswerable,
-    dense_top1_without_cluster,
-    fused_top1_without_cluster,
+    cluster_rows,
     held_out_mask,
     query_clusters,
     row_clusters,
+    top1_without_cluster,
 )
-from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
+from qpr.evaluation.queries import (
+    QuerySet,
+    SearchTask,
+    SystemResult,
+    judged_questions,
+    query_set,
+    score_system,
+)
 from qpr.evaluation.threshold import threshold_report
 from qpr.evaluation.trec import MEASURE_LABELS, format_table, write_qrels, write_run
 from qpr.io import write_text_atomic
@@ -52,12 +60,13 @@ from qpr.pipeline.handoff import (
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
-from qpr.retrieval.bm25 import lexical_search
+from qpr.retrieval.hybrid import HybridSearch, Ranking, fuse
 from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
     from qpr.retrieval.bm25 import BM25Index
     from qpr.retrieval.dense import IdMap
+    from qpr.retrieval.reranker import Reranker
     from qpr.text.vocab import Vocabulary
     from qpr.text.wordpiece import WordPieceTokenizer
 
@@ -66,8 +75,9 @@ SPLITS = ("val", "test")
 
 @dataclass(frozen=True)
 class _Inputs:
-    """What the stage reads: the index with its questions, the cluster stage's questions,
-    the encoder queries go through (and its tokenizer), the bundle's BM25 when enabled."""
+    """What the stage reads: the index with its questions, the questions relevance is
+    judged on, the encoder queries go through (and its tokenizer), the bundle's BM25 when
+    enabled, the re-ranker when one was trained and enabled."""
 
     index: Any
     ids: IdMap
@@ -77,31 +87,33 @@ class _Inputs:
     session: Any
     max_len: int
     bm25: BM25Index | None
+    reranker: Reranker | None = None
 
 
 @dataclass(frozen=True)
-class _Searched:
-    """One split searched as the service searches: the dense ranking scored, and with BM25
-    what fusion needs (query rows, query vectors, BM25 scores and rows)."""
+class _Split:
+    """One split's queries: their vectors (the served query encoder's), their own index
+    rows (left out of their results), and their dense ranking scored."""
 
+    queries: QuerySet
+    vectors: np.ndarray  # float32 [Q, D]
+    rows: np.ndarray  # int64 [Q]
     dense: SystemResult
-    vectors: np.ndarray  # float32 [Q, D] the queries' embeddings
-    fusion_inputs: tuple[np.ndarray, ...] | None
-    seconds: float  # both retrievers' time
 
 
-def write_search_config(
+def search_config(
     paths: ProjectPaths,
     settings: Settings,
     threshold: float | None,
     val_share: float | None,
     fusion: dict[str, float | int] | None = None,
-) -> Path:
-    """models/search.json (qpr.artifacts.SearchConfig): how the service searches, as
-    evaluated here: the no-answer threshold chosen on the validation split, the dense-only
-    depth searched with (index.nprobe / index.ef_search) and, when BM25 is fused in, the
-    dense weight α, BM25's candidates, the index's (`dense_candidates`) and how deep fused
-    searches go (`nprobe` or `ef_search` of `fusion`)."""
+) -> SearchConfig:
+    """models/search.json's content (qpr.artifacts.SearchConfig): how the service searches,
+    as evaluated here: the no-answer threshold chosen on the validation split, the
+    dense-only depth searched with (index.nprobe / index.ef_search) and, when BM25 is fused
+    in, the dense weight α, BM25's candidates, the index's (`dense_candidates`) and how deep
+    fused searches go (`nprobe` or `ef_search` of `fusion`); the re-ranker's depth when
+    the rerank stage trained one."""
     fused = (
         {}
         if fusion is None
@@ -113,8 +125,6 @@ def write_search_config(
             "fused_ef_search": fusion.get("ef_search"),
         }
     )
-    # The re-ranker is served when the rerank stage trained one; the figures here are the
-    # first stage's (benchmarks/rerank.py measures the re-ranked path).
     trained = (paths.models_dir / RERANK_MODEL_FILE).is_file()
     return SearchConfig(
         threshold=threshold,
@@ -124,7 +134,18 @@ def write_search_config(
         ef_search=settings.index.ef_search,
         rerank_top=settings.rerank.top if settings.rerank.enabled and trained else None,
         **fused,
-    ).write(paths.models_dir)
+    )
+
+
+def write_search_config(
+    paths: ProjectPaths,
+    settings: Settings,
+    threshold: float | None,
+    val_share: float | None,
+    fusion: dict[str, float | int] | None = None,
+) -> Path:
+    """models/search.json: `search_config`, written for the service."""
+    return search_config(paths, settings, threshold, val_share, fusion).write(paths.models_dir)
 
 
 def _read_inputs(settings: Settings, paths: ProjectPaths, log: Callable[[str], None]) -> _Inputs:
@@ -138,54 +159,86 @@ def _read_inputs(settings: Settings, paths: ProjectPaths, log: Callable[[str], N
     )
     questions, _ = read_cluster_outputs(paths)
     vocab = load_tokenizer(paths.vocab)
-    # Queries go through the encoder the service runs: the int8 one when the index has it.
+    # Queries go through the encoder the service runs: the int8 one or the query student
+    # when the bundle has it.
     query_encoder = served_query_encoder(paths.models_dir)
     session = load_session(query_encoder, threads=settings.index.threads)
     if query_encoder != paths.encoder_onnx:
         log(f"queries encoded by {query_encoder} against the index vectors of {paths.encoder_onnx}")
     max_len = onnx_max_len(session)
     bm25 = load_bm25(paths) if settings.index.lexical.enabled else None
-    return _Inputs(index, ids, index_questions, questions, vocab, session, max_len, bm25)
+    return _Inputs(
+        index,
+        ids,
+        index_questions,
+        judged_questions(questions, index_questions),
+        vocab,
+        session,
+        max_len,
+        bm25,
+        _reranker(settings, paths),
+    )
 
 
-def _search_split(inputs: _Inputs, queries: QuerySet, k: int, candidates: int) -> _Searched:
-    """The dense top k of `queries` (each excluded from its own results), scored; with
-    BM25 also its top `candidates`, for the fusion."""
-    from qpr.retrieval.dense import search
-    from qpr.retrieval.encoders import encode
+def _reranker(settings: Settings, paths: ProjectPaths) -> Reranker | None:
+    """The re-ranker the service will load: the rerank stage's, when enabled and trained."""
+    from qpr.retrieval.reranker import Reranker
+
+    if not (settings.rerank.enabled and (paths.models_dir / RERANK_MODEL_FILE).is_file()):
+        return None
+    return Reranker.load(paths.models_dir, threads=settings.index.threads)
+
+
+def _query_vectors(inputs: _Inputs, texts: list[str]) -> np.ndarray:
+    """float32 [Q, D]: the texts as `Bundle.search` encodes them (the same tokens, cut to
+    max_len, through the same chunked ONNX calls)."""
+    from qpr.retrieval.encoders import embed_sequences, embedding_dim
+
+    sequences = [inputs.vocab.encode(text)[: inputs.max_len] for text in texts]
+    if not sequences:
+        return np.empty((0, embedding_dim(inputs.session)), np.float32)
+    return embed_sequences(
+        inputs.session, sequences, max_len=inputs.max_len, dim=embedding_dim(inputs.session)
+    )
+
+
+def _search_split(inputs: _Inputs, queries: QuerySet, k: int) -> _Split:
+    """The split's query vectors and its dense top k (each query excluded from its own
+    results), scored."""
+    from qpr.retrieval.hybrid import dense
 
     query_rows = inputs.ids.to_rows(queries.query_ids)
     started = time.perf_counter()
-    vectors = encode(
-        inputs.session, inputs.vocab, queries.texts, batch_size=256, max_len=inputs.max_len
-    )
-    distances, rows = search(inputs.index, vectors, k, exclude=query_rows)
-    dense_seconds = time.perf_counter() - started
-    dense = score_system(
+    vectors = _query_vectors(inputs, queries.texts)
+    ranking = dense(inputs.index, vectors, k, exclude=query_rows)
+    result = score_system(
         "dense" if inputs.bm25 is not None else "model",
         queries,
-        rows[:, :k],
-        distances[:, :k],
+        ranking.rows,
+        ranking.distances,
         inputs.ids.qids,
         higher_is_better=False,
-        seconds=dense_seconds,
+        seconds=time.perf_counter() - started,
     )
-    if inputs.bm25 is None:
-        return _Searched(dense, vectors, None, dense_seconds)
-    started = time.perf_counter()
-    lex_scores, lex_rows = lexical_search(
-        inputs.bm25, queries.texts, candidates, exclude_rows=query_rows
+    return _Split(queries, vectors, query_rows, result)
+
+
+def _searcher(inputs: _Inputs, config: SearchConfig, index: Any = None) -> HybridSearch:
+    """The served ranking over the stage's index (or `index`, e.g. its exact twin)."""
+    return HybridSearch(
+        inputs.index if index is None else index,
+        config,
+        bm25=inputs.bm25,
+        texts=inputs.index_questions["text"].tolist(),
+        reranker=inputs.reranker,
     )
-    seconds = dense_seconds + time.perf_counter() - started
-    return _Searched(dense, vectors, (query_rows, vectors, lex_scores, lex_rows), seconds)
 
 
 def _tune_fusion(
     settings: Settings,
+    paths: ProjectPaths,
     inputs: _Inputs,
-    val: tuple[QuerySet, _Searched],
-    dense_candidates: int,
-    plot: Path,
+    val: _Split,
     log: Callable[[str], None],
 ) -> tuple[dict, dict]:
     """(the fusion chosen on val: α and its curve, the served search depth). α is the
@@ -194,100 +247,122 @@ def _tune_fusion(
     from qpr.retrieval.dense import exact_twin
 
     lexical, k = settings.index.lexical, settings.evaluate.k
-    queries, searched = val
-    exact_val = hybrid_candidates(
-        exact_twin(inputs.index), queries, *searched.fusion_inputs, dense_candidates
+    # Any α: step 1 (the candidates) does not depend on it.
+    probe = search_config(paths, settings, None, None, _fused_config(settings, {"dense_weight": 1}))
+    served = _searcher(inputs, probe)
+    bm25 = served.lexical(val.queries.texts, k, exclude=val.rows)
+    exact = _searcher(inputs, probe, exact_twin(inputs.index)).candidates(
+        val.queries.texts, val.vectors, k, exclude=val.rows, lexical=bm25
     )
+    plot = paths.plots_dir / "evaluate" / "fusion.png"
     fusion = choose_dense_weight(
-        exact_val, lexical.dense_weights, inputs.index, inputs.ids.qids, k, plot
+        exact, lexical.dense_weights, val.queries, inputs.ids.qids, k, plot
     )
-    served = choose_served_depth(
+    depth = choose_served_depth(
         inputs.index,
-        exact_val,
+        exact,
+        lambda: served.candidates(
+            val.queries.texts, val.vectors, k, exclude=val.rows, lexical=bm25
+        ),
         fusion["dense_weight"],
-        dense_candidates,
         k,
         lexical.served_recall,
         log=log,
     )
     probing = "".join(
-        f"fused searches at {knob} {served[knob]} (the dense ranking alone "
+        f"fused searches at {knob} {depth[knob]} (the dense ranking alone "
         f"{getattr(settings.index, knob)}): "
         for knob in ("nprobe", "ef_search")
-        if served[knob] is not None
+        if depth[knob] is not None
     )
     log(
-        f"{probing}served recall@{k} {served['recall']:.4f} against an exact dense search"
-        + ("" if served["reached"] else f", BELOW the target {served['target']}")
+        f"{probing}served recall@{k} {depth['recall']:.4f} against an exact dense search"
+        + ("" if depth["reached"] else f", BELOW the target {depth['target']}")
     )
-    return fusion, served
+    return fusion, depth
 
 
-def _fused_results(
-    inputs: _Inputs,
-    splits: dict[str, tuple[QuerySet, _Searched]],
-    dense_weight: float,
-    dense_candidates: int,
-    k: int,
+def _fused_config(settings: Settings, fusion: dict[str, Any]) -> dict[str, Any]:
+    """write_search_config's ``fusion`` for α and the served depth of `fusion`."""
+    lexical, k = settings.index.lexical, settings.evaluate.k
+    return {
+        "dense_weight": fusion["dense_weight"],
+        "candidates": max(k, lexical.candidates),
+        "dense_candidates": lexical.dense_candidates,
+        **{knob: fusion[knob] for knob in ("nprobe", "ef_search") if fusion.get(knob)},
+    }
+
+
+def _served_result(name: str, split: _Split, ranking: Ranking, inputs: _Inputs) -> SystemResult:
+    """A split's ranking scored: by the fused score, or by rank once re-ranked (a re-ranked
+    hit keeps its first-stage score, and trec_eval orders by score); top1 is the rank-1
+    distance, the threshold's unit."""
+    scores = ranking.scores
+    if ranking.reranked or scores is None:
+        ranks = np.arange(ranking.rows.shape[1], 0, -1, dtype=np.float32)
+        scores = np.where(ranking.rows >= 0, ranks[None], -np.inf).astype(np.float32)
+    result = score_system(
+        name,
+        split.queries,
+        ranking.rows,
+        scores,
+        inputs.ids.qids,
+        higher_is_better=True,
+        seconds=0.0,
+    )
+    top1 = np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf)
+    return replace(result, top1=top1.astype(np.float64))
+
+
+def _served_results(
+    searcher: HybridSearch, inputs: _Inputs, splits: dict[str, _Split], k: int
 ) -> dict[str, dict[str, SystemResult]]:
-    """Per split, the served ranking ("model": fusion at α) and BM25 alone ("lexical")."""
-    hybrid: dict[str, HybridCandidates] = {}
-    for split, (queries, searched) in splits.items():  # as served
-        hybrid[split] = hybrid_candidates(
-            inputs.index, queries, *searched.fusion_inputs, dense_candidates, searched.seconds
-        )
+    """Per split, the served ranking ("model": `HybridSearch.rank`, each query's own row
+    excluded) and, when fused, the bundle's BM25 alone ("lexical", α = 0)."""
     results: dict[str, dict[str, SystemResult]] = {}
-    for split, candidates in hybrid.items():
-        model = fused_result(candidates, dense_weight, inputs.index, inputs.ids.qids, k)
+    for name, split in splits.items():
+        started = time.perf_counter()
+        texts = split.queries.texts
+        if searcher.bm25 is None:
+            ranking = searcher.rank(texts, lambda s=split: s.vectors, k, exclude=split.rows)
+            model = _served_result("model", split, ranking, inputs)
+            results[name] = {"model": replace(model, seconds=time.perf_counter() - started)}
+            continue
+        # rank() in its two steps, to keep the candidates for BM25 alone.
+        found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
+        weight = searcher.config.dense_weight
+        first = fuse(found, weight, searcher.depth(k))
+        model = _served_result("model", split, searcher.reranked(texts, first, k), inputs)
+        seconds = split.dense.seconds + time.perf_counter() - started
         # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
         # for what the encoder adds.
-        lexical_alone = fused_result(candidates, 0.0, inputs.index, inputs.ids.qids, k)
-        results[split] = {"model": model, "lexical": replace(lexical_alone, name="lexical")}
+        lexical = _served_result("lexical", split, fuse(found, 0.0, k), inputs)
+        results[name] = {"model": replace(model, seconds=seconds), "lexical": lexical}
     return results
 
 
 def _no_paraphrase(
-    settings: Settings,
-    inputs: _Inputs,
-    splits: dict[str, tuple[QuerySet, _Searched]],
-    dense_weight: float | None,
-    candidates: int,
-    dense_candidates: int,
+    settings: Settings, inputs: _Inputs, searcher: HybridSearch, splits: dict[str, _Split]
 ) -> dict[str, Unanswerable]:
     """Per split, the queries of a seeded share of its clusters, each searched as served
     with its own cluster gone from the index (`qpr.evaluation.no_answer`): their rank-1
     distances are what the threshold sees for a question with no paraphrase."""
-    from qpr.retrieval.bm25 import lexical_search
-
     questions = inputs.questions
     row_cluster = row_clusters(inputs.ids.qids, questions)
     clustered = questions[questions["cluster_id"] >= 0]
     extra = int(clustered.groupby("cluster_id").size().max())  # the largest cluster
     out: dict[str, Unanswerable] = {}
-    for position, (split, (queries, searched)) in enumerate(splits.items()):
-        clusters = query_clusters(queries, questions)
+    for position, (name, split) in enumerate(splits.items()):
+        clusters = query_clusters(split.queries, questions)
         held = held_out_mask(
             clusters, settings.evaluate.no_paraphrase_share, settings.seed + position
         )
-        vectors, own = searched.vectors[held], clusters[held]
         top1 = np.full(held.shape, np.inf)
-        if held.any() and (inputs.bm25 is None or dense_weight is None):
-            top1[held] = dense_top1_without_cluster(
-                inputs.index, vectors, row_cluster, own, 1 + extra
-            )
-        elif held.any():
-            texts = [t for t, h in zip(queries.texts, held, strict=True) if h]
-            top1[held] = fused_top1_without_cluster(
-                inputs.index,
-                vectors,
-                lexical_search(inputs.bm25, texts, candidates + extra),
-                row_cluster,
-                own,
-                dense_candidates=dense_candidates,
-                extra=extra,
-                dense_weight=dense_weight,
-            )
-        out[split] = Unanswerable(held, top1)
+        if held.any():
+            texts = [t for t, h in zip(split.queries.texts, held, strict=True) if h]
+            own = cluster_rows(clusters[held], row_cluster, extra)
+            top1[held] = top1_without_cluster(searcher, texts, split.vectors[held], own)
+        out[name] = Unanswerable(held, top1)
     return out
 
 
@@ -418,77 +493,51 @@ def run_evaluate(
     settings: Settings, paths: ProjectPaths, *, log: Callable[[str], None] = print
 ) -> dict:
     """The whole stage. Raises GateFailed when the model is below the quality floor."""
-    cfg, lexical, k = settings.evaluate, settings.index.lexical, settings.evaluate.k
+    cfg, k = settings.evaluate, settings.evaluate.k
     inputs = _read_inputs(settings, paths, log)
     out_dir = paths.evaluation_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    bm25 = inputs.bm25
-    candidates = max(k, lexical.candidates) if bm25 is not None else k
-    # Bundle.search takes max(its k, dense_candidates) too: with dense_candidates >= k (the
-    # default) the service ranks any k up to evaluate.k exactly as evaluated here.
-    dense_candidates = max(k, lexical.dense_candidates)
 
-    # The dense ranking of each split (and BM25's candidates, when fused).
+    # The dense ranking of each split.
     results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
-    splits: dict[str, tuple[QuerySet, _Searched]] = {}
-    for split in SPLITS:
-        queries = query_set(inputs.questions, split)
-        searched = _search_split(inputs, queries, k, candidates)
-        splits[split] = (queries, searched)
-        results[split][searched.dense.name] = searched.dense
-        write_qrels(out_dir / f"{split}.qrels", queries.qrels)
+    splits: dict[str, _Split] = {}
+    for name in SPLITS:
+        split = _search_split(inputs, query_set(inputs.questions, name), k)
+        splits[name] = split
+        results[name][split.dense.name] = split.dense
+        write_qrels(out_dir / f"{name}.qrels", split.queries.qrels)
 
-    # The fusion with BM25, tuned on val, then measured as served.
+    # The fusion with BM25 tuned on val; then both splits measured as served.
     fusion = served = None
     fusion_plot = paths.plots_dir / "evaluate" / "fusion.png"
-    if bm25 is None:
+    if inputs.bm25 is None:
         plot_fusion_curve({}, None, fusion_plot)
     else:
-        fusion, served = _tune_fusion(
-            settings, inputs, splits["val"], dense_candidates, fusion_plot, log
-        )
-        fused = _fused_results(inputs, splits, fusion["dense_weight"], dense_candidates, k)
-        for split in SPLITS:
-            results[split].update(fused[split])
-        log(
-            f"fusion with BM25 (α = dense weight, chosen on val over an exact dense search): "
-            f"α {fusion['dense_weight']:g}, val success@1 "
-            f"{fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} there, "
-            f"{results['val']['model'].summary['success_1']:.4f} as served, against "
-            f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
-        )
+        fusion, served = _tune_fusion(settings, paths, inputs, splits["val"], log)
+    fused = None if fusion is None else _fused_config(settings, {**fusion, **served})
+    searcher = _searcher(inputs, search_config(paths, settings, None, None, fused))
+    for name, measured in _served_results(searcher, inputs, splits, k).items():
+        results[name].update(measured)
+    if fusion is not None:
+        _log_fusion(fusion, results, log)
 
-    results["test"].update(_baselines(settings, inputs, splits["test"][0], log))
-    for split in SPLITS:
-        for name, result in results[split].items():
-            write_run(out_dir / f"{split}.{name}.run", result.run, tag=f"qpr-{name}")
+    results["test"].update(_baselines(settings, inputs, splits["test"].queries, log))
+    for name in SPLITS:
+        for system, result in results[name].items():
+            write_run(out_dir / f"{name}.{system}.run", result.run, tag=f"qpr-{system}")
 
     # The no-answer threshold, chosen on val; the search config the service reads.
     val, test = results["val"]["model"], results["test"]["model"]
-    weight = None if fusion is None else fusion["dense_weight"]
-    no_paraphrase = _no_paraphrase(settings, inputs, splits, weight, candidates, dense_candidates)
+    no_paraphrase = _no_paraphrase(settings, inputs, searcher, splits)
     chosen, threshold = _threshold(settings, paths, val, test, no_paraphrase, log)
-    write_search_config(
-        paths,
-        settings,
-        chosen,
-        threshold["val_answered_share"],
-        fusion=None
-        if fusion is None
-        else {
-            "dense_weight": fusion["dense_weight"],
-            "candidates": candidates,
-            "dense_candidates": lexical.dense_candidates,
-            **{knob: served[knob] for knob in ("nprobe", "ef_search") if served[knob]},
-        },
-    )
+    write_search_config(paths, settings, chosen, threshold["val_answered_share"], fused)
 
     metrics = _metrics(
         results,
         threshold,
         None
         if fusion is None
-        else _fusion_metrics(fusion, served, candidates, settings, results, bm25),
+        else _fusion_metrics(fusion, served, fused["candidates"], settings, results, inputs.bm25),
     )
     _write_results_table(out_dir, results["test"], k, settings)
     log(
@@ -510,3 +559,15 @@ def run_evaluate(
         paths.gate_reports("evaluate"),
     )
     return metrics
+
+
+def _log_fusion(
+    fusion: dict, results: dict[str, dict[str, SystemResult]], log: Callable[[str], None]
+) -> None:
+    log(
+        f"fusion with BM25 (α = dense weight, chosen on val over an exact dense search): "
+        f"α {fusion['dense_weight']:g}, val success@1 "
+        f"{fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} there, "
+        f"{results['val']['model'].summary['success_1']:.4f} as served, against "
+        f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
+    )

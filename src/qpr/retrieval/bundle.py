@@ -35,9 +35,7 @@ import functools
 import logging
 import math
 import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,30 +74,16 @@ from qpr.artifacts import (
 )
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
-from qpr.retrieval.bm25 import BM25Index, lexical_search
+from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.deltas import MANIFEST_FILE, DeltaError, delta_files, load_parts
-from qpr.retrieval.dense import (
-    IdMap,
-    RowDistances,
-    distances_to,
-    ef_search_of,
-    load_index,
-    search,
-)
-from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
+from qpr.retrieval.dense import IdMap, ef_search_of, load_index
+from qpr.retrieval.encoders import embed_sequences, embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
-from qpr.retrieval.fusion import (
-    candidate_union,
-    fuse,
-    fuse_union,
-    fuse_union_one,
-    scaled_at,
-    values_at,
-)
+from qpr.retrieval.hybrid import HybridSearch, Ranking, answered
 from qpr.retrieval.reranker import Reranker, RerankerError
 from qpr.retrieval.selection import FieldValues, Filters, allowed_rows, both, normalised
 from qpr.text import load_tokenizer
-from qpr.text.vocab import Vocabulary, VocabularyError, pad_sequences
+from qpr.text.vocab import Vocabulary, VocabularyError
 
 if TYPE_CHECKING:
     from qpr.text.wordpiece import WordPieceTokenizer
@@ -115,9 +99,6 @@ __all__ = [
     "SearchResult",
 ]
 
-# Questions encoded per ONNX call in search_batch: large enough to amortise the call,
-# small enough that padding to the longest question of a chunk stays cheap.
-_ENCODE_CHUNK = 256
 _CACHED_MASKS = 64  # filters whose row masks a bundle keeps (N bools each)
 log = logging.getLogger(__name__)
 
@@ -297,7 +278,16 @@ class Bundle:
         if self._live_rows is not None:
             self._live_rows.flags.writeable = False
         self._threshold = config.threshold
-        self._row_distances = RowDistances(questions.index)
+        if config.fused and config.dense_candidates is None:  # TEMP until migrate() lands
+            config = replace(config, dense_candidates=config.lexical_candidates)
+        self._ranker = HybridSearch(
+            questions.index,
+            config,
+            bm25=questions.bm25,
+            texts=questions.texts,
+            reranker=reranker,
+            size=self.size,
+        )
 
     def with_questions(self, questions: IndexedQuestions, *, dense_only: bool = False) -> Bundle:
         """This bundle searching other questions: the same query encoder, search config
@@ -545,9 +535,11 @@ class Bundle:
         threshold: float | None = None,
         explain: bool = False,
         filters: Filters | None = None,
+        exclude: Sequence[int] | None = None,
     ) -> list[SearchResult]:
         """`search` for many questions: one encoder call (ONNX: per 256 questions), one FAISS
-        search. filters: as in `search`, the same for every question.
+        search, then the served ranking (`qpr.retrieval.hybrid.HybridSearch.rank`).
+        filters: as in `search`, the same for every question.
 
         Results are those of `search` on each question (the encoder is padding-invariant,
         so batching changes speed, not vectors). ValueError names the first bad question.
@@ -555,36 +547,10 @@ class Bundle:
         cross-encoder re-orders the first N of each, and the first k are kept.
         explain: each hit carries its `Explanation`; it searches each question's
         candidates again, so it costs about one more search a question.
+        exclude: one question id per question, left out of that question's candidates as
+        if it were not indexed (an evaluation's "itself excluded"); -1: none.
         """
         allowed = self.allowed(filters)
-        if self._reranker is None or self._config.rerank_top is None:
-            results = self._first_stage(questions, k, threshold, allowed)
-            first_k = k
-        else:
-            if k < 1:
-                raise ValueError(f"k must be >= 1, got {k}")
-            top = self._config.rerank_top
-            first_k = max(k, top)
-            limit = self._threshold if threshold is None else float(threshold)
-            results = [
-                _reranked(result, self._reranker.rerank(result.query, result.hits, top)[:k], limit)
-                for result in self._first_stage(questions, first_k, threshold, allowed)
-            ]
-        if explain:
-            results = [
-                self._explained(result, min(first_k, self.size), allowed) for result in results
-            ]
-        return results
-
-    def _first_stage(
-        self,
-        questions: Sequence[str],
-        k: int,
-        threshold: float | None,
-        allowed: np.ndarray | None = None,
-    ) -> list[SearchResult]:
-        """The dense (or fused) search of `search_batch`, before any re-ranking, over the
-        rows `allowed` lets through (bool [size]; None: all)."""
         if isinstance(questions, str):
             # A str is a Sequence[str] of characters: almost certainly a caller's mistake.
             raise TypeError("search_batch takes a sequence of questions, not one string")
@@ -596,36 +562,29 @@ class Bundle:
         if not questions:
             return []
         sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
-        k = min(k, self.size)
+        rows = None if exclude is None else self._excluded_rows(exclude, len(questions))
         if allowed is not None and not allowed.any():  # nothing matches: no hits, no search
             return [SearchResult(query=q, hits=[], answered=False) for q in questions]
-        if self._bm25 is not None:
-            lexical_candidates = self._config.lexical_candidates
-            assert lexical_candidates is not None  # a fused config has them
-            candidates = min(max(k, lexical_candidates), self.size)
-            if len(questions) == 1 and self._config.dense_candidates is not None:
-                return [
-                    self._fused_one(questions[0], sequences[0], (candidates, k), limit, allowed)
-                ]
-            lexical = _lexical_pool().submit(
-                lexical_search, self._bm25, questions, candidates, allowed=allowed
-            )
-            vectors = self._embed(sequences)
-            distances, rows, scores = self._fused(vectors, lexical, candidates, k, allowed)
-            return [
-                self._result(q, d, r, limit, s)
-                for q, d, r, s in zip(
-                    questions, distances.tolist(), rows.tolist(), scores.tolist(), strict=True
-                )
-            ]
-        vectors = self._embed(sequences)
-        distances, rows = search(self._index, vectors, k, allowed=allowed)
-        return [
-            self._result(q, d, r, limit)
-            for q, d, r in zip(questions, distances.tolist(), rows.tolist(), strict=True)
+        ranking = self._ranker.rank(
+            questions, lambda: self._embed(sequences), k, allowed=allowed, exclude=rows
+        )
+        served = answered(ranking, limit)
+        results = [
+            SearchResult(query=q, hits=self._hits(ranking, i), answered=bool(served[i]))
+            for i, q in enumerate(questions)
         ]
+        if explain:
+            depth = self._ranker.depth(k)
+            results = [self._explained(result, depth, allowed) for result in results]
+        return results
 
     # -- internals ------------------------------------------------------------------------
+
+    def _excluded_rows(self, exclude: Sequence[int], count: int) -> np.ndarray:
+        ids = np.asarray(exclude, np.int64)
+        if ids.shape != (count,):
+            raise ValueError(f"exclude needs one question id per question, got {ids.shape}")
+        return self._id_map.to_rows(ids)
 
     def _tokens(self, question: str, position: int, count: int) -> list[int]:
         where = "" if count == 1 else f" (question {position})"
@@ -644,79 +603,7 @@ class Bundle:
         """float32 [N, D] in input order (the folded CNN, else one ONNX call when N <= 256)."""
         if self._folded is not None:
             return self._folded.encode(sequences)
-        if len(sequences) == 1:  # the single-question path: no sorting, no scatter
-            token_ids = np.asarray(sequences, dtype=np.int64)
-            return self._session.run([OUTPUT_NAME], {INPUT_NAME: token_ids})[0]
-        out = np.empty((len(sequences), self.dim), dtype=np.float32)
-        # Length-sorted chunks: each is padded only to its own longest question.
-        order = np.argsort([len(s) for s in sequences], kind="stable")
-        for start in range(0, len(order), _ENCODE_CHUNK):
-            idx = order[start : start + _ENCODE_CHUNK]
-            token_ids, _ = pad_sequences([sequences[i] for i in idx], max_len=self._max_len)
-            out[idx] = self._session.run([OUTPUT_NAME], {INPUT_NAME: token_ids})[0]
-        return out
-
-    def _fused(
-        self,
-        vectors: np.ndarray,
-        lexical: Future[tuple[np.ndarray, np.ndarray]],
-        candidates: int,
-        k: int,
-        allowed: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(distances, rows, fused scores) [Q, k] of dense + BM25 candidates fused; the
-        BM25 candidates come from `lexical`, a search already running (over the same
-        `allowed` rows: the union then holds allowed rows only)."""
-        config = self._config
-        assert config.dense_weight is not None
-        weight = config.dense_weight
-        if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vectors, candidates, allowed=allowed)
-            lexical_scores, lexical_rows = lexical.result()
-            scores, rows = fuse(
-                -dense_distances, dense_rows, lexical_scores, lexical_rows, weight, k
-            )
-            return distances_to(self._index, vectors, rows), rows, scores
-        # Every candidate of both retrievers scored by its exact distance, as evaluated.
-        wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vectors, wanted, allowed=allowed)
-        lexical_scores, lexical_rows = lexical.result()
-        union = candidate_union(dense_rows, lexical_rows)
-        distances = distances_to(self._index, vectors, union)
-        scores, rows = fuse_union(-distances, union, lexical_scores, lexical_rows, weight, k)
-        return values_at(union, distances, rows), rows, scores
-
-    def _fused_one(
-        self,
-        question: str,
-        tokens: list[int],
-        depth: tuple[int, int],
-        limit: float | None,
-        allowed: np.ndarray | None,
-    ) -> SearchResult:
-        """One question fused (the service's path): `_fused`'s ranking with less around
-        it. The union's distances come from `RowDistances` (the stored vectors looked up
-        once per bundle) and the kept hits' distances are read at the slots the fusion
-        returns instead of being searched for again. BM25 reads the question's words on
-        the worker thread too: the request thread goes straight to the encoder.
-        depth: (BM25 candidates, k)."""
-        config = self._config
-        candidates, k = depth
-        assert self._bm25 is not None and config.dense_candidates is not None
-        lexical = _lexical_pool().submit(self._bm25.search, question, candidates, allowed=allowed)
-        vector = self._embed([tokens])
-        wanted = min(max(k, config.dense_candidates), self.size)
-        _, dense_rows = search(self._index, vector, wanted, allowed=allowed)
-        lexical_scores, lexical_rows = lexical.result()
-        union = candidate_union(dense_rows, lexical_rows[None])[0]
-        union = union[union >= 0]
-        distances = self._row_distances(vector, union)
-        weight = config.dense_weight
-        assert weight is not None
-        scores, slots = fuse_union_one(-distances, union, lexical_scores, lexical_rows, weight, k)
-        return self._result(
-            question, distances[slots].tolist(), union[slots].tolist(), limit, scores.tolist()
-        )
+        return embed_sequences(self._session, sequences, max_len=self._max_len, dim=self.dim)
 
     def _explained(
         self, result: SearchResult, k: int, allowed: np.ndarray | None = None
@@ -731,66 +618,44 @@ class Bundle:
             return replace(
                 result, hits=[replace(h, explain=e) for h, e in zip(hits, parts, strict=True)]
             )
-        config = self._config
-        weight, lexical_candidates = config.dense_weight, config.lexical_candidates
-        assert weight is not None and lexical_candidates is not None  # a fused config
+        weight = self._config.dense_weight
+        assert weight is not None  # a fused config
         rows = self._id_map.to_rows(np.asarray([h.question_id for h in hits], np.int64))
         vector = self._embed([self._tokens(result.query, 0, 1)])
-        candidates = min(max(k, lexical_candidates), self.size)
-        lexical_scores, lexical_rows = self._bm25.search(result.query, candidates, allowed=allowed)
-        if config.dense_candidates is None:  # bundles evaluated before exact scoring
-            dense_distances, dense_rows = search(self._index, vector, candidates, allowed=allowed)
-            dense_rows, dense_sims = dense_rows[0], -dense_distances[0]
-        else:
-            _, dense_rows = search(
-                self._index,
-                vector,
-                min(max(k, config.dense_candidates), self.size),
-                allowed=allowed,
-            )
-            union = candidate_union(dense_rows, lexical_rows[None])[0]
-            dense_rows = union[union >= 0]
-            dense_sims = -self._row_distances(vector, dense_rows)
-        dense = scaled_at(dense_sims, dense_rows, rows).tolist()
-        lexical = scaled_at(lexical_scores, lexical_rows, rows).tolist()
+        dense, lexical = self._ranker.shares(result.query, vector, rows, k, allowed)
         explained = []
-        for i, (hit, row) in enumerate(zip(hits, rows.tolist(), strict=True)):
+        for hit, row, dense_share, lexical_share in zip(
+            hits, rows.tolist(), dense.tolist(), lexical.tolist(), strict=True
+        ):
             bm25_score, words = self._bm25.matches(result.query, row)
             part = Explanation(
-                hit.distance, dense[i], bm25_score, lexical[i], words, weight, hit.score
+                hit.distance, dense_share, bm25_score, lexical_share, words, weight, hit.score
             )
             explained.append(replace(hit, explain=part))
         return replace(result, hits=explained)
 
-    def _result(
-        self,
-        query: str,
-        distances: list[float],
-        rows: list[int],
-        limit: float | None,
-        scores: list[float] | None = None,
-    ) -> SearchResult:
-        hits = [
-            Hit(
-                question_id=int(self._qids[row]),
-                text=self._texts[row],
-                cluster_id=int(self._cluster_ids[row]),
-                answer_id=self._answer_ids[row],
-                # FAISS's float arithmetic can give -1e-7 for an identical vector.
-                distance=max(distance, 0.0),
-                score=1.0 / (1.0 + max(distance, 0.0)) if scores is None else scores[i],
+    def _hits(self, ranking: Ranking, i: int) -> list[Hit]:
+        """Query i's hits: its found rows (-1: an IVF search probed too few lists to fill
+        k) with their questions, distances and scores."""
+        scores = None if ranking.scores is None else ranking.scores[i].tolist()
+        hits = []
+        for slot, (row, distance) in enumerate(
+            zip(ranking.rows[i].tolist(), ranking.distances[i].tolist(), strict=True)
+        ):
+            if row < 0:
+                continue
+            distance = max(distance, 0.0)  # FAISS can give -1e-7 for an identical vector
+            hits.append(
+                Hit(
+                    question_id=int(self._qids[row]),
+                    text=self._texts[row],
+                    cluster_id=int(self._cluster_ids[row]),
+                    answer_id=self._answer_ids[row],
+                    distance=distance,
+                    score=1.0 / (1.0 + distance) if scores is None else scores[slot],
+                )
             )
-            for i, (distance, row) in enumerate(zip(distances, rows, strict=True))
-            if row >= 0  # -1: an IVF search probed too few lists to fill k
-        ]
-        answered = bool(hits) and (limit is None or hits[0].distance <= limit)
-        return SearchResult(query=query, hits=hits, answered=answered)
-
-
-def _reranked(result: SearchResult, hits: list[Hit], limit: float | None) -> SearchResult:
-    """`result` with re-ranked hits; answered judges the new first hit's distance."""
-    answered = bool(hits) and (limit is None or hits[0].distance <= limit)
-    return SearchResult(query=result.query, hits=hits, answered=answered)
+        return hits
 
 
 # ---------------------------------------------------------------- loading helpers
@@ -1066,21 +931,6 @@ def _student_encoder(
             f"to {encoder_path}'s vectors, below its floor {floor:.3f}: not a student of it"
         )
     return session, metadata, dim
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _lexical_pool() -> ThreadPoolExecutor:
-    """One pool per process for the BM25 half of fused searches, shared by every bundle
-    (a reloaded bundle leaves no threads behind), one worker per core."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            workers = max(1, os.cpu_count() or 1)
-            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qpr-bm25")
-        return _POOL
 
 
 def _signatures(paths: Iterable[Path]) -> list[tuple[int, int, int]]:

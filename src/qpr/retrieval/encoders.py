@@ -93,6 +93,30 @@ def encode(
     return out
 
 
+# Questions encoded per ONNX call by embed_sequences: large enough to amortise the call,
+# small enough that padding to the longest question of a chunk stays cheap.
+QUERY_CHUNK = 256
+
+
+def embed_sequences(
+    session: ort.InferenceSession, sequences: Sequence[Sequence[int]], *, max_len: int, dim: int
+) -> np.ndarray:
+    """float32 [N, D] query vectors of token-id sequences (already cut to max_len), in
+    input order: what `Bundle.search` and the evaluate stage encode queries with.
+
+    One sequence goes through unpadded; more go in length-sorted chunks of `QUERY_CHUNK`,
+    each padded only to its own longest sequence."""
+    if len(sequences) == 1:  # the single-question path: no sorting, no scatter
+        return run_session(session, np.asarray(sequences, dtype=np.int64))
+    out = np.empty((len(sequences), dim), dtype=np.float32)
+    order = np.argsort([len(s) for s in sequences], kind="stable")
+    for start in range(0, len(order), QUERY_CHUNK):
+        idx = order[start : start + QUERY_CHUNK]
+        token_ids, _ = pad_sequences([list(sequences[i]) for i in idx], max_len=max_len)
+        out[idx] = run_session(session, token_ids)
+    return out
+
+
 CORPUS_CHUNK = 20_000  # questions per progress line of encode_corpus
 
 
