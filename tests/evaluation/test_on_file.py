@@ -1,4 +1,4 @@
-"""`qpr evaluate --data`: a trained bundle evaluated on files it was not trained on.
+"""`qpr evaluate FILE`: a trained bundle evaluated on files it was not trained on.
 
 The bundle is trained once for the module by the stages themselves (cluster → train →
 export → index → evaluate, no Prefect) on three tiny days of synthetic logs. It is then
@@ -227,10 +227,9 @@ def test_cli_writes_json_and_markdown(project, tmp_path: Path) -> None:
         app,
         [
             "evaluate",
+            str(data),
             "--params",
             str(root / "params.yaml"),
-            "--data",
-            str(data),
             "--models-dir",
             str(root / "models"),
             "--baselines",
@@ -266,34 +265,34 @@ def test_cli_errors(project, tmp_path: Path) -> None:
     _, root = project
     out = ["--out", str(tmp_path / "out")]
 
-    code, said = _cli(root, "--data", str(tmp_path / "nowhere.tsv"), *out)
+    code, said = _cli(root, str(tmp_path / "nowhere.tsv"), *out)
     assert code == 1 and f"data not found: {tmp_path / 'nowhere.tsv'}" in said
 
-    code, said = _cli(root, "--data", str(tmp_path), "--format", "xml", *out)
+    code, said = _cli(root, str(tmp_path), "--format", "xml", *out)
     assert code == 2 and "Invalid value for '--format'" in said
 
     (tmp_path / "notes.txt").write_text("just some text\n")
-    code, said = _cli(root, "--data", str(tmp_path / "notes.txt"), *out)
+    code, said = _cli(root, str(tmp_path / "notes.txt"), *out)
     assert code == 1 and "cannot tell the format" in said and "--format quora" in said
 
     no_pairs = _write_quora(tmp_path / "none.tsv", [r for r in QUORA_ROWS if r[5] == "0"])
-    code, said = _cli(root, "--data", str(no_pairs), *out)
+    code, said = _cli(root, str(no_pairs), *out)
     assert code == 1 and "no cluster of size >= 2" in said
 
     broken = Path(shutil.copytree(root / "models", tmp_path / "broken"))
     (broken / "encoder.onnx").unlink()
     ok = _write_quora(tmp_path / "ok.tsv", QUORA_ROWS)
-    code, said = _cli(root, "--data", str(ok), *out, models=broken)
+    code, said = _cli(root, str(ok), *out, models=broken)
     assert code == 1 and "incomplete model bundle" in said and "encoder.onnx" in said
 
     # Half the rows with an answer id the gate refuses: the raw-log gate stops the batch.
     bad_rows = [(q, "!bad id" if i % 2 else a) for i, (q, a) in enumerate(LOG_QUESTIONS)]
-    code, said = _cli(root, "--data", str(_write_log_csv(tmp_path / "bad.csv", bad_rows)), *out)
+    code, said = _cli(root, str(_write_log_csv(tmp_path / "bad.csv", bad_rows)), *out)
     assert code == 1 and "raw_logs" in said and "answer_id" in said
     assert (tmp_path / "out" / "gates" / "raw_logs.json").is_file()
 
     code, said = _cli(root, "--with-model-index")
-    assert code == 1 and "--models-dir, --with-model-index are for --data FILE only" in said
+    assert code == 1 and "--models-dir, --with-model-index are for qpr evaluate FILE only" in said
 
 
 def _served_top1(searcher, questions: pd.DataFrame, query_ids, k: int) -> dict[str, tuple]:
@@ -390,7 +389,7 @@ def test_cli_evaluates_a_registered_model(project, tmp_path: Path) -> None:
     )
     client.set_registered_model_alias("qpr-eval", "champion", str(version.version))
     data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
-    params = ["evaluate", "--params", str(root / "params.yaml"), "--data", str(data)]
+    params = ["evaluate", str(data), "--params", str(root / "params.yaml")]
     local = runner.invoke(
         app, [*params, "--models-dir", str(root / "models"), "--out", str(tmp_path / "local")]
     )

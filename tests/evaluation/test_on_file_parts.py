@@ -1,4 +1,4 @@
-"""The pure parts of `qpr evaluate --data`: format detection, the evaluated clusters, the
+"""The pure parts of `qpr evaluate FILE`: format detection, the evaluated clusters, the
 model-index merge and the baseline list, on hand-made inputs with hand-computed answers."""
 
 from __future__ import annotations

@@ -242,9 +242,9 @@ def test_rollback_restores_the_previous_champion(history, project):
 
 
 def test_cli_list_promote_rollback(history, project, monkeypatch):
-    from qpr import cli
+    from qpr.cli import common
 
-    monkeypatch.setattr(cli.console, "width", 240)  # one table row per line
+    monkeypatch.setattr(common.console, "width", 240)  # one table row per line
     params = ["--params", str(project / "params.yaml")]
     listed = runner.invoke(app, ["model", "list", *params])
     assert listed.exit_code == 0, listed.output

@@ -1,7 +1,7 @@
 """From a data source to raw paraphrase clusters, as params describe it (`data.source`,
 `data.path`): QA logs are read, gated, cleaned and grouped by answer; Quora pairs are read
 and closed transitively. The one code path from a file to clusters, shared by the cluster
-stage and `qpr evaluate --data`."""
+stage and `qpr evaluate FILE`."""
 
 from __future__ import annotations
 

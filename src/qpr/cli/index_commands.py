@@ -1,0 +1,210 @@
+"""`qpr index`: without a sub-command, stage 4 (the full build); with one, fresh questions
+into a served bundle without retraining (add, delete, list, drop, compact).
+
+The one module of the command that imports the deltas' code (`qpr.retrieval.deltas`,
+`qpr.ops.fresh`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from qpr import environment
+from qpr.cli.common import ParamsOption, actor_name, console, fail, print_metrics, run_stage
+
+index_app = typer.Typer(
+    help="Stage 4 without a sub-command: the full build, as `dvc repro` runs it. With one: "
+    "fresh questions into a served bundle without retraining: add, delete, list, drop, "
+    "compact (docs/operations.md).",
+)
+ModelsOption = Annotated[Path, typer.Option("--models-dir", help="The bundle the deltas go into.")]
+LocalOption = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Change the folder only: no `dvc commit`, no registry version (docs/operations.md).",
+    ),
+]
+
+
+def _published(
+    out: dict[str, Any], models_dir: Path, params: Path, local: bool, reason: str
+) -> dict[str, Any]:
+    """`out` with what `qpr.ops.fresh.publish` did (dvc.lock, registry), unless --local."""
+    if local:
+        return out
+    environment.apply()
+    from qpr.config import load_settings
+    from qpr.ops.fresh import publish
+
+    settings = load_settings(params)
+    return out | {"published": publish(models_dir, settings, actor=actor_name(None), reason=reason)}
+
+
+@index_app.callback(invoke_without_command=True)
+def index(ctx: typer.Context, params: ParamsOption = Path("params.yaml")) -> None:
+    """Stage 4: encode every known question with ONNX Runtime and build the FAISS index;
+    gate on counts, finite vectors and self-retrieval."""
+    if ctx.invoked_subcommand is None:
+        print_metrics({"index": run_stage("index", params)})
+    elif getattr(ctx.get_parameter_source("params"), "name", None) != "DEFAULT":
+        # `qpr index --params P add ...` would otherwise add with params.yaml, silently.
+        fail(
+            f"--params before {ctx.invoked_subcommand!r} is the stage's option: give it "
+            f"after the sub-command (qpr index {ctx.invoked_subcommand} --params ...)"
+        )
+
+
+@index_app.command("add")
+def index_add(
+    files: Annotated[list[Path], typer.Argument(help="Log files or question lists.")],
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    report_dir: Annotated[
+        Path | None, typer.Option(help="Where the raw-log gate writes its report.")
+    ] = None,
+    local: LocalOption = False,
+) -> None:
+    """Make the files' new questions searchable now, as one delta beside the index: logs
+    pass the raw-log gate first. A running service picks the delta up at its next poll."""
+    from qpr.config import load_settings
+    from qpr.data.loaders import DataFormatError
+    from qpr.ops.fresh import add_files
+    from qpr.quality.gate import GateFailed
+
+    settings = load_settings(params)
+    try:
+        out = add_files(
+            models_dir,
+            files,
+            settings.quality,
+            report_dir=report_dir,
+            batch_size=settings.index.encode_batch_size,
+            threads=settings.index.threads,
+        )
+    except (DataFormatError, GateFailed, ValueError) as err:
+        fail(str(err))
+    if out["delta"] is not None:
+        reason = f"index add: delta {out['delta']['number']}, {out['added']} questions"
+        out = _published(out, models_dir, params, local, reason)
+    typer.echo(json.dumps(out, indent=2, default=str))
+
+
+@index_app.command("delete")
+def index_delete(
+    question_id: Annotated[
+        list[int] | None, typer.Option("--question-id", help="A question id (repeatable).")
+    ] = None,
+    ids_file: Annotated[
+        Path | None, typer.Option("--ids-file", help="Question ids, one a line (or .npy).")
+    ] = None,
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
+) -> None:
+    """Stop serving questions: a tombstone each, applied at search time until compaction."""
+    from qpr.ops.fresh import read_ids
+    from qpr.retrieval.deltas import delete_questions
+
+    ids = read_ids(question_id or [], ids_file)
+    if not ids:
+        fail("give --question-id or --ids-file")
+    out = delete_questions(models_dir, ids)
+    if out["deleted"]:
+        reason = f"index delete: {len(out['deleted'])} questions"
+        out = _published(out, models_dir, params, local, reason)
+    typer.echo(json.dumps(out))
+
+
+@index_app.command("list")
+def index_list(
+    models_dir: ModelsOption = Path("models"),
+    as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
+) -> None:
+    """The bundle's deltas: number, version, questions, BM25 words unknown to the main
+    index, and whether the main index already holds them (absorbed) or a load adds them."""
+    from qpr.retrieval.deltas import DeltaError, absorbed_version, read_manifest
+
+    try:
+        manifest, absorbed = read_manifest(models_dir), absorbed_version(models_dir)
+    except DeltaError as err:
+        fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(manifest.as_dict() | {"absorbed_version": absorbed}, indent=2))
+        return
+    table = Table("delta", "version", "questions", "unknown BM25 words", "state", "sources")
+    for delta in manifest.deltas:
+        share = delta.get("unknown_tokens", 0) / max(delta.get("tokens", 0), 1)
+        state = "absorbed" if int(delta["version"]) <= absorbed else "served as a delta"
+        sources = ", ".join(s[:12] for s in delta.get("sources", [])) or "-"
+        table.add_row(
+            str(delta["number"]),
+            str(delta["version"]),
+            f"{delta['rows']:,}",
+            f"{share:.1%}",
+            state,
+            sources,
+        )
+    for delta in manifest.dropped:
+        table.add_row(
+            str(delta["number"]),
+            str(delta["version"]),
+            f"{delta['rows']:,}",
+            "",
+            f"dropped: {delta.get('reason', '')}",
+            "",
+        )
+    console.print(table)
+    pending = sum(int(t[1]) > absorbed for t in manifest.tombstones)
+    console.print(
+        f"manifest version {manifest.version}; the main index holds version {absorbed}; "
+        f"{pending} tombstones applied at search time"
+    )
+
+
+@index_app.command("drop")
+def index_drop(
+    number: Annotated[int, typer.Argument(help="The delta's number (deltas/deltas.json).")],
+    reason: Annotated[str, typer.Option(help="Why: kept in the manifest.")] = "dropped by hand",
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
+) -> None:
+    """Undo one delta: its questions go, the rows it replaced come back, and its files are
+    never added again. A delta a full build or compaction absorbed cannot be dropped."""
+    from qpr.retrieval.deltas import DeltaError, drop_delta
+
+    try:
+        out = drop_delta(models_dir, number, reason=reason)
+    except DeltaError as err:
+        fail(str(err))
+    out = _published(out, models_dir, params, local, f"index drop {number}: {reason}")
+    typer.echo(json.dumps(out))
+
+
+@index_app.command("compact")
+def index_compact(
+    models_dir: ModelsOption = Path("models"),
+    params: ParamsOption = Path("params.yaml"),
+    local: LocalOption = False,
+) -> None:
+    """Merge the deltas and tombstones into a new main index (index.factory of params),
+    BM25 statistics recomputed over every question."""
+    from qpr.config import load_settings
+    from qpr.retrieval.deltas import compact
+    from qpr.retrieval.dense import IndexConfig, build_index
+
+    settings = load_settings(params)
+    config = IndexConfig.from_settings(settings.index)
+    out = compact(
+        models_dir,
+        lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
+        batch_size=settings.index.encode_batch_size,
+        threads=settings.index.threads,
+    )
+    reason = f"index compact: {out['deltas_merged']} deltas merged"
+    typer.echo(json.dumps(_published(out, models_dir, params, local, reason)))

@@ -1,0 +1,57 @@
+"""`qpr search`: the service's field names, explanations and metadata filters."""
+
+import json
+
+from typer.testing import CliRunner
+
+from qpr.cli import app
+
+runner = CliRunner()
+
+
+def test_search_json_hits_have_the_service_field_names(tmp_path):
+    from qpr.retrieval.bundle import HIT_FIELDS
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    args = ["search", QUESTIONS[7], "-k", "3", "--models-dir", str(models), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert [tuple(h) for h in hits] == [HIT_FIELDS] * 3
+    assert (hits[0]["question_id"], hits[0]["answer_id"]) == (QIDS[7], "ans-3")
+    explained = runner.invoke(app, [*args, "--explain"])
+    assert explained.exit_code == 0, explained.output
+    part = json.loads(explained.output)["hits"][0]["explain"]
+    assert part["fused_score"] == hits[0]["score"] and part["dense_weight"] == 1.0
+    table = runner.invoke(app, ["search", QUESTIONS[7], "--models-dir", str(models), "--explain"])
+    assert table.exit_code == 0, table.output
+    assert "ans-3" in table.output and "matched" in table.output
+
+
+def test_search_filter_flag(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qpr.cli.serving import parse_filters
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    table = pq.read_table(models / "index" / "questions.parquet")
+    locales = [("en", "de")[i % 2] for i in range(table.num_rows)]
+    pq.write_table(table.append_column("locale", pa.array(locales)),
+                   models / "index" / "questions.parquet")  # fmt: skip
+    args = ["search", QUESTIONS[7], "-k", "5", "--models-dir", str(models), "--json"]
+    result = runner.invoke(
+        app, [*args, "--filter", "locale=en", "--filter", "answer_id=ans-2,ans-4"]
+    )
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert hits and all(QIDS.index(h["question_id"]) % 2 == 0 for h in hits)
+    assert {h["answer_id"] for h in hits} <= {"ans-2", "ans-4"}
+    unknown = runner.invoke(app, [*args, "--filter", "tenant=a"])
+    assert unknown.exit_code != 0 and "answer_id, locale" in " ".join(unknown.output.split())
+    assert parse_filters(["locale=en", "tenant=a, b"]) == {"locale": "en", "tenant": ["a", "b"]}
+    for bad in (["locale"], ["=en"], ["locale=en", "locale=de"]):
+        refused = runner.invoke(app, [*args, *(f"--filter={b}" for b in bad)])
+        assert refused.exit_code != 0, bad
