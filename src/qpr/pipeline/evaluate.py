@@ -101,7 +101,11 @@ def write_search_config(
     evaluated here: the no-answer threshold chosen on the validation split, the dense-only
     depth searched with (index.nprobe / index.ef_search) and, when BM25 is fused in, the
     dense weight α, BM25's candidates, the index's (`dense_candidates`) and how deep fused
-    searches go (`nprobe` or `ef_search` of `fusion`)."""
+    searches go (`nprobe` or `ef_search` of `fusion`). It declares the query encoder the
+    figures were measured with (`qpr.artifacts.detect_query_encoder`: the student stage's,
+    else the index stage's int8 one, else encoder.onnx); loaders serve that one."""
+    from qpr.artifacts import detect_query_encoder
+
     fused = (
         {}
         if fusion is None
@@ -123,6 +127,7 @@ def write_search_config(
         nprobe=settings.index.nprobe,
         ef_search=settings.index.ef_search,
         rerank_top=settings.rerank.top if settings.rerank.enabled and trained else None,
+        query_encoder=detect_query_encoder(paths.models_dir),
         **fused,
     ).write(paths.models_dir)
 
