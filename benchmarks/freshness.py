@@ -149,7 +149,8 @@ def main() -> None:
     # As the service runs FAISS: one OpenMP thread per request thread (qpr.serve.openmp);
     # the default pool costs ~15 ms a search on a shared 2-core box.
     faiss.omp_set_num_threads(1)
-    logging.getLogger("qpr.retrieval.bundle").setLevel(logging.ERROR)  # old bundles' notes
+    for notes in ("qpr.retrieval.loading", "qpr.artifacts"):  # old bundles' notes
+        logging.getLogger(notes).setLevel(logging.ERROR)
     marks = (1, 2, 5) if args.quick else (1, 5, 20)
     queries_n = 60 if args.quick else args.queries
     work = Path(tempfile.mkdtemp(prefix="qpr-freshness-"))

@@ -691,7 +691,8 @@ def main() -> None:
     args = parser.parse_args()
     settings = load_settings(args.params)
     faiss.omp_set_num_threads(1)  # as the service runs FAISS (freshness.py)
-    logging.getLogger("qpr.retrieval.bundle").setLevel(logging.ERROR)
+    for notes in ("qpr.retrieval.loading", "qpr.artifacts"):  # old bundles' notes
+        logging.getLogger(notes).setLevel(logging.ERROR)
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpoint(args.work / "checkpoint.json")
     config = {"bundle": str(args.bundle), "held": args.held, "seed": args.seed}

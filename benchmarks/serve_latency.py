@@ -551,6 +551,7 @@ def dense_twin(bundle_dir: Path, out: Path) -> Path:
         QUESTIONS_FILE,
         VOCAB_FILE,
         SearchConfig,
+        detect_query_encoder,
     )
 
     (out / "index").mkdir(parents=True, exist_ok=True)
@@ -566,7 +567,11 @@ def dense_twin(bundle_dir: Path, out: Path) -> Path:
             "fused_ef_search",
         )
     }
-    replace(SearchConfig.read(bundle_dir), **dense).write(out)
+    # The twin links encoder.onnx alone: it declares what its files say (not bundle_dir's).
+    config = replace(
+        SearchConfig.read(bundle_dir), **dense, query_encoder=detect_query_encoder(out)
+    )
+    config.write(out)
     return out
 
 

@@ -1,10 +1,12 @@
 """The bundle's contract: SearchConfig written and read back (search.json and an older
-bundle's threshold.json), its serving precedence, and which query encoder is served."""
+bundle's threshold.json), its serving precedence, the query encoder it declares, and
+older bundles' configs read as the current format (migrate)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import logging
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +17,18 @@ from qpr.artifacts import (
     LEGACY_SEARCH_FILE,
     QUERY_ENCODER_FILE,
     SEARCH_FILE,
+    SEARCH_FORMAT,
+    STUDENT_FILE,
+    QueryEncoderEntry,
     SearchConfig,
     SearchConfigError,
+    detect_query_encoder,
+    migrate,
     search_config_file,
     served_query_encoder,
 )
+
+ONNX = QueryEncoderEntry("onnx", (ENCODER_FILE,))
 
 FUSED = SearchConfig(
     threshold=1.25,
@@ -31,14 +40,23 @@ FUSED = SearchConfig(
     fused_nprobe=48,
     target_precision=0.9,
     val_answered_share=0.75,
+    query_encoder=ONNX,
 )
 
 
 def test_write_then_read_gives_the_same_config(tmp_path: Path) -> None:
-    for config in (FUSED, SearchConfig(), SearchConfig(threshold=None, nprobe=16)):
+    student = QueryEncoderEntry("student", (STUDENT_FILE,))
+    for config in (FUSED, SearchConfig(query_encoder=student), replace(FUSED, rerank_top=5)):
         path = config.write(tmp_path)
         assert path == tmp_path / SEARCH_FILE
         assert SearchConfig.read(tmp_path) == config
+    payload = json.loads((tmp_path / SEARCH_FILE).read_text())
+    assert payload["format"] == SEARCH_FORMAT
+    assert payload["query_encoder"] == {"kind": "onnx", "files": ["encoder.onnx"]}
+    # written without a declaration (a test's, a benchmark's): read as its files say
+    SearchConfig(threshold=None, nprobe=16).write(tmp_path)
+    assert "query_encoder" not in json.loads((tmp_path / SEARCH_FILE).read_text())
+    assert SearchConfig.read(tmp_path) == SearchConfig(nprobe=16, query_encoder=ONNX)
 
 
 def test_the_file_is_deterministic_plain_json(tmp_path: Path) -> None:
@@ -56,6 +74,7 @@ def test_the_file_is_deterministic_plain_json(tmp_path: Path) -> None:
     payload = json.loads(first)
     assert list(payload) == sorted(payload)  # sorted keys, no timestamp among them
     assert set(payload) == set(asdict(FUSED)) - {"rerank_top"}  # left out when None
+    assert "query_encoder" not in json.loads(SearchConfig().write(tmp_path / "c").read_bytes())
     assert first.endswith(b"}\n")
 
 
@@ -130,7 +149,7 @@ def test_the_id_map_lives_where_the_index_writes_it() -> None:
 
 def test_rerank_top_is_off_by_default_and_validated(tmp_path: Path) -> None:
     assert SearchConfig().rerank_top is None
-    reranked = SearchConfig(threshold=0.5, rerank_top=np.int64(10))
+    reranked = SearchConfig(threshold=0.5, rerank_top=np.int64(10), query_encoder=ONNX)
     assert reranked.rerank_top == 10 and type(reranked.rerank_top) is int
     reranked.write(tmp_path)
     assert json.loads((tmp_path / SEARCH_FILE).read_text())["rerank_top"] == 10
@@ -141,3 +160,66 @@ def test_rerank_top_is_off_by_default_and_validated(tmp_path: Path) -> None:
     (tmp_path / SEARCH_FILE).write_text(json.dumps({**asdict(SearchConfig()), "rerank_top": 0}))
     with pytest.raises(SearchConfigError, match=r"search\.json: rerank_top"):
         SearchConfig.read(tmp_path)
+
+
+def test_the_declared_query_encoder_is_what_the_files_say(tmp_path: Path) -> None:
+    """The evaluate stage declares it after the index and student stages wrote theirs."""
+    assert detect_query_encoder(tmp_path) == ONNX
+    for rel, kind in ((QUERY_ENCODER_FILE, "onnx-int8"), (STUDENT_FILE, "student")):
+        (tmp_path / rel).parent.mkdir()
+        (tmp_path / rel).write_bytes(b"onnx")
+        assert detect_query_encoder(tmp_path) == QueryEncoderEntry(kind, (rel,))
+    assert detect_query_encoder(tmp_path).files == (STUDENT_FILE,)  # the student wins
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"kind": "tflite", "files": ["a"]}, "kind 'tflite'"),
+        ({"kind": "onnx", "files": ["index/query_encoder.onnx"]}, "loaded from"),
+        ({"kind": "onnx", "files": "encoder.onnx"}, "a list of paths"),
+        ({"kind": "onnx"}, "must be"),
+        ("onnx", "must be"),
+    ],
+)
+def test_a_bad_query_encoder_entry(tmp_path: Path, entry: object, message: str) -> None:
+    with pytest.raises(SearchConfigError, match=message):
+        SearchConfig(query_encoder=entry)  # type: ignore[arg-type]
+    (tmp_path / SEARCH_FILE).write_text(json.dumps({"query_encoder": entry}))
+    with pytest.raises(SearchConfigError, match=rf"search\.json: .*{message}"):
+        SearchConfig.read(tmp_path)
+
+
+def test_migrate_reads_an_older_search_json_as_the_current_format(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / SEARCH_FILE
+    # a current file: as it is, nothing logged
+    current = {"threshold": 1.0, "format": 2, "query_encoder": ONNX.as_json()}
+    with caplog.at_level(logging.INFO, logger="qpr.artifacts"):
+        assert migrate(current, path) == SearchConfig(threshold=1.0, query_encoder=ONNX)
+    assert not caplog.records
+    # format 1: no format, no declaration; fused without dense_candidates
+    (tmp_path / QUERY_ENCODER_FILE).parent.mkdir()
+    (tmp_path / QUERY_ENCODER_FILE).write_bytes(b"int8")
+    old = {"threshold": 1.0, "dense_weight": 0.5, "lexical_candidates": 7}
+    with caplog.at_level(logging.INFO, logger="qpr.artifacts"):
+        config = migrate(old, path)
+    assert config == SearchConfig(
+        threshold=1.0,
+        dense_weight=0.5,
+        lexical_candidates=7,
+        dense_candidates=7,  # now scored exactly
+        query_encoder=QueryEncoderEntry("onnx-int8", (QUERY_ENCODER_FILE,)),
+    )
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING  # its ranking changed
+    for said in ("format 1 read as 2", "onnx-int8", "exact scoring"):
+        assert said in record.getMessage()
+    with pytest.raises(SearchConfigError, match="format 3 is newer"):
+        migrate({**current, "format": 3}, path)
+    for bad in (0, True, 2.0, "2"):
+        with pytest.raises(SearchConfigError, match="format must be an integer"):
+            migrate({**current, "format": bad}, path)
+    with pytest.raises(SearchConfigError, match="this qpr writes 2"):
+        SearchConfig(format=1)

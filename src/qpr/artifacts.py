@@ -10,15 +10,18 @@ A bundle is the ``models/`` directory the pipeline writes (paths relative to it)
 ``index/index.ids.npy``        row → question id (`qpr.retrieval.dense.IdMap`)
 ``index/questions.parquet``    question_id, text, cluster_id of every indexed question
 ``search.json``                `SearchConfig`: how the service searches (the evaluate stage
-                               chose it on the validation split); older bundles hold
-                               ``threshold.json`` instead, which still loads
+                               chose it on the validation split), its ``format`` and the
+                               ``query_encoder`` it declares; older bundles' files (or
+                               ``threshold.json``) still load, through `migrate`
 ``index/bm25.npz``             optional: BM25 weights of the index rows, present (and
                                required) when the search config fuses BM25 in
 ``index/query_encoder.onnx``   optional: the encoder with int8 matrix products
-                               (`qpr.model.quantize`); queries go through it when present
+                               (`qpr.model.quantize`); queries go through it when
+                               search.json declares it (kind ``onnx-int8``)
 ``student/query_encoder.onnx`` optional: a query student trained into encoder.onnx's space
-                               (`qpr.training.distill`); queries go through it when present,
-                               the index keeps encoder.onnx's vectors (an asymmetric bundle)
+                               (`qpr.training.distill`); queries go through it when
+                               search.json declares it (kind ``student``); the index keeps
+                               encoder.onnx's vectors (an asymmetric bundle)
 ``rerank/``                    optional: a cross-encoder re-ranker (`RERANK_FILES`), used
                                when the search config sets ``rerank_top``
 =============================  ===========================================================
@@ -29,9 +32,11 @@ Imports nothing of `qpr` but the ground floor (`qpr.io`, `qpr.errors`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ __all__ = [
     "PROBE_QUESTIONS",
     "QUANTIZED_FROM",
     "QUERY_ENCODER_FILE",
+    "QUERY_ENCODER_KINDS",
     "QUESTIONS_FILE",
     "REQUIRED_FILES",
     "RERANK_CONFIG_FILE",
@@ -65,6 +71,7 @@ __all__ = [
     "RERANK_OUTPUT_NAME",
     "RERANK_TOKENIZER_FILE",
     "SEARCH_FILE",
+    "SEARCH_FORMAT",
     "STUDENT_DIR",
     "STUDENT_FILE",
     "STUDENT_OF",
@@ -73,11 +80,16 @@ __all__ = [
     "TAG_GIT_COMMIT",
     "VOCAB_FILE",
     "VOCAB_SHA256_KEY",
+    "QueryEncoderEntry",
     "SearchConfig",
     "SearchConfigError",
+    "detect_query_encoder",
+    "migrate",
     "search_config_file",
     "served_query_encoder",
 ]
+
+log = logging.getLogger(__name__)
 
 # The exported encoder's graph: "token_ids" int64 [batch, length] (0 = padding) in,
 # "embeddings" float32 [batch, D] out; batch and length are dynamic.
@@ -134,6 +146,15 @@ RERANK_FILES = (RERANK_CONFIG_FILE, RERANK_TOKENIZER_FILE, RERANK_MODEL_FILE, RE
 # What a bundle may hold besides REQUIRED_FILES (the registry stores those present).
 OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE, *RERANK_FILES)
 
+# search.json's format: 2 since it declares its query encoder; a file without "format" is 1.
+SEARCH_FORMAT = 2
+# search.json's query_encoder kinds and the files each is loaded from.
+QUERY_ENCODER_KINDS = {
+    "onnx": (ENCODER_FILE,),
+    "onnx-int8": (QUERY_ENCODER_FILE,),
+    "student": (STUDENT_FILE,),
+}
+
 
 # Registry version tags (qpr.ops.registry writes them; qpr.serve.sources reads them).
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"  # Bundle.fingerprint of the stored files
@@ -145,13 +166,69 @@ TAG_COMMITTED = "qpr.committed"
 
 
 def served_query_encoder(models_dir: PathLike) -> Path:
-    """The encoder queries go through: the query student when the student stage trained
-    one, else the int8 query encoder when the index stage wrote one (index.query_encoder
-    int8), else the exported float32 encoder."""
+    """The encoder queries go through, as the files in `models_dir` say: the query student
+    when the student stage trained one, else the int8 query encoder when the index stage
+    wrote one (index.query_encoder int8), else the exported float32 encoder. The evaluate
+    stage declares it in search.json (`detect_query_encoder`); a bundle reads it there."""
     for candidate in (STUDENT_FILE, QUERY_ENCODER_FILE):
         if (Path(models_dir) / candidate).is_file():
             return Path(models_dir) / candidate
     return Path(models_dir) / ENCODER_FILE
+
+
+@dataclass(frozen=True)
+class QueryEncoderEntry:
+    """search.json's ``query_encoder``: what queries go through, declared as
+    sentence-transformers' modules.json declares each module, so a loader need not guess.
+
+    kind: "onnx" (encoder.onnx, float32), "onnx-int8" (index/query_encoder.onnx, quantised
+        from encoder.onnx by the index stage) or "student" (student/query_encoder.onnx, a
+        query student trained into encoder.onnx's space).
+    files: the files it is loaded from, relative to the bundle: those `QUERY_ENCODER_KINDS`
+        names for the kind (strings or paths given; paths kept).
+    """
+
+    kind: str
+    files: tuple[Path, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUERY_ENCODER_KINDS:
+            raise SearchConfigError(
+                f"query_encoder kind {self.kind!r}, expected one of {sorted(QUERY_ENCODER_KINDS)}"
+            )
+        files = self.files
+        if not isinstance(files, list | tuple) or not all(isinstance(f, str | Path) for f in files):
+            raise SearchConfigError(f"query_encoder files must be a list of paths, got {files!r}")
+        object.__setattr__(self, "files", tuple(Path(f) for f in files))
+        expected = QUERY_ENCODER_KINDS[self.kind]
+        if self.files != expected:
+            raise SearchConfigError(
+                f"query_encoder {self.kind!r} is loaded from {[f.as_posix() for f in expected]}, "
+                f"not {[f.as_posix() for f in self.files]}"
+            )
+
+    @classmethod
+    def of(cls, value: object) -> QueryEncoderEntry:
+        """The entry as search.json holds it: {"kind": ..., "files": [...]}."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping) or set(value) != {"kind", "files"}:
+            raise SearchConfigError(
+                f'query_encoder must be {{"kind": ..., "files": [...]}}, got {value!r}'
+            )
+        return cls(value["kind"], value["files"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "files": [f.as_posix() for f in self.files]}
+
+
+def detect_query_encoder(models_dir: PathLike) -> QueryEncoderEntry:
+    """The query encoder the files in `models_dir` say is served (`served_query_encoder`),
+    as search.json declares it: what the evaluate stage writes, and what `migrate` assumes
+    for a bundle that declares none."""
+    rel = served_query_encoder(models_dir).relative_to(Path(models_dir))
+    kind = next(kind for kind, files in QUERY_ENCODER_KINDS.items() if files == (rel,))
+    return QueryEncoderEntry(kind, (rel,))
 
 
 def search_config_file(models_dir: PathLike) -> Path:
@@ -177,8 +254,8 @@ class SearchConfig:
         the dense ranking alone (the bundle has no BM25).
     lexical_candidates: BM25 candidates per query when fused.
     dense_candidates: dense candidates per query when fused, every candidate of both
-        retrievers then scored by its exact distance; None only in bundles written before
-        that (they fuse the two top-k lists as they come).
+        retrievers then scored by its exact distance. Bundles written before that hold
+        none; `migrate` reads them as lexical_candidates.
     nprobe, ef_search: how deep a dense-only search goes (IVF lists / HNSW candidates):
         the values the evaluate stage searched with (params index.nprobe / index.ef_search).
     fused_nprobe, fused_ef_search: how deep the dense half of a fused search goes: the
@@ -188,6 +265,10 @@ class SearchConfig:
     rerank_top: the first-stage hits re-ranked by the bundle's cross-encoder (``rerank/``)
         per query; None (the default): no re-ranking. The file leaves it out when None, so
         bundles without a re-ranker keep their bytes.
+    format: the file's format, `SEARCH_FORMAT`; older files are read through `migrate`.
+    query_encoder: what queries go through (`QueryEncoderEntry`), declared by the evaluate
+        stage; a mapping {"kind", "files"} is taken too. None only before it is declared:
+        the file then leaves it out, and `read` takes it from the files (`migrate`).
 
     nprobe (and efSearch) has one source at serve time, in this order:
     1. the caller's explicit value (`Bundle.load(nprobe=...)`, QPR_SERVE_NPROBE), an
@@ -212,8 +293,12 @@ class SearchConfig:
     chosen_on: str = "val"
     metric: str = "l2"
     rerank_top: int | None = None
+    format: int = SEARCH_FORMAT
+    query_encoder: QueryEncoderEntry | None = None
 
     def __post_init__(self) -> None:
+        if self.query_encoder is not None:
+            object.__setattr__(self, "query_encoder", QueryEncoderEntry.of(self.query_encoder))
         _check(self)
         # Plain float / int from here on (numpy scalars too), so the file is plain JSON.
         for name in _FLOATS:
@@ -259,16 +344,21 @@ class SearchConfig:
 
     def write(self, models_dir: PathLike) -> Path:
         """models_dir/search.json, atomically; sorted keys, no timestamps: the same config
-        gives the same bytes."""
-        payload = asdict(self)
+        gives the same bytes. rerank_top and query_encoder are left out when None."""
+        payload: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         if payload["rerank_top"] is None:
             del payload["rerank_top"]
+        if self.query_encoder is None:
+            del payload["query_encoder"]
+        else:
+            payload["query_encoder"] = self.query_encoder.as_json()
         return write_json_atomic(Path(models_dir) / SEARCH_FILE, payload)
 
     @classmethod
     def read(cls, models_dir: PathLike) -> SearchConfig:
-        """The config of the bundle in `models_dir`: its search.json, or an older bundle's
-        threshold.json. SearchConfigError (naming the file) when it is missing or bad."""
+        """The config of the bundle in `models_dir` as this code serves it: its search.json,
+        or an older bundle's threshold.json, through `migrate` (query_encoder always set).
+        SearchConfigError (naming the file) when it is missing or bad."""
         path = search_config_file(models_dir)
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
@@ -277,17 +367,74 @@ class SearchConfig:
         if not isinstance(payload, dict):
             raise SearchConfigError(f"{path}: expected a JSON object, got {payload!r}")
         try:
-            if path.name == LEGACY_SEARCH_FILE.name:
-                return _from_legacy(payload)
-            unknown = sorted(set(payload) - {f.name for f in fields(cls)})
-            if unknown:
-                raise SearchConfigError(f"unknown keys {unknown}")
-            return cls(**payload)
+            return migrate(payload, path)
         except SearchConfigError as exc:
             raise SearchConfigError(f"{path}: {exc}") from None
 
 
-def _from_legacy(payload: dict[str, Any]) -> SearchConfig:
+# ---------------------------------------------------------------- older bundles
+
+
+def migrate(payload: Mapping[str, Any], path: PathLike) -> SearchConfig:
+    """The search config `payload`, read from `path` (a bundle's search.json, or the
+    threshold.json of bundles older than search.json), as the current format describes it.
+    The one place that knows older bundles; what it assumed is logged once:
+
+    - threshold.json: its keys mapped onto SearchConfig's; its dense-only depth was the
+      index file's (`_from_legacy`).
+    - no ``format``: format 1, written before search.json declared its query encoder.
+    - no ``query_encoder``: the one the bundle's files say (`detect_query_encoder`), as
+      loaders chose it before it was declared.
+    - fused without ``dense_candidates`` (evaluated before candidates were scored
+      exactly): dense_candidates = lexical_candidates. Such bundles fused the two top-k
+      lists as they came; they are now served with exact scoring, as every current bundle
+      is: every candidate of both lists ranked by its exact distance. Their ranking may
+      differ a little from what their evaluation measured; evaluate again to measure it.
+
+    The result has `SEARCH_FORMAT` and a query_encoder. SearchConfigError for a bad value,
+    an unknown key, or a format newer than this code reads.
+    """
+    path = Path(path)
+    assumed: list[str] = []
+    if path.name == LEGACY_SEARCH_FILE.name:
+        config = _from_legacy(payload)
+        assumed.append(f"read as {SEARCH_FILE}")
+    else:
+        written = payload.get("format", 1)
+        if isinstance(written, bool) or not isinstance(written, int) or written < 1:
+            raise SearchConfigError(f"format must be an integer >= 1, got {written!r}")
+        if written > SEARCH_FORMAT:
+            raise SearchConfigError(
+                f"format {written} is newer than this qpr reads ({SEARCH_FORMAT}): update qpr"
+            )
+        unknown = sorted(set(payload) - {f.name for f in fields(SearchConfig)})
+        if unknown:
+            raise SearchConfigError(f"unknown keys {unknown}")
+        config = SearchConfig(**{**payload, "format": SEARCH_FORMAT})
+        if written < SEARCH_FORMAT:
+            assumed.append(f"format {written} read as {SEARCH_FORMAT}")
+    if config.query_encoder is None:
+        entry = detect_query_encoder(path.parent)
+        config = replace(config, query_encoder=entry)
+        files = ", ".join(f.as_posix() for f in entry.files)
+        assumed.append(f"no query_encoder declared: {entry.kind} ({files}), as its files say")
+    rescored = config.fused and config.dense_candidates is None
+    if rescored:
+        config = replace(config, dense_candidates=config.lexical_candidates)
+        assumed.append(
+            f"no dense_candidates: {config.lexical_candidates}, as lexical_candidates; served "
+            "with exact scoring, not the top-k fusion it was evaluated with"
+        )
+    if assumed:
+        # A ranking that changed is worth a warning; the rest only informs.
+        level = logging.WARNING if rescored else logging.INFO
+        log.log(
+            level, "%s is an older bundle's search config; assumed: %s", path, "; ".join(assumed)
+        )
+    return config
+
+
+def _from_legacy(payload: Mapping[str, Any]) -> SearchConfig:
     """threshold.json: {"threshold", "metric", "target_precision", "chosen_on",
     "val_answered_share", "fusion": null or {"dense_weight", "candidates", and optional
     "dense_candidates", "nprobe", "ef_search"}}. Its dense-only depth was the index file's."""
@@ -339,6 +486,9 @@ _COUNTS = (
 
 def _check(config: SearchConfig) -> None:
     """SearchConfigError unless every value is one the service can search with."""
+    if config.format != SEARCH_FORMAT:
+        # Older formats are read through migrate; a config in memory is always current.
+        raise SearchConfigError(f"format {config.format!r}: this qpr writes {SEARCH_FORMAT}")
     if config.metric != "l2":
         raise SearchConfigError(f"metric {config.metric!r}, the bundle's index uses 'l2'")
     for name in ("threshold", "target_precision", "val_answered_share"):

@@ -1,12 +1,12 @@
-"""The model bundle: loading checks, search semantics, and the no-torch query path.
+"""The model bundle: what a loaded bundle reports, search semantics, and the no-torch
+query path. Loading and its cross-checks: test_loading.py.
 
-The fixture builds a real bundle with the library itself (random-weight CNN → ONNX →
-FAISS Flat), so these tests also pin the file layout the pipeline stages write.
+The fixture is a real bundle built with the library itself (`tests.retrieval.cnn_bundle`),
+so these tests also pin the file layout the pipeline stages write.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import shutil
@@ -18,94 +18,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
-from qpr.artifacts import (
-    BM25_FILE,
-    ENCODER_FILE,
-    IDS_FILE,
-    INDEX_FILE,
-    LEGACY_SEARCH_FILE,
-    QUESTIONS_FILE,
-    SEARCH_FILE,
-    VOCAB_FILE,
-    SearchConfig,
-)
-from qpr.model import CNNEncoder
-from qpr.model.onnx import export_onnx
-from qpr.retrieval.bundle import Bundle, BundleError
-from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
+from qpr.artifacts import BM25_FILE, ENCODER_FILE, QUESTIONS_FILE, VOCAB_FILE
+from qpr.retrieval.bundle import Bundle
 from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
-
-VERBS = ("install", "reset", "update", "clean", "repair")
-OBJECTS = ("printer", "garden", "bicycle", "laptop", "kitchen")
-TEMPLATES = ("how do i {v} my {o}", "what is the best way to {v} a {o}?")
-MAX_LEN = 16
-DIM = 8
-# Stored threshold: far below any distance between two different random-CNN vectors, so
-# an indexed question is answered (distance ~0) and an unseen one is not.
-STORED_THRESHOLD = 1e-6
-
-
-def _questions() -> list[str]:
-    return [t.format(v=v, o=o) for v, o, t in itertools.product(VERBS, OBJECTS, TEMPLATES)]
-
-
-QUESTIONS = _questions()  # 50
-UNSEEN = "where can i buy a kite for my nephew"
-
-
-def _write_config(models: Path, threshold: float | None, **fields: object) -> None:
-    SearchConfig(threshold=threshold, target_precision=0.9, **fields).write(models)
-
-
-def _write_legacy(models: Path, payload: dict) -> None:
-    """An older bundle: threshold.json instead of search.json."""
-    (models / SEARCH_FILE).unlink(missing_ok=True)
-    (models / LEGACY_SEARCH_FILE).write_text(json.dumps(payload), encoding="utf-8")
-
-
-def _write_index(models: Path, vectors: np.ndarray, factory: str = "Flat", **config) -> None:
-    index = build_index(
-        vectors,
-        IndexConfig(factory, nprobe=1, use_gpu=False, **config),
-        seed=0,
-        log=lambda _: None,
-    )
-    save_index(index, models / INDEX_FILE)
+from tests.retrieval.cnn_bundle import (
+    DIM,
+    MAX_LEN,
+    QUESTIONS,
+    STORED_THRESHOLD,
+    UNSEEN,
+    build_bundle,
+    make_hybrid,
+    write_config,
+    write_index,
+)
 
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """models/ as the pipeline writes it; question ids are not row numbers, and the
-    parquet is stored in another order than the index, as nothing guarantees it is not."""
-    models = tmp_path_factory.mktemp("models")
-    vocab = Vocabulary.build(QUESTIONS, max_words=1000, hash_bins=8)
-    vocab.save(models / VOCAB_FILE)
-    torch.manual_seed(0)
-    encoder = CNNEncoder(vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=DIM)
-    export_onnx(
-        encoder,
-        models / ENCODER_FILE,
-        metadata={"vocab_sha256": vocab.checksum, "max_len": str(MAX_LEN)},
-    )
-    vectors = encode(load_session(models / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
-    _write_index(models, vectors)
-    qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
-    IdMap(qids).save(models / IDS_FILE)
-    order = np.random.default_rng(0).permutation(len(QUESTIONS))
-    table = pa.table(
-        {
-            "question_id": pa.array(qids[order], pa.int64()),
-            "text": pa.array([QUESTIONS[i] for i in order], pa.string()),
-            # cluster = (verb, object); the first cluster's questions belong to none
-            "cluster_id": pa.array([i // 2 if i >= 2 else -1 for i in order], pa.int64()),
-        }
-    )
-    pq.write_table(table, models / QUESTIONS_FILE)
-    _write_config(models, STORED_THRESHOLD)
-    return models
+    return build_bundle(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +52,7 @@ def copy_dir(bundle_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(bundle_dir, tmp_path / "models"))
 
 
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- properties
 
 
 def test_properties(bundle: Bundle, bundle_dir: Path) -> None:
@@ -132,52 +65,12 @@ def test_properties(bundle: Bundle, bundle_dir: Path) -> None:
     assert Bundle.load(bundle_dir).fingerprint == bundle.fingerprint  # deterministic
 
 
-def test_fingerprint_changes_with_any_file(bundle: Bundle, copy_dir: Path) -> None:
-    _write_config(copy_dir, 2.0)
-    assert Bundle.load(copy_dir).fingerprint != bundle.fingerprint
-
-
-def test_ef_search_for_an_hnsw_index(bundle: Bundle, copy_dir: Path) -> None:
-    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
-    _write_index(copy_dir, vectors, "HNSW8,Flat")  # the index stage's default efSearch
-    assert Bundle.load(copy_dir).ef_search == 256
-    _write_index(copy_dir, vectors, "HNSW8,Flat", ef_search=21)
-    assert Bundle.load(copy_dir).ef_search == 21  # as stored by the index stage
-    assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
-    _write_config(copy_dir, STORED_THRESHOLD, ef_search=33)  # the evaluate stage's
-    assert Bundle.load(copy_dir).ef_search == 33
-    assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
-    # a fused bundle: the efSearch the evaluate stage chose, unless the caller says otherwise
-    _make_hybrid(copy_dir, 0.5, dense_candidates=20, ef_search=40)
-    assert Bundle.load(copy_dir).ef_search == 40
-    assert Bundle.load(copy_dir, ef_search=64).ef_search == 64
-    assert Bundle.load(copy_dir).nprobe is None
-    assert bundle.ef_search is None  # Flat: no graph
-    with pytest.raises(ValueError, match="ef_search"):
-        Bundle.load(copy_dir, ef_search=0)
-
-
-def test_nprobe_for_an_ivf_index(bundle: Bundle, copy_dir: Path) -> None:
-    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM), dtype=np.float32)
-    _write_index(copy_dir, vectors, "IVF2,Flat")  # lowered to IVF1 for 50 vectors
-    assert Bundle.load(copy_dir).nprobe == 1  # as stored: the search config names none
-    assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
-    # the depth the evaluate stage searched with (search.json) beats the index file's
-    _write_config(copy_dir, STORED_THRESHOLD, nprobe=2)
-    assert Bundle.load(copy_dir).nprobe == 2
-    assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
-    # a fused bundle: the nprobe the evaluate stage chose, unless the caller says otherwise
-    _make_hybrid(copy_dir, 0.5, dense_candidates=20, nprobe=3)
-    assert Bundle.load(copy_dir).nprobe == 3
-    assert Bundle.load(copy_dir, nprobe=4).nprobe == 4
-
-
 def test_a_fast_scan_index_is_searched_per_query(bundle: Bundle, copy_dir: Path) -> None:
     import faiss
 
     vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
     vectors = encode(load_session(copy_dir / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
-    _write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
+    write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
     fast = Bundle.load(copy_dir)
     # FAISS does not store the kernel choice: the bundle sets it
     # (qpr.retrieval.dense.use_per_query_scan)
@@ -186,109 +79,6 @@ def test_a_fast_scan_index_is_searched_per_query(bundle: Bundle, copy_dir: Path)
     for question in ("repair bicycle", UNSEEN, QUESTIONS[7]):
         want = [h.question_id for h in bundle.search(question, k=5).hits]
         assert [h.question_id for h in fast.search(question, k=5).hits] == want
-
-
-@pytest.mark.parametrize(
-    "rel", [VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE]
-)
-def test_missing_file(copy_dir: Path, rel: Path) -> None:
-    (copy_dir / rel).unlink()
-    with pytest.raises(BundleError, match=f"missing .*{rel.name}"):
-        Bundle.load(copy_dir)
-
-
-def test_vocabulary_checksum_mismatch(copy_dir: Path) -> None:
-    Vocabulary.build([*QUESTIONS, "one new word"], max_words=1000, hash_bins=8).save(
-        copy_dir / VOCAB_FILE
-    )
-    with pytest.raises(BundleError, match=r"encoder\.onnx.*vocab\.json"):
-        Bundle.load(copy_dir)
-
-
-def test_encoder_without_metadata(copy_dir: Path) -> None:
-    vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
-    encoder = CNNEncoder(vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=DIM)
-    export_onnx(encoder, copy_dir / ENCODER_FILE, metadata={"vocab_sha256": vocab.checksum})
-    with pytest.raises(BundleError, match=r"encoder\.onnx.*max_len"):
-        Bundle.load(copy_dir)
-
-
-def test_dimension_mismatch(copy_dir: Path) -> None:
-    vectors = np.random.default_rng(1).standard_normal((len(QUESTIONS), DIM + 4), dtype=np.float32)
-    _write_index(copy_dir, vectors)
-    with pytest.raises(BundleError, match=rf"index\.faiss holds {DIM + 4}-dim.*{DIM} dim"):
-        Bundle.load(copy_dir)
-
-
-def test_id_count_mismatch(copy_dir: Path) -> None:
-    qids = IdMap.load(copy_dir / IDS_FILE).qids
-    IdMap(qids[:-1]).save(copy_dir / IDS_FILE)
-    with pytest.raises(BundleError, match=r"index\.ids\.npy maps 49 rows.*holds 50"):
-        Bundle.load(copy_dir)
-
-
-def test_question_count_mismatch(copy_dir: Path) -> None:
-    table = pq.read_table(copy_dir / QUESTIONS_FILE)
-    pq.write_table(table.slice(0, 49), copy_dir / QUESTIONS_FILE)
-    with pytest.raises(BundleError, match=r"questions\.parquet has 49 questions.*50"):
-        Bundle.load(copy_dir)
-
-
-def test_question_ids_of_another_index(copy_dir: Path) -> None:
-    table = pq.read_table(copy_dir / QUESTIONS_FILE)
-    other = table.set_column(0, "question_id", pa.array(np.arange(50, dtype=np.int64)))
-    pq.write_table(other, copy_dir / QUESTIONS_FILE)
-    with pytest.raises(BundleError, match=r"questions\.parquet: question ids .* not in"):
-        Bundle.load(copy_dir)
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ('{"threshold": 1.0, "metric": "ip"}', "metric 'ip'"),
-        ('{"threshold": "high", "metric": "l2"}', "not a finite number"),
-        ('{"metric": "l2"}', "'threshold' key"),
-        ("{not json", "cannot read"),
-    ],
-)
-def test_bad_legacy_threshold_file(copy_dir: Path, content: str, message: str) -> None:
-    (copy_dir / SEARCH_FILE).unlink()
-    (copy_dir / LEGACY_SEARCH_FILE).write_text(content, encoding="utf-8")
-    with pytest.raises(BundleError, match=rf"threshold\.json.*{message}|{message}.*threshold"):
-        Bundle.load(copy_dir)
-
-
-@pytest.mark.parametrize(
-    ("payload", "message"),
-    [
-        ({"threshold": 1.0, "metric": "ip"}, "metric 'ip'"),
-        ({"threshold": "high"}, "not a finite number"),
-        ({"threshold": 1.0, "nprobe": 0}, "nprobe must be an integer >= 1"),
-        ({"threshold": 1.0, "top_k": 3}, "unknown keys"),
-        ({"dense_weight": 0.5}, "needs lexical_candidates"),
-        ({"lexical_candidates": 5}, "without a dense_weight"),
-        ({"dense_weight": 0.5, "lexical_candidates": 5, "fused_nprobe": 2}, "dense_candidates"),
-    ],
-)
-def test_bad_search_config(copy_dir: Path, payload: dict, message: str) -> None:
-    (copy_dir / SEARCH_FILE).write_text(json.dumps(payload), encoding="utf-8")
-    with pytest.raises(BundleError, match=rf"search\.json: .*{message}"):
-        Bundle.load(copy_dir)
-
-
-def test_an_older_bundle_with_threshold_json_loads(bundle: Bundle, copy_dir: Path) -> None:
-    """Bundles written before search.json (and versions registered then) still load and
-    search alike; their fingerprint hashes the file they hold."""
-    _write_legacy(copy_dir, {"threshold": STORED_THRESHOLD, "metric": "l2", "fusion": None})
-    old = Bundle.load(copy_dir)
-    assert old.threshold == STORED_THRESHOLD and old.fusion is None
-    assert old.search_config == SearchConfig(threshold=STORED_THRESHOLD)
-    assert old.fingerprint != bundle.fingerprint
-    for question in (UNSEEN, QUESTIONS[3]):
-        assert old.search(question, k=5) == bundle.search(question, k=5)
-    # search.json, once written, is what the bundle is searched with
-    _write_config(copy_dir, 2.0)
-    assert Bundle.load(copy_dir).threshold == 2.0
 
 
 # ---------------------------------------------------------------- search
@@ -345,7 +135,7 @@ def test_threshold_decides_answered(bundle: Bundle, copy_dir: Path) -> None:
     assert not bundle.search(UNSEEN, threshold=d1 * 0.99).answered
     assert bundle.search(UNSEEN, threshold=math.inf).answered
     assert [r.answered for r in bundle.search_batch([UNSEEN, QUESTIONS[5]])] == [False, True]
-    _write_config(copy_dir, None)
+    write_config(copy_dir, None)
     unthresholded = Bundle.load(copy_dir)
     assert unthresholded.threshold is None
     assert unthresholded.search(UNSEEN).answered  # no threshold: any hit answers
@@ -433,37 +223,12 @@ def test_search_command_rejects_bad_input_without_a_traceback(
 # ---------------------------------------------------------------- BM25 fused in
 
 
-def _make_hybrid(
-    models: Path,
-    dense_weight: float,
-    candidates: int = 20,
-    dense_candidates: int | None = None,
-    nprobe: int | None = None,
-    ef_search: int | None = None,
-) -> None:
-    """A fused search config as the evaluate stage writes it (dense_candidates and the
-    fused depth) or, without them, as bundles written before candidates were scored
-    exactly."""
-    from qpr.retrieval.bm25 import BM25Index
-
-    BM25Index.build(QUESTIONS).save(models / BM25_FILE)  # index row order = QUESTIONS
-    _write_config(
-        models,
-        STORED_THRESHOLD,
-        dense_weight=dense_weight,
-        lexical_candidates=candidates,
-        dense_candidates=dense_candidates,
-        fused_nprobe=nprobe,
-        fused_ef_search=ef_search,
-    )
-
-
 def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir: Path) -> None:
     from qpr.retrieval.bm25 import BM25Index
 
     question = "best way to clean my laptop"
     # α = 1 over BM25's 5 candidates and the index's max(k, 2): all ranked by exact distance
-    _make_hybrid(copy_dir, 1.0, candidates=5, dense_candidates=2, nprobe=1)
+    make_hybrid(copy_dir, 1.0, candidates=5, dense_candidates=2, nprobe=1)
     hybrid = Bundle.load(copy_dir)
     assert hybrid.fusion == {
         "dense_weight": 1.0,
@@ -487,7 +252,7 @@ def test_rescored_fusion_scores_every_candidate_exactly(bundle: Bundle, copy_dir
 def test_fused_question_alone_ranks_as_in_a_batch(bundle: Bundle, copy_dir: Path) -> None:
     # one question takes its own path (the union's distances through RowDistances, the
     # kept hits' distances read at the fusion's slots); a batch goes through the general one
-    _make_hybrid(copy_dir, 0.5, candidates=6, dense_candidates=3, nprobe=2)
+    make_hybrid(copy_dir, 0.5, candidates=6, dense_candidates=3, nprobe=2)
     hybrid = Bundle.load(copy_dir)
     questions = ["repair bicycle", UNSEEN, QUESTIONS[3], "how to clean a boat", QUESTIONS[40]]
     for k in (1, 4, 12):
@@ -504,9 +269,10 @@ def test_fused_question_alone_ranks_as_in_a_batch(bundle: Bundle, copy_dir: Path
 def test_fused_bundle_ranks_by_fused_score_with_true_distances(
     bundle: Bundle, copy_dir: Path
 ) -> None:
-    _make_hybrid(copy_dir, 0.5)
+    make_hybrid(copy_dir, 0.5)
     hybrid = Bundle.load(copy_dir)
-    assert hybrid.fusion == {"dense_weight": 0.5, "candidates": 20}
+    # no dense_candidates written: read as the BM25 candidates (qpr.artifacts.migrate)
+    assert hybrid.fusion == {"dense_weight": 0.5, "candidates": 20, "dense_candidates": 20}
     assert bundle.fusion is None and hybrid.fingerprint != bundle.fingerprint
     result = hybrid.search("repair bicycle", k=10)
     scores = [h.score for h in result.hits]
@@ -525,55 +291,13 @@ def test_fusion_weight_one_is_the_dense_ranking_and_zero_is_bm25(
     from qpr.retrieval.bm25 import BM25Index
 
     question = "best way to clean my laptop"
-    _make_hybrid(copy_dir, 1.0)
+    make_hybrid(copy_dir, 1.0)
     dense_ids = [h.question_id for h in bundle.search(question, k=5).hits]
     assert [h.question_id for h in Bundle.load(copy_dir).search(question, k=5).hits] == dense_ids
-    _make_hybrid(copy_dir, 0.0)
+    make_hybrid(copy_dir, 0.0)
     top_row = int(BM25Index.build(QUESTIONS).search(question, 1)[1][0])
     qids = np.arange(len(QUESTIONS), dtype=np.int64) * 10 + 1000
     assert Bundle.load(copy_dir).search(question, k=1).hits[0].question_id == qids[top_row]
-
-
-def test_fused_bundle_refuses_missing_or_foreign_bm25(copy_dir: Path) -> None:
-    from qpr.retrieval.bm25 import BM25Index
-
-    _make_hybrid(copy_dir, 0.5)
-    (copy_dir / BM25_FILE).unlink()
-    with pytest.raises(BundleError, match=r"bm25\.npz is missing"):
-        Bundle.load(copy_dir)
-    BM25Index.build(QUESTIONS[:7]).save(copy_dir / BM25_FILE)
-    with pytest.raises(BundleError, match="different index runs"):
-        Bundle.load(copy_dir)
-
-
-@pytest.mark.parametrize(
-    "fusion",
-    [
-        {"dense_weight": 1.5, "candidates": 10},
-        {"dense_weight": 0.5},
-        "yes",
-        {"candidates": 3},
-        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 0},
-        {"dense_weight": 0.5, "candidates": 3, "dense_candidates": 2, "nprobe": "all"},
-        {"dense_weight": 0.5, "candidates": 3, "ef_search": 64},
-    ],
-)
-def test_bad_legacy_fusion_entry(copy_dir: Path, fusion: object) -> None:
-    _make_hybrid(copy_dir, 0.5)
-    _write_legacy(copy_dir, {"threshold": None, "metric": "l2", "fusion": fusion})
-    with pytest.raises(BundleError, match="fusion must be null"):
-        Bundle.load(copy_dir)
-
-
-def test_an_older_fused_bundle_loads_as_it_did(bundle: Bundle, copy_dir: Path) -> None:
-    fusion = {"dense_weight": 0.5, "candidates": 6, "dense_candidates": 3, "nprobe": 2}
-    _make_hybrid(copy_dir, 0.5, candidates=6, dense_candidates=3, nprobe=2)
-    new = Bundle.load(copy_dir)
-    _write_legacy(copy_dir, {"threshold": STORED_THRESHOLD, "metric": "l2", "fusion": fusion})
-    old = Bundle.load(copy_dir)
-    assert old.fusion == new.fusion == fusion
-    for question in ("repair bicycle", UNSEEN, QUESTIONS[3]):
-        assert old.search(question, k=5) == new.search(question, k=5)
 
 
 # ---------------------------------------------------------------- answers and explain
@@ -602,25 +326,6 @@ def test_hits_carry_the_answer_id_of_their_question(copy_dir: Path) -> None:
         assert all(hit.explain is None for hit in result.hits)
 
 
-def test_a_bundle_without_answer_ids_loads_with_null_answers(
-    copy_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level("WARNING", logger="qpr.retrieval.bundle"):
-        loaded = Bundle.load(copy_dir)  # the fixture's table predates answer ids
-    assert "no answer_id column" in caplog.text and "run the index stage again" in caplog.text
-    hits = loaded.search(QUESTIONS[3], k=3).hits
-    assert hits and all(hit.answer_id is None for hit in hits)
-    assert all(hit.as_dict()["answer_id"] is None for hit in hits)
-
-
-def test_answer_ids_must_be_strings(copy_dir: Path) -> None:
-    table = pq.read_table(copy_dir / QUESTIONS_FILE)
-    ints = pa.array(range(table.num_rows), pa.int64())
-    pq.write_table(table.append_column("answer_id", ints), copy_dir / QUESTIONS_FILE)
-    with pytest.raises(BundleError, match="answer_id must be strings"):
-        Bundle.load(copy_dir)
-
-
 def _assert_recomposes(hit, weight: float, question: str) -> None:
     """The explanation's parts give the hit's score; its words are the question's."""
     from qpr.text.words import tokenize
@@ -642,7 +347,7 @@ def _assert_recomposes(hit, weight: float, question: str) -> None:
 def test_explain_parts_recompose_the_fused_score(
     copy_dir: Path, weight: float, dense_candidates: int | None
 ) -> None:
-    _make_hybrid(copy_dir, weight, candidates=6, dense_candidates=dense_candidates)
+    make_hybrid(copy_dir, weight, candidates=6, dense_candidates=dense_candidates)
     hybrid = Bundle.load(copy_dir)
     questions = ["repair bicycle", UNSEEN, QUESTIONS[3], "how to clean a boat", QUESTIONS[40]]
     batch = hybrid.search_batch(questions, k=8, explain=True)
@@ -657,7 +362,7 @@ def test_explain_parts_recompose_the_fused_score(
 def test_explain_shows_the_query_words_behind_matched_stems(copy_dir: Path) -> None:
     from qpr.retrieval.bm25 import BM25Index
 
-    _make_hybrid(copy_dir, 0.0, candidates=10, dense_candidates=3)
+    make_hybrid(copy_dir, 0.0, candidates=10, dense_candidates=3)
     stemmed = BM25Index.build(QUESTIONS, stemmer="english")
     stemmed.save(copy_dir / BM25_FILE)
     question = "repairing bicycles quickly"

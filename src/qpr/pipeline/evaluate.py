@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from qpr.artifacts import RERANK_MODEL_FILE, SearchConfig, served_query_encoder
+from qpr.artifacts import (
+    RERANK_MODEL_FILE,
+    SearchConfig,
+    detect_query_encoder,
+    served_query_encoder,
+)
 from qpr.config import Settings
 from qpr.evaluation.baselines import run_baselines, untrained_description
 from qpr.evaluation.fusion_tuning import (
@@ -113,7 +118,9 @@ def search_config(
     dense-only depth searched with (index.nprobe / index.ef_search) and, when BM25 is fused
     in, the dense weight α, BM25's candidates, the index's (`dense_candidates`) and how deep
     fused searches go (`nprobe` or `ef_search` of `fusion`); the re-ranker's depth when
-    the rerank stage trained one."""
+    the rerank stage trained one. It declares the query encoder the figures were measured
+    with (`qpr.artifacts.detect_query_encoder`: the student stage's, else the index
+    stage's int8 one, else encoder.onnx); loaders serve that one."""
     fused = (
         {}
         if fusion is None
@@ -133,6 +140,7 @@ def search_config(
         nprobe=settings.index.nprobe,
         ef_search=settings.index.ef_search,
         rerank_top=settings.rerank.top if settings.rerank.enabled and trained else None,
+        query_encoder=detect_query_encoder(paths.models_dir),
         **fused,
     )
 
