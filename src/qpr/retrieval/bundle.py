@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 from qpr.artifacts import (
     ANSWER_ID,
     BM25_FILE,
+    DELTAS_MANIFEST_FILE,
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -74,10 +75,10 @@ from qpr.artifacts import (
     SearchConfigError,
     search_config_file,
 )
+from qpr.deltas.format import DeltaError, delta_files, load_parts
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, lexical_search
-from qpr.retrieval.deltas import MANIFEST_FILE, DeltaError, delta_files, load_parts
 from qpr.retrieval.dense import (
     IdMap,
     RowDistances,
@@ -854,7 +855,7 @@ def _delta_paths(root: Path) -> dict[Path, Path]:
 def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
     """`questions` with the manifest's deltas appended and its tombstones as the dead
     mask; BundleError for a broken delta (the reloader then keeps the state it serves)."""
-    if not (root / MANIFEST_FILE).is_file():
+    if not (root / DELTAS_MANIFEST_FILE).is_file():
         return questions
     try:
         parts = load_parts(
