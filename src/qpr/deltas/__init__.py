@@ -35,7 +35,7 @@ of the main index and the delta postings appended to the main BM25 postings, so 
 sees every row (the files on disk never change). Tombstoned rows are a row mask applied
 inside the dense search and BM25, as a filter is (`qpr.retrieval.bundle.Bundle`).
 
-Modules, each importing only those above it:
+Modules (add.py imports format.py; publish.py reaches the registry, which imports format.py):
 
     format.py    the manifest (read, and `manifest_update`: its one writer), a delta
                  folder's files, the parts a load adds, what a full build indexes. What
