@@ -6,8 +6,8 @@
 
 On a copy of the bundle, with a private sqlite MLflow registry in a temporary folder:
 the bundle is registered and promoted once (the base); then each of --deltas rounds adds
---per-delta questions (`qpr.retrieval.deltas.add_questions`) and publishes them
-(`qpr.ops.registry.register_refresh`: a new version holding the whole bundle, promoted).
+--per-delta questions (`qpr.deltas.add.add_questions`) and publishes them
+(`qpr.deltas.publish.register_deltas`: a new version holding the whole bundle, promoted).
 Seconds per step and the bytes each version stores; medians over the rounds.
 The questions are the bundle's own texts with a suffix, so any bundle works offline.
 """
@@ -42,8 +42,10 @@ def folder_bytes(path: Path) -> int:
 def run(models: Path, work: Path, deltas_n: int, per_delta: int) -> dict[str, Any]:
     import mlflow
 
+    from qpr.deltas.add import add_questions
+    from qpr.deltas.format import live_questions
+    from qpr.deltas.publish import register_deltas
     from qpr.ops import registry
-    from qpr.retrieval import deltas
 
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     mlflow.set_experiment("delta-publish")
@@ -55,7 +57,7 @@ def run(models: Path, work: Path, deltas_n: int, per_delta: int) -> dict[str, An
     registry.promote(name, base.version, reason="base", actor="benchmark")
     base_s = time.perf_counter() - started
     say(f"base registered and promoted in {base_s:.1f} s")
-    texts = deltas.live_questions(models)["text"].tolist()
+    texts = live_questions(models)["text"].tolist()
     rounds = []
     for number in range(1, deltas_n + 1):
         picked = texts[(number - 1) * per_delta : number * per_delta]
@@ -70,12 +72,10 @@ def run(models: Path, work: Path, deltas_n: int, per_delta: int) -> dict[str, An
             }
         )
         started = time.perf_counter()
-        deltas.add_questions(models, frame)
+        add_questions(models, frame)
         added = time.perf_counter()
         before = folder_bytes(work / "mlruns")
-        info, said = registry.register_refresh(
-            models, name=name, actor="benchmark", reason=f"delta {number}"
-        )
+        info, said = register_deltas(models, name=name, actor="benchmark", reason=f"delta {number}")
         published = time.perf_counter()
         if info is None or said != "promoted":
             raise SystemExit(f"round {number}: not promoted ({said})")
@@ -115,7 +115,7 @@ def markdown(result: dict[str, Any]) -> str:
             "|---|---:|",
             f"| base: register + promote, once | {result['base_publish_s']:.1f} |",
             f"| add a delta (`add_questions`) | {result['add_s_median']:.2f} |",
-            f"| publish it (`register_refresh`: register + promote) | "
+            f"| publish it (`register_deltas`: register + promote) | "
             f"{result['publish_s_median']:.2f} |",
             "",
             f"Each published delta stores {result['stored_bytes_median'] * mb:,.0f} MB in the "

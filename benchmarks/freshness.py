@@ -10,12 +10,12 @@ What it does (every number measured on this machine, now), on a copy of the bund
    keeping the questions the bundle does not serve; each delta gets N of them, written as
    a log file.
 2. End to end, per delta: the file through the raw-log gate and cleaning, encoded, written
-   as a delta (`qpr.ops.fresh.add_files`), the bundle loaded again (what the service's
+   as a delta (`qpr.deltas.add.add_files`), the bundle loaded again (what the service's
    reloader does before its canaries) and the first search that returns a new question.
    Seconds per step; p50 / p99 over the deltas.
 3. Search latency, one question at a time (`Bundle.search`, k 10, as the service calls it):
    p50 / p99 after 1, 5 and 20 deltas, after 20 deltas with T tombstones, and after
-   compaction (`qpr.retrieval.deltas.compact` with params.yaml's index factory).
+   compaction (`qpr.deltas.add.compact` with params.yaml's index factory).
 4. The IDF rule's damage: the share of the delta questions' BM25 words unknown to the
    main vocabulary (they score nothing until compaction).
 
@@ -44,11 +44,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from qpr.artifacts import DELTAS_DIR, DELTAS_MANIFEST_FILE  # noqa: E402
 from qpr.config import load_settings  # noqa: E402
 from qpr.data.loaders import clean_logs, read_log_file  # noqa: E402
 from qpr.data.synth import write_day  # noqa: E402
-from qpr.ops.fresh import add_files  # noqa: E402
-from qpr.retrieval import deltas  # noqa: E402
+from qpr.deltas.add import add_files, compact, delete_questions  # noqa: E402
+from qpr.deltas.format import live_questions  # noqa: E402
 from qpr.retrieval.bundle import Bundle  # noqa: E402
 from qpr.retrieval.dense import IndexConfig, build_index  # noqa: E402
 
@@ -59,7 +60,7 @@ def say(message: str) -> None:
 
 def new_question_logs(models: Path, work: Path, want: int, seed: int) -> pd.DataFrame:
     """Log rows (one per distinct question the bundle does not serve), at least `want`."""
-    served = set(deltas.live_questions(models)["text"].str.lower())
+    served = set(live_questions(models)["text"].str.lower())
     rows: list[pd.DataFrame] = []
     day = dt.date(2027, 1, 1)
     while sum(len(r) for r in rows) < want:
@@ -168,10 +169,10 @@ def run(args: Any, settings: Any, marks: tuple[int, ...], queries_n: int, work: 
     models = Path(
         shutil.copytree(args.models_dir, work / "models", ignore=shutil.ignore_patterns("*.pt"))
     )
-    shutil.rmtree(models / deltas.DELTAS_DIR, ignore_errors=True)
-    (models / deltas.MANIFEST_FILE).unlink(missing_ok=True)
+    shutil.rmtree(models / DELTAS_DIR, ignore_errors=True)
+    (models / DELTAS_MANIFEST_FILE).unlink(missing_ok=True)
     fresh = new_question_logs(models, work, args.per_delta * marks[-1], seed=settings.seed)
-    main_questions = deltas.live_questions(models)["text"].tolist()
+    main_questions = live_questions(models)["text"].tolist()
     rng = np.random.default_rng(0)
     # Half served questions, half new ones: what users ask right after a refresh.
     queries = (
@@ -196,9 +197,9 @@ def run(args: Any, settings: Any, marks: tuple[int, ...], queries_n: int, work: 
         if number in marks:
             bundle = Bundle.load(models)
             result["latency_ms"][f"{number} deltas"] = latency(bundle, queries, args.repeats)
-    served = deltas.live_questions(models)["question_id"].to_numpy(np.int64)
+    served = live_questions(models)["question_id"].to_numpy(np.int64)
     doomed = rng.choice(served, min(args.tombstones, served.size // 4), replace=False)
-    deltas.delete_questions(models, doomed.tolist())
+    delete_questions(models, doomed.tolist())
     bundle = Bundle.load(models)
     result["latency_ms"][f"{marks[-1]} deltas + {doomed.size} tombstones"] = latency(
         bundle, queries, args.repeats
@@ -207,7 +208,7 @@ def run(args: Any, settings: Any, marks: tuple[int, ...], queries_n: int, work: 
         return summarised(result)
     config = IndexConfig.from_settings(settings.index)
     started = time.perf_counter()
-    compacted = deltas.compact(
+    compacted = compact(
         models, lambda v: build_index(v, config, seed=settings.seed, log=lambda _: None)
     )
     result["compaction"] = compacted | {"seconds": time.perf_counter() - started}

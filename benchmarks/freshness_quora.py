@@ -12,9 +12,9 @@ Protocol (stated again on the page), on copies of a Quora bundle (never the bund
    in the index: the query. Its other members go to H. So every paraphrase a query can
    find (its relevant questions) arrives with H, except in the one cluster cut to make
    10,000 exactly.
-2. Base: the bundle with H deleted and compacted (`qpr.retrieval.deltas.compact`: every
+2. Base: the bundle with H deleted and compacted (`qpr.deltas.add.compact`: every
    live question encoded again, params.yaml's index factory, BM25 statistics exact).
-3. End to end: H as one CSV question list (Quora ids kept) through `qpr.ops.fresh.add_files`
+3. End to end: H as one CSV question list (Quora ids kept) through `qpr.deltas.add.add_files`
    (read, length filter and dedup, encode, BM25 postings, write), `Bundle.load`, and the
    first search that returns a question of H. Seconds per step.
 4. States: base + H as 1 delta (the end-to-end run), as 5 and as 20 equal deltas, and the
@@ -50,11 +50,11 @@ import pandas as pd
 from freshness import latency, percentiles, say
 from machine_info import describe
 
-import qpr.ops.fresh as fresh_ops
+import qpr.deltas.add as delta_add
 import qpr.retrieval.encoders as encoders
-from qpr.artifacts import QUESTIONS_FILE
+from qpr.artifacts import DELTAS_DIR, DELTAS_MANIFEST_FILE, QUESTIONS_FILE
 from qpr.config import load_settings
-from qpr.retrieval import deltas
+from qpr.deltas.format import read_manifest
 from qpr.retrieval.bundle import Bundle
 from qpr.retrieval.dense import IndexConfig, build_index
 
@@ -161,10 +161,10 @@ def copy_bundle(source: Path, target: Path) -> Path:
 
 
 def compacted(models: Path, settings: Any, threads: int, batch: int) -> dict[str, Any]:
-    """`deltas.compact` with params.yaml's index factory; its result and seconds."""
+    """`compact` with params.yaml's index factory; its result and seconds."""
     config = IndexConfig.from_settings(settings.index)
     started = time.perf_counter()
-    out = deltas.compact(
+    out = delta_add.compact(
         models,
         lambda v: build_index(v, config, seed=settings.seed, log=lambda _: None),
         batch_size=batch,
@@ -180,9 +180,9 @@ def make_base(args: Any, settings: Any, held: pd.DataFrame, ckpt: Checkpoint) ->
         return base
     say(f"base: copying {args.bundle}, deleting {len(held):,} questions, compacting")
     copy_bundle(args.bundle, base)
-    shutil.rmtree(base / deltas.DELTAS_DIR, ignore_errors=True)
-    (base / deltas.MANIFEST_FILE).unlink(missing_ok=True)
-    deleted = deltas.delete_questions(base, held["question_id"].tolist())
+    shutil.rmtree(base / DELTAS_DIR, ignore_errors=True)
+    (base / DELTAS_MANIFEST_FILE).unlink(missing_ok=True)
+    deleted = delta_add.delete_questions(base, held["question_id"].tolist())
     if deleted["unknown"]:
         raise SystemExit(f"{len(deleted['unknown'])} held-out ids are not in the bundle")
     out = compacted(base, settings, args.threads, args.batch)
@@ -221,14 +221,14 @@ def add_file(models: Path, rows: pd.DataFrame, path: Path, args: Any, quality: A
     rows[["question_id", "text"]].to_csv(path, index=False)
     parts: dict[str, float] = {}
     spots = [
-        (fresh_ops, "read_questions", "read_s"),
-        (fresh_ops, "new_questions", "dedup_s"),
-        (deltas, "add_questions", "delta_s"),
+        (delta_add, "read_questions", "read_s"),
+        (delta_add, "new_questions", "dedup_s"),
+        (delta_add, "add_questions", "delta_s"),
         (encoders, "encode_corpus", "encode_s"),
     ]
     started = time.perf_counter()
     with timed_calls(spots, parts):
-        out = fresh_ops.add_files(
+        out = delta_add.add_files(
             models, [path], quality, batch_size=args.batch, threads=args.threads
         )
     parts["add_files_s"] = time.perf_counter() - started
@@ -285,7 +285,7 @@ def measure_state(models: Path, queries: pd.DataFrame, relevant: dict, args: Any
     sample = queries["text"].sample(min(args.latency_queries, len(queries)), random_state=args.seed)
     timing = latency(bundle, [str(t) for t in sample], args.repeats)
     per_query = quality(bundle, queries, relevant)
-    manifest = deltas.read_manifest(models)
+    manifest = read_manifest(models)
     tokens = sum(int(d.get("tokens", 0)) for d in manifest.deltas)
     unknown = sum(int(d.get("unknown_tokens", 0)) for d in manifest.deltas)
     return {

@@ -1,10 +1,10 @@
 """Fresh questions into the served bundle every few minutes, without retraining.
 
 One flow run: every log file in retrain.incoming that no delta holds yet (by sha256) →
-raw-log gate → its new questions encoded and added as one delta (qpr.ops.fresh). The
+raw-log gate → its new questions encoded and added as one delta (qpr.deltas.add). The
 files stay where they are: the daily `retrain` cycle still merges them into data/ and
 retrains. A running service picks the delta up at its next poll (its canaries decide).
-Then the change is published (`qpr.ops.fresh.publish`): pinned in dvc.lock by `dvc commit`,
+Then the change is published (`qpr.deltas.publish`): pinned in dvc.lock by `dvc commit`,
 and, with registry.follow_deltas, registered and promoted as a version that
 `qpr model rollback` undoes.
 
@@ -24,8 +24,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.stage import settings_and_paths
 from qpr.data.loaders import log_files
-from qpr.ops.fresh import add_files, publish
-from qpr.retrieval import deltas
+from qpr.deltas.add import add_files, compact
+from qpr.deltas.publish import publish
 
 
 @task(cache_policy=NO_CACHE)
@@ -49,7 +49,7 @@ def compact_deltas(params: Path) -> dict[str, Any]:
 
     settings, paths = settings_and_paths(params)
     config = IndexConfig.from_settings(settings.index)
-    return deltas.compact(
+    return compact(
         paths.models_dir,
         lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
         batch_size=settings.index.encode_batch_size,

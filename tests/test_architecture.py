@@ -120,7 +120,7 @@ def test_only_the_pipeline_flows_cli_and_tests_import_the_pipeline() -> None:
     assert not broken
 
 
-@pytest.mark.parametrize("package", ["qpr.retrieval", "qpr.serve", "qpr.artifacts"])
+@pytest.mark.parametrize("package", ["qpr.retrieval", "qpr.serve", "qpr.artifacts", "qpr.deltas"])
 def test_the_query_path_never_imports_torch(package: str) -> None:
     broken = [
         module

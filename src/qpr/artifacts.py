@@ -24,6 +24,10 @@ A bundle is the ``models/`` directory the pipeline writes (paths relative to it)
                                encoder.onnx's vectors (an asymmetric bundle)
 ``rerank/``                    optional: a cross-encoder re-ranker (`RERANK_FILES`), used
                                when the search config sets ``rerank_top``
+``deltas/deltas.json``         optional: the manifest of the index deltas (`qpr.deltas`):
+                               questions added or deleted since the main index was built
+``deltas/<NNNN>/``             one delta's files (`DELTA_FILES`), named by the manifest
+``index/absorbed.json``        optional: the manifest version the main index already holds
 =============================  ===========================================================
 
 Imports nothing of `qpr` but the ground floor (`qpr.io`, `qpr.errors`).
@@ -44,8 +48,16 @@ from qpr.errors import QPRError
 from qpr.io import PathLike, write_json_atomic
 
 __all__ = [
+    "ABSORBED_FILE",
     "ANSWER_ID",
     "BM25_FILE",
+    "DELTAS_DIR",
+    "DELTAS_MANIFEST_FILE",
+    "DELTA_BM25_FILE",
+    "DELTA_FILES",
+    "DELTA_IDS_FILE",
+    "DELTA_QUESTIONS_FILE",
+    "DELTA_VECTORS_FILE",
     "ENCODER_FILE",
     "IDS_FILE",
     "INDEX_DIR",
@@ -154,6 +166,18 @@ QUERY_ENCODER_KINDS = {
     "onnx-int8": (QUERY_ENCODER_FILE,),
     "student": (STUDENT_FILE,),
 }
+# Index deltas (`qpr.deltas`): a folder beside index/ (the index stage's persisted DVC
+# output, so `dvc repro` never wipes it) holding the manifest and one folder per delta.
+DELTAS_DIR = Path("deltas")
+DELTAS_MANIFEST_FILE = DELTAS_DIR / "deltas.json"
+ABSORBED_FILE = INDEX_DIR / "absorbed.json"  # written by a full build and by compaction
+# One delta's files, relative to its folder deltas/<NNNN>/. Order matters: it is the order
+# a delta's sha256 hashes them in and the registry lists them in.
+DELTA_VECTORS_FILE = Path("vectors.faiss")  # exact Flat index
+DELTA_IDS_FILE = Path("ids.npy")
+DELTA_QUESTIONS_FILE = Path("questions.parquet")
+DELTA_BM25_FILE = Path("bm25.npz")  # postings under the main index's BM25 statistics
+DELTA_FILES = (DELTA_VECTORS_FILE, DELTA_IDS_FILE, DELTA_QUESTIONS_FILE, DELTA_BM25_FILE)
 
 
 # Registry version tags (qpr.ops.registry writes them; qpr.serve.sources reads them).

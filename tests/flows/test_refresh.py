@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qpr.data.synth import write_day
-from qpr.retrieval import deltas
+from qpr.deltas.format import read_manifest
 from qpr.retrieval.bundle import Bundle
 
 
@@ -26,7 +26,7 @@ def test_refresh_adds_incoming_questions_once(tiny_params_file: Path) -> None:
     assert first["files"] == 1 and first["added"] > 0
     assert Bundle.load(root / "models").size == before + first["added"]
     assert day.is_file()  # left for the retrain cycle
-    assert len(deltas.read_manifest(root / "models").deltas) == 1
+    assert len(read_manifest(root / "models").deltas) == 1
 
     again = add_incoming.fn(tiny_params_file)
     assert again["files"] == 0 and again["added"] == 0

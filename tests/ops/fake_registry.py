@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from qpr.ops import registry
+from qpr.ops import promotion, registry
 
 
 class FakeRegistry:
@@ -55,7 +55,7 @@ class FakeRegistry:
     def register_bundle(
         self, models_dir: Path, metrics: dict, *, name: str, metric: str, tags: dict, **kw: Any
     ) -> registry.VersionInfo:
-        value = registry.metric_value(metrics, metric)
+        value = promotion.metric_value(metrics, metric)
         version = self.add(
             {registry.TAG_METRIC: metric, registry.TAG_METRIC_VALUE: repr(value), **tags}
         )
@@ -74,7 +74,7 @@ class FakeRegistry:
 
     def promote(self, name: str, version: int | str, *, reason: str, actor: str, **kw):
         info = self.get_version(name, version)
-        refusal = registry.promotion_refusal(info, self.champion(name))
+        refusal = promotion.promotion_refusal(info, self.champion(name))
         if refusal and not kw.get("force"):
             raise registry.RegistryError(refusal)
         self.aliases[registry.CHAMPION] = int(version)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from qpr.ops import registry
+from qpr.ops import promotion, registry
 
 NAME = "qpr-commit-mark-test"
 
@@ -29,7 +29,7 @@ def test_promote_refuses_a_version_its_run_never_committed(client):
     assert registry.champion(NAME) is None
 
     forced = registry.promote(NAME, orphan, reason="checked by hand", actor="tests", force=True)
-    assert forced.is_champion and registry.is_committed(forced)
+    assert forced.is_champion and promotion.is_committed(forced)
     assert forced.tags[registry.TAG_FORCED] == "checked by hand"
 
 
@@ -48,4 +48,4 @@ def test_force_on_an_unmarked_champion_only_marks_it(client):
 
     marked = registry.promote(NAME, old, reason="registered before the mark", actor="t", force=True)
 
-    assert registry.is_committed(marked) and marked.is_champion
+    assert promotion.is_committed(marked) and marked.is_champion

@@ -191,12 +191,13 @@ def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
     """The index stage indexes the deltas' questions less the tombstoned ones, records the
     manifest version it holds, and serves the same questions and answers as before."""
     from qpr.artifacts import SearchConfig
+    from qpr.deltas.add import add_questions, delete_questions
+    from qpr.deltas.format import absorbed_version, live_questions, read_manifest
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
     from qpr.pipeline.export import run_export
     from qpr.pipeline.index import run_index
     from qpr.pipeline.train import run_train
-    from qpr.retrieval import deltas
     from qpr.retrieval.bundle import Bundle
 
     quiet = lambda _: None  # noqa: E731
@@ -210,9 +211,9 @@ def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
     run_train(tiny_settings, paths, progress=False, log=quiet)
     run_export(tiny_settings, paths, log=quiet)
     first = run_index(tiny_settings, paths, log=quiet)
-    assert first["deltas_version"] == 0 and deltas.read_manifest(paths.models_dir).version == 0
+    assert first["deltas_version"] == 0 and read_manifest(paths.models_dir).version == 0
     SearchConfig().write(paths.models_dir)
-    served = deltas.live_questions(paths.models_dir)
+    served = live_questions(paths.models_dir)
     changed, gone = served["question_id"].iloc[0], served["question_id"].iloc[1]
     new = pd.DataFrame(
         {
@@ -222,15 +223,15 @@ def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
             "answer_id": ["changed", "balcony"],
         }
     )
-    deltas.add_questions(paths.models_dir, new)
-    deltas.delete_questions(paths.models_dir, [gone])
-    before = deltas.live_questions(paths.models_dir).set_index("question_id")
+    add_questions(paths.models_dir, new)
+    delete_questions(paths.models_dir, [gone])
+    before = live_questions(paths.models_dir).set_index("question_id")
 
     second = run_index(tiny_settings, paths, log=quiet)
-    assert second["deltas_version"] == deltas.absorbed_version(paths.models_dir) == 2
+    assert second["deltas_version"] == absorbed_version(paths.models_dir) == 2
     # one question added, one deleted
     assert second["questions"] == first["questions"] == second["questions_clustered"]
-    after = deltas.live_questions(paths.models_dir).set_index("question_id")
+    after = live_questions(paths.models_dir).set_index("question_id")
     assert (after["version"] == 0).all()  # every row in the main index, no delta loaded
     assert sorted(after.index) == sorted(before.index)
     assert after.loc[changed, "answer_id"] == "changed" and gone not in after.index

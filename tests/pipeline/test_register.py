@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qpr.config import settings_from_dict
-from qpr.ops import registry
+from qpr.ops import promotion, registry
 from qpr.paths import ProjectPaths
 from qpr.pipeline.register import run_register
 from tests.ops.fake_registry import FakeRegistry
@@ -117,4 +117,4 @@ def test_a_challenger_trained_on_another_data_source_is_refused(fake, paths):
 
 def test_an_uncommitted_version_is_refused_promotion():
     info = registry.VersionInfo(NAME, 3, (), None, None, None, None, {})  # type: ignore[arg-type]
-    assert "no committed mark" in (registry.promotion_refusal(info, None) or "")
+    assert "no committed mark" in (promotion.promotion_refusal(info, None) or "")

@@ -1,8 +1,8 @@
 """`qpr index`: without a sub-command, stage 4 (the full build); with one, fresh questions
 into a served bundle without retraining (add, delete, list, drop, compact).
 
-The one module of the command that imports the deltas' code (`qpr.retrieval.deltas`,
-`qpr.ops.fresh`)."""
+The one module of the command that imports the deltas' code (`qpr.deltas.format`,
+`qpr.deltas.add`, `qpr.deltas.publish`)."""
 
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ LocalOption = Annotated[
 def _published(
     out: dict[str, Any], models_dir: Path, params: Path, local: bool, reason: str
 ) -> dict[str, Any]:
-    """`out` with what `qpr.ops.fresh.publish` did (dvc.lock, registry), unless --local."""
+    """`out` with what `qpr.deltas.publish.publish` did (dvc.lock, registry), unless --local."""
     if local:
         return out
     environment.apply()
     from qpr.config import load_settings
-    from qpr.ops.fresh import publish
+    from qpr.deltas.publish import publish
 
     settings = load_settings(params)
     return out | {"published": publish(models_dir, settings, actor=actor_name(None), reason=reason)}
@@ -73,7 +73,7 @@ def index_add(
     pass the raw-log gate first. A running service picks the delta up at its next poll."""
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError
-    from qpr.ops.fresh import add_files
+    from qpr.deltas.add import add_files
     from qpr.quality.gate import GateFailed
 
     settings = load_settings(params)
@@ -107,8 +107,7 @@ def index_delete(
     local: LocalOption = False,
 ) -> None:
     """Stop serving questions: a tombstone each, applied at search time until compaction."""
-    from qpr.ops.fresh import read_ids
-    from qpr.retrieval.deltas import delete_questions
+    from qpr.deltas.add import delete_questions, read_ids
 
     ids = read_ids(question_id or [], ids_file)
     if not ids:
@@ -127,7 +126,7 @@ def index_list(
 ) -> None:
     """The bundle's deltas: number, version, questions, BM25 words unknown to the main
     index, and whether the main index already holds them (absorbed) or a load adds them."""
-    from qpr.retrieval.deltas import DeltaError, absorbed_version, read_manifest
+    from qpr.deltas.format import DeltaError, absorbed_version, read_manifest
 
     try:
         manifest, absorbed = read_manifest(models_dir), absorbed_version(models_dir)
@@ -176,7 +175,8 @@ def index_drop(
 ) -> None:
     """Undo one delta: its questions go, the rows it replaced come back, and its files are
     never added again. A delta a full build or compaction absorbed cannot be dropped."""
-    from qpr.retrieval.deltas import DeltaError, drop_delta
+    from qpr.deltas.add import drop_delta
+    from qpr.deltas.format import DeltaError
 
     try:
         out = drop_delta(models_dir, number, reason=reason)
@@ -195,7 +195,7 @@ def index_compact(
     """Merge the deltas and tombstones into a new main index (index.factory of params),
     BM25 statistics recomputed over every question."""
     from qpr.config import load_settings
-    from qpr.retrieval.deltas import compact
+    from qpr.deltas.add import compact
     from qpr.retrieval.dense import IndexConfig, build_index
 
     settings = load_settings(params)

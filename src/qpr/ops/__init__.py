@@ -1,6 +1,7 @@
 """Keeping a trained model in service: the model registry, and retraining on fresh logs.
 
 registry.py           register, promote, roll back (MLflow aliases)
+promotion.py          which version serves: the promotion policy, on plain data
 cycle.py              one retraining cycle: its steps, commit point and rollback
 layout.py             where a retraining run works, its lock, its errors
 incoming.py           new log files: discover, validate, quarantine, archive, the ledger

@@ -23,7 +23,7 @@ from typing import Any
 
 from qpr.config import Settings
 from qpr.data.versioning import pinned_md5
-from qpr.ops import registry
+from qpr.ops import promotion, registry
 from qpr.ops.incoming import (
     IncomingFile,
     Ledger,
@@ -104,7 +104,7 @@ def settle_registry(cycle: Cycle, journal: Journal) -> list[str]:
     if register.get("promoted"):
         if current is None or current.version != version:
             # A refusal is permanent: raising would fail every later recovery on it.
-            refusal = registry.promotion_refusal(registry.get_version(name, version), current)
+            refusal = promotion.promotion_refusal(registry.get_version(name, version), current)
             if refusal:
                 return [*steps, f"registry: version {version} not promoted: {refusal}"]
             registry.promote(name, version, reason=reason, actor=ACTOR)

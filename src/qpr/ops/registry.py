@@ -33,20 +33,18 @@ what, why, when, as the latest ``qpr.<action>_*`` tags and as an append-only eve
 champion's predecessor is kept as the tag ``qpr.previous_champion`` on the champion, so
 repeated rollbacks walk back through the promotion history.
 
-This module and flows/ are the only places that import MLflow; the promotion rule itself
-(`decide_promotion`) is a pure function with no MLflow in it.
+This module and flows/ are the only places that import MLflow. The promotion policy
+(which version wins: `qpr.ops.promotion`) is pure and decides on what this module reads.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +55,7 @@ from mlflow.tracking import MlflowClient
 
 import qpr
 from qpr.artifacts import (
+    ABSORBED_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
@@ -65,8 +64,20 @@ from qpr.artifacts import (
     TAG_GIT_COMMIT,
     search_config_file,
 )
-from qpr.errors import QPRError
+from qpr.deltas.format import delta_files, read_manifest
 from qpr.io import file_sha256, json_sha256, json_text
+from qpr.ops.promotion import (
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS_CHAMPION,
+    TAG_DATA_SOURCE,
+    TAG_MEASURES,
+    RegistryError,
+    VersionInfo,
+    is_committed,
+    metric_value,
+    promotion_refusal,
+)
 from qpr.ops.pyfunc import (
     BUNDLE_ARTIFACT,
     DEFAULT_K,
@@ -77,8 +88,9 @@ from qpr.ops.pyfunc import (
     verify_artifacts,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
-from qpr.retrieval.deltas import ABSORBED_FILE, delta_files, read_manifest
 
+# The aliases, the policy's tags, VersionInfo and RegistryError are qpr.ops.promotion's,
+# named here too: every caller of the registry meets them.
 __all__ = [
     "BUNDLE_ARTIFACT",
     "CHALLENGER",
@@ -88,47 +100,38 @@ __all__ = [
     "MODEL_ARTIFACT",
     "PREDICTION_COLUMNS",
     "PREVIOUS_CHAMPION",
+    "TAG_DATA_SOURCE",
+    "TAG_MEASURES",
     "QPRSearchModel",
     "RegistryError",
     "VersionInfo",
     "base_fingerprint",
     "bundle_files",
     "champion",
-    "data_source_mismatch",
-    "decide_promotion",
     "describe",
     "download_bundle",
     "events",
     "get_version",
-    "is_committed",
     "keep_challenger",
     "list_versions",
     "mark_committed",
-    "metric_value",
     "promote",
-    "promotion_refusal",
     "register_bundle",
-    "register_refresh",
     "rollback",
     "set_challenger",
 ]
 
-CHAMPION = "champion"
-CHALLENGER = "challenger"
-PREVIOUS_CHAMPION = "previous-champion"
-
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
 METRICS_FILE = "metrics.json"
 
-# Version tags (all under qpr.* so they never collide with MLflow's own).
+# Version tags (all under qpr.* so they never collide with MLflow's own; the ones the
+# promotion policy reads, TAG_MEASURES and TAG_DATA_SOURCE, are qpr.ops.promotion's).
 TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by
 TAG_METRIC_VALUE = "qpr.metric_value"
-TAG_MEASURES = "qpr.measures"  # JSON: every numeric test/val measure (no baselines)
 TAG_DATA_HASH = "qpr.data_hash"
 TAG_PREVIOUS = "qpr.previous_champion"
 TAG_EVENTS = "qpr.events"  # number of qpr.event.NNN tags
 TAG_RETRAIN_RUN = "qpr.retrain_run"  # the retraining cycle that registered the version
-TAG_DATA_SOURCE = "qpr.data_source"  # data.source it was trained on: like with like only
 TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--force)
 # What a version serves: its base (every file but the deltas) and its deltas (JSON: the
 # manifest version and sha256, the delta numbers), so a refresh knows what it extends.
@@ -139,10 +142,6 @@ TAG_DELTAS = "qpr.deltas"
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
 _EVENT_PREFIX = "qpr.event."
 _MAX_REASON = 1000
-
-
-class RegistryError(QPRError, RuntimeError):
-    """A registry operation cannot be done; the message says why and what to do."""
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -160,140 +159,6 @@ def _mlflow_errors(func: _F) -> _F:
             raise RegistryError(f"MLflow: {exc.message}") from exc
 
     return wrapper  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    """One registered model version, as `qpr model list` shows it.
-
-    metric / value: the measure the version was judged by at registration (e.g.
-    ``val.recip_rank``) and its value; None for a version registered by other means.
-    """
-
-    name: str
-    version: int
-    aliases: tuple[str, ...]
-    metric: str | None
-    value: float | None
-    created: datetime
-    run_id: str | None
-    tags: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def is_champion(self) -> bool:
-        return CHAMPION in self.aliases
-
-    @property
-    def measures(self) -> dict[str, float]:
-        """Every numeric test/val measure recorded at registration (dotted keys)."""
-        try:
-            raw = json.loads(self.tags.get(TAG_MEASURES, "{}"))
-        except json.JSONDecodeError:
-            return {}
-        return {k: float(v) for k, v in raw.items() if isinstance(v, int | float)}
-
-    def measure(self, key: str) -> float | None:
-        """The version's value of a dotted measure, None when it was not recorded."""
-        if self.metric == key and self.value is not None:
-            return self.value
-        return self.measures.get(key)
-
-
-# ---------------------------------------------------------------- the promotion rule
-
-
-def decide_promotion(
-    challenger: float, champion: float | None, *, margin: float, floor: float
-) -> tuple[bool, str]:
-    """Should the challenger replace the champion? (promote, the reason in words).
-
-    The rule, higher measure = better:
-    - never below the quality floor, not even the first model (a registry with no
-      champion is better than one whose champion is known to be bad);
-    - no champion yet: the challenger is promoted when it passes the floor;
-    - otherwise only when challenger >= champion + margin. The margin keeps evaluation
-      noise from flipping the champion back and forth between equivalent models.
-
-    A difference of 1e-12 is ignored so that a challenger exactly ``margin`` better is not
-    rejected by float rounding. NaN never wins.
-    """
-    if margin < 0:
-        raise ValueError(f"margin must be >= 0, got {margin}")
-    if math.isnan(challenger):
-        return False, "challenger measure is NaN: not promoted"
-    if challenger < floor:
-        return False, f"challenger {challenger:.4f} is below the quality floor {floor:.4f}"
-    if champion is None or math.isnan(champion):
-        return True, f"no champion yet; challenger {challenger:.4f} passes the floor {floor:.4f}"
-    needed = champion + margin
-    if challenger >= needed - 1e-12:
-        return True, (
-            f"challenger {challenger:.4f} beats champion {champion:.4f} by "
-            f"{challenger - champion:+.4f} (margin {margin:.4f})"
-        )
-    if challenger > champion:
-        return False, (
-            f"challenger {challenger:.4f} beats champion {champion:.4f} by only "
-            f"{challenger - champion:+.4f}, less than the margin {margin:.4f}: champion kept"
-        )
-    return False, (
-        f"challenger {challenger:.4f} is not better than champion {champion:.4f}: champion kept"
-    )
-
-
-def judge(
-    challenger: VersionInfo,
-    value: float,
-    champion: VersionInfo | None,
-    *,
-    metric: str,
-    margin: float,
-    floor: float,
-    champion_value: float | None = None,
-) -> tuple[bool, str]:
-    """Should this registered version, measured `value`, become champion? (promote, the
-    reason in words).
-
-    decide_promotion's rule, after the cases it cannot see: the version is already the
-    champion, it was rolled back by a person, it was trained on another data source, or
-    the champion has no measure to compare. `champion_value`: the champion measured as
-    `value` was (re-scored on the same queries); None takes the champion's recorded one.
-    """
-    if champion is not None and champion.version == challenger.version:
-        return False, f"version {challenger.version} is already the champion"
-    if "qpr.rolled_back_at" in challenger.tags:
-        who = challenger.tags.get("qpr.rolled_back_by")
-        why = challenger.tags.get("qpr.rolled_back_reason")
-        return False, (
-            f"version {challenger.version} was rolled back by {who} ({why}): "
-            "promote it by hand if wanted"
-        )
-    mismatch = data_source_mismatch(challenger, champion)
-    if mismatch:
-        return False, (
-            f"{mismatch}: refused (promote by hand: qpr model promote {challenger.version} "
-            "--force --reason ...)"
-        )
-    if champion_value is None and champion is not None:
-        champion_value = champion.measure(metric)
-    if champion is not None and champion_value is None:
-        return False, (
-            f"champion version {champion.version} has no {metric} recorded, so the two "
-            "cannot be compared: promote by hand (qpr model promote)"
-        )
-    return decide_promotion(value, champion_value, margin=margin, floor=floor)
-
-
-def metric_value(metrics: Mapping[str, Any], key: str) -> float:
-    """The number at a dotted key of metrics.json (``val.recip_rank``); RegistryError if none."""
-    node: Any = metrics
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            raise RegistryError(f"metrics have no {key!r} (registry.metric): missing {part!r}")
-        node = node[part]
-    if isinstance(node, bool) or not isinstance(node, int | float):
-        raise RegistryError(f"metrics {key!r} is {node!r}, not a number")
-    return float(node)
 
 
 # ---------------------------------------------------------------- registering
@@ -407,7 +272,7 @@ def bundle_files(models_dir: Path) -> list[Path]:
     config = search_config_file(models_dir).relative_to(models_dir)
     required = [config if rel == SEARCH_FILE else rel for rel in REQUIRED_FILES]
     optional = [rel for rel in OPTIONAL_FILES if (models_dir / rel).is_file()]
-    # The deltas and tombstones served beside the base index (qpr.retrieval.deltas).
+    # The deltas and tombstones served beside the base index (qpr.deltas).
     return [*required, *optional, *delta_files(models_dir)]
 
 
@@ -432,44 +297,6 @@ def _deltas_tag(models_dir: Path) -> str:
         },
         sort_keys=True,
     )
-
-
-@_mlflow_errors
-def register_refresh(
-    models_dir: str | Path, *, name: str, actor: str, reason: str
-) -> tuple[VersionInfo | None, str]:
-    """After `qpr index add | delete | drop | compact`: the bundle with its deltas as a new
-    version, committed and promoted, when the champion has the same base (`TAG_BASE`).
-    So a service that follows the registry serves the change, and `rollback` undoes it.
-    Returns (the version or None, what happened). A version rolled back before is not
-    promoted again; a champion with another base (a retraining not promoted yet, or one
-    registered before deltas were) leaves the change local."""
-    models_dir = Path(models_dir)
-    current = champion(name)
-    if current is None:
-        return None, f"model {name!r} has no champion: the change stays local"
-    if current.tags.get(TAG_BASE) != base_fingerprint(models_dir):
-        return None, (
-            f"champion version {current.version} serves another base than {models_dir} "
-            "(or was registered before deltas were): the change stays local"
-        )
-    measures = json.loads(current.tags.get(TAG_MEASURES, "{}"))
-    metrics: dict[str, Any] = {k: v for k, v in measures.items() if not k.startswith("val.")}
-    metrics["val"] = {k[4:]: v for k, v in measures.items() if k.startswith("val.")}
-    keep = (TAG_DATA_SOURCE, TAG_DATA_HASH, TAG_GIT_COMMIT)
-    info = register_bundle(
-        models_dir,
-        metrics,
-        name=name,
-        metric=current.tags.get(TAG_METRIC, "val.recip_rank"),
-        tags={key: current.tags[key] for key in keep if key in current.tags},
-    )
-    if info.version == current.version:
-        return info, f"version {info.version} already serves this state"
-    if "qpr.rolled_back_at" in info.tags:
-        return info, f"version {info.version} holds this state and was rolled back: not promoted"
-    mark_committed(name, info.version, by=actor)
-    return promote(name, info.version, reason=reason, actor=actor), "promoted"
 
 
 def _stage_bundle(models_dir: Path, metrics: Mapping[str, Any], target: Path) -> Path:
@@ -631,31 +458,6 @@ def _quote(text: str) -> str:
 
 
 # ---------------------------------------------------------------- promotion and rollback
-
-
-def promotion_refusal(target: VersionInfo, current: VersionInfo | None) -> str | None:
-    """Why `target` must not replace `current` without --force, or None: it lacks the
-    committed mark (an orphan of a crashed run, or registered before the mark existed), or
-    it was trained on another data source than the champion (their measures differ in kind)."""
-    if not is_committed(target):
-        return (
-            f"version {target.version} has no committed mark ({TAG_COMMITTED}): the run that "
-            "registered it never committed"
-        )
-    return data_source_mismatch(target, current)
-
-
-def data_source_mismatch(target: VersionInfo, current: VersionInfo | None) -> str | None:
-    """Why `target` and `current` cannot be compared, or None: trained on different data
-    sources (``qpr.data_source``; a version without the tag is taken as comparable)."""
-    ours = target.tags.get(TAG_DATA_SOURCE)
-    theirs = current.tags.get(TAG_DATA_SOURCE) if current is not None else None
-    if current is not None and ours and theirs and ours != theirs:
-        return (
-            f"version {target.version} was trained on data source {ours!r}, champion version "
-            f"{current.version} on {theirs!r}: their measures are not comparable"
-        )
-    return None
 
 
 @_mlflow_errors
@@ -821,11 +623,6 @@ def _delete_tag(client: MlflowClient, name: str, version: int, key: str) -> None
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def is_committed(info: VersionInfo) -> bool:
-    """Whether the version carries the committed mark (see `TAG_COMMITTED`)."""
-    return bool(info.tags.get(TAG_COMMITTED))
 
 
 @_mlflow_errors

@@ -7,7 +7,6 @@ what the orchestrator adds), so the same calls work from a flow, the CLI and tes
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 from qpr.data.versioning import data_status, pinned_md5
 from qpr.ops.journal import Journal
 from qpr.ops.layout import RetrainError, RetrainLayout
-from qpr.ops.processes import run_pipeline, run_tool, tool_env
+from qpr.ops.processes import run_pipeline, run_tool
 
 # Who commits when git has no identity configured (CI, a container).
 GIT_IDENTITY = {
@@ -114,31 +113,3 @@ def push_data(layout: RetrainLayout, env: Mapping[str, str]) -> str:
     if pushed.returncode == 0:
         return "dvc push: data pushed"
     return f"WARNING: dvc push failed: {(pushed.stderr or '').strip()[:300]}"
-
-
-# What `qpr index add | delete | drop | compact` change: the index stage's outputs only.
-_INDEX_OUTS = {"models/index", "models/deltas"}
-
-
-def pin_deltas(models_dir: Path, env: Mapping[str, str] | None = None) -> str:
-    """`dvc commit` the index stage after an index change, so dvc.lock pins each delta and
-    the DVC cache keeps its files (`dvc checkout` brings back any pinned state). Only when
-    nothing but those outputs changed: with a changed dep, dvc.lock would claim a build
-    that never ran (`dvc repro` builds and pins it then). Says what it did."""
-    models_dir = Path(models_dir).resolve()
-    root = models_dir.parent
-    if models_dir.name != "models" or not (root / "dvc.yaml").is_file():
-        return "not the models/ of a DVC project: nothing pinned"
-    env = env or tool_env()
-    status = run_tool(["dvc", "status", "--json", "index"], root, env, check=False)
-    if status.returncode != 0:
-        return f"not pinned: `dvc status` failed: {(status.stderr or status.stdout).strip()[-300:]}"
-    changes = json.loads(status.stdout or "{}").get("index", [])
-    if not changes:
-        return "dvc.lock already pins this state"
-    outs = [c.get("changed outs", {}) for c in changes if isinstance(c, dict)]
-    other = [c for c in changes if not (isinstance(c, dict) and set(c) == {"changed outs"})]
-    if other or any(set(o) - _INDEX_OUTS or set(o.values()) != {"modified"} for o in outs):
-        return f"dvc.lock left as it was: the index stage has other changes {changes}"
-    run_tool(["dvc", "commit", "--force", "--quiet", "index"], root, env)
-    return "pinned in dvc.lock (dvc commit index)"

@@ -40,6 +40,7 @@ import pandas as pd
 
 from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
+from qpr.deltas import format as deltas
 from qpr.io import write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
@@ -48,7 +49,6 @@ from qpr.pipeline.handoff import (
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
-from qpr.retrieval import deltas
 from qpr.retrieval.indexer import Indexer, LexicalConfig
 from qpr.tasks import Mapper, local_map
 from qpr.text import load_tokenizer
@@ -74,7 +74,7 @@ def run_index(
     questions, _ = read_cluster_outputs(paths)
     questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
     clustered = len(questions)
-    # The deltas' questions and tombstones (qpr.retrieval.deltas): a full build absorbs them.
+    # The deltas' questions and tombstones (qpr.deltas): a full build absorbs them.
     questions, absorbed = deltas.for_full_build(paths.models_dir, questions)
     columns = bundle_columns(questions, settings.data.filter_fields)
     vocab = load_tokenizer(paths.vocab)

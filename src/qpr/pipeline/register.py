@@ -27,7 +27,7 @@ from typing import Any
 
 from qpr.config import Settings
 from qpr.errors import QPRError
-from qpr.ops import registry
+from qpr.ops import promotion, registry
 from qpr.paths import ProjectPaths
 from qpr.redact import redact_tree
 
@@ -101,7 +101,7 @@ def run_register(
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{metrics_path} not found: run the evaluate stage first")
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-    challenger_value = registry.metric_value(metrics, cfg.metric)
+    challenger_value = promotion.metric_value(metrics, cfg.metric)
 
     tags = redact_tree({**provenance(metrics), registry.TAG_DATA_SOURCE: settings.data.source})
     if cycle_run:
@@ -125,7 +125,7 @@ def run_register(
     current = registry.champion(cfg.name)
     rescore = rescore or rescore_on_validation(settings, paths)
     compared = _compare(version, challenger_value, current, rescore, cfg.metric)
-    promoted, reason = registry.judge(
+    promoted, reason = promotion.judge(
         version,
         compared["challenger"],
         current,
@@ -174,7 +174,7 @@ def _compare(
     same = {"challenger": recorded, "champion": None, "how": "recorded", "note": ""}
     if current is None or current.version == version.version:
         return same
-    if registry.data_source_mismatch(version, current):
+    if promotion.data_source_mismatch(version, current):
         return {**same, "how": "not compared (other data source)"}
     try:
         pair = rescore(current)

@@ -21,7 +21,7 @@ need not ship them, and importing torch costs seconds and ~0.5 GB).
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
 
-Deltas (`qpr.retrieval.deltas`): questions added since the main index was built, in
+Deltas (`qpr.deltas`): questions added since the main index was built, in
 ``deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are a row
 mask applied inside the dense search and BM25, as a filter is (no over-fetch).
 
@@ -387,7 +387,7 @@ class Bundle:
     def fingerprint(self) -> str:
         """sha256 over the bundle's files (six, `qpr.artifacts.REQUIRED_FILES`; one more with
         BM25, one more with an int8 query encoder, those of ``rerank/`` when it re-ranks,
-        the deltas' manifest and files when it has some, `qpr.retrieval.deltas`): each
+        the deltas' manifest and files when it has some, `qpr.deltas`): each
         file's path and sha256, in a fixed order. An added delta or a tombstone changes it.
 
         Identifies the bundle: equal fingerprints mean byte-identical models, so a service

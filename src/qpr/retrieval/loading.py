@@ -10,7 +10,7 @@ would not fail later, it would return plausible but wrong neighbours, so it fail
 Which encoder queries go through is what ``search.json`` declares (``query_encoder``: kind
 and files); a declared file that is missing is refused. Older bundles are read through
 `qpr.artifacts.migrate`, the one place that knows their formats; their question tables
-may lack answer ids (hits then carry none, logged). Deltas (`qpr.retrieval.deltas`) are
+may lack answer ids (hits then carry none, logged). Deltas (`qpr.deltas`) are
 appended to the loaded index and BM25; the fingerprint hashes every file loaded.
 
 No torch: numpy, onnxruntime, faiss and pyarrow (and tokenizers for word pieces).
@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from qpr.artifacts import (
     ANSWER_ID,
     BM25_FILE,
+    DELTAS_MANIFEST_FILE,
     ENCODER_FILE,
     IDS_FILE,
     INDEX_FILE,
@@ -59,10 +60,10 @@ from qpr.artifacts import (
     SearchConfigError,
     search_config_file,
 )
+from qpr.deltas.format import DeltaError, delta_files, load_parts
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index
-from qpr.retrieval.deltas import MANIFEST_FILE, DeltaError, delta_files, load_parts
 from qpr.retrieval.dense import IdMap, load_index
 from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
@@ -119,7 +120,7 @@ class IndexedQuestions:
     bm25: BM25Index | None = None
     answer_ids: list[str | None] | None = None
     fields: Mapping[str, FieldValues] | None = None
-    # bool [N]: rows a tombstone hides (`qpr.retrieval.deltas`); None: none is hidden
+    # bool [N]: rows a tombstone hides (`qpr.deltas`); None: none is hidden
     dead: np.ndarray | None = None
 
 
@@ -246,7 +247,7 @@ def _rerank_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
 
 
 def _delta_paths(root: Path) -> dict[Path, Path]:
-    """The deltas' files (`qpr.retrieval.deltas`), hashed into the fingerprint."""
+    """The deltas' files (`qpr.deltas`), hashed into the fingerprint."""
     try:
         return {rel: root / rel for rel in delta_files(root)}
     except DeltaError as exc:
@@ -256,7 +257,7 @@ def _delta_paths(root: Path) -> dict[Path, Path]:
 def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
     """`questions` with the manifest's deltas appended and its tombstones as the dead
     mask; BundleError for a broken delta (the reloader then keeps the state it serves)."""
-    if not (root / MANIFEST_FILE).is_file():
+    if not (root / DELTAS_MANIFEST_FILE).is_file():
         return questions
     try:
         parts = load_parts(

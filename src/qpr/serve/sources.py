@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from qpr.artifacts import (
+    ABSORBED_FILE,
+    DELTAS_MANIFEST_FILE,
     LEGACY_SEARCH_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
@@ -49,7 +51,6 @@ from qpr.artifacts import (
 )
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import BundleError
-from qpr.retrieval.deltas import ABSORBED_FILE, MANIFEST_FILE
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -74,7 +75,13 @@ BUNDLE_SUBDIR = Path("artifacts") / "bundle"
 # read: an older bundle's search config is its threshold.json). The deltas' manifest is
 # renamed into place last, after their folders, which never change once named in it: its
 # signature tells a new delta or tombstone arrived.
-_WATCHED = (*REQUIRED_FILES, LEGACY_SEARCH_FILE, *OPTIONAL_FILES, ABSORBED_FILE, MANIFEST_FILE)
+_WATCHED = (
+    *REQUIRED_FILES,
+    LEGACY_SEARCH_FILE,
+    *OPTIONAL_FILES,
+    ABSORBED_FILE,
+    DELTAS_MANIFEST_FILE,
+)
 # A poll is one quick try: MLflow's default (7 retries, backoff factor 2, 120 s timeout)
 # held a start in a registry outage for minutes. Variables the operator set win.
 _QUICK_HTTP = {

@@ -1,5 +1,7 @@
-"""pin_deltas on a real git + DVC project: an index change is pinned in dvc.lock by `dvc
-commit`; with another change pending in the stage, dvc.lock is left alone."""
+"""Publishing an index change (qpr.deltas.publish). pin_deltas on a real git + DVC project:
+an index change is pinned in dvc.lock by `dvc commit`; with another change pending in the
+stage, dvc.lock is left alone. publish says what it did, and a registry that cannot take
+the change leaves it served from the folder."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from qpr.deltas.publish import pin_deltas, publish
 from qpr.ops.processes import tool_env
-from qpr.ops.vcs import pin_deltas
 
 STAGE = """stages:
   index:
@@ -72,3 +74,17 @@ def test_a_changed_dep_leaves_dvc_lock_alone(project: Path) -> None:
 
 def test_a_folder_outside_a_dvc_project_is_not_pinned(tmp_path: Path) -> None:
     assert pin_deltas(tmp_path / "models").startswith("not the models/ of a DVC project")
+
+
+def test_publish_says_what_it_could_not_do(tmp_path: Path) -> None:
+    """Outside a DVC project and with a registry that has no such model: nothing pinned,
+    nothing registered, both said, nothing raised (the change stays served)."""
+    from qpr.config import settings_from_dict
+    from tests.conftest import tiny_overrides
+
+    overrides = tiny_overrides(tmp_path, registry={"name": "no-such-model"})
+    settings = settings_from_dict(overrides)
+    assert settings.registry.follow_deltas
+    out = publish(tmp_path / "models", settings, actor="tests", reason="delta 1")
+    assert out["dvc"].startswith("not the models/ of a DVC project")
+    assert out["registry"].startswith("not registered:") and "no-such-model" in out["registry"]

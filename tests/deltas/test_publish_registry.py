@@ -1,6 +1,7 @@
-"""An index change as a registry event, on a real (sqlite) MLflow registry: a delta
-becomes a promoted version that extends the champion's base, `rollback` takes it out of
-what is served, and a rolled-back state is not promoted again by the next refresh."""
+"""An index change as a registry event (qpr.deltas.publish.register_deltas), on a real
+(sqlite) MLflow registry: a delta becomes a promoted version that extends the champion's
+base, `rollback` takes it out of what is served, and a rolled-back state is not promoted
+again by the next refresh."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from qpr.deltas.add import add_questions, drop_delta
+from qpr.deltas.publish import register_deltas
 from qpr.ops import registry
-from qpr.retrieval import deltas
 from qpr.retrieval.bundle import Bundle
 from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
 
@@ -36,13 +38,13 @@ def models(tmp_path: Path) -> Path:
 
 def test_a_delta_is_a_version_and_rollback_takes_it_out(models: Path, tmp_path: Path) -> None:
     base = registry.champion(NAME)
-    deltas.add_questions(
+    add_questions(
         models,
         __import__("pandas").DataFrame(
             {"question_id": [9001], "text": [NEW], "cluster_id": [-1], "answer_id": ["new"]}
         ),
     )
-    info, said = registry.register_refresh(models, name=NAME, actor="tests", reason="delta 1")
+    info, said = register_deltas(models, name=NAME, actor="tests", reason="delta 1")
     assert said == "promoted" and info is not None and info.is_champion
     assert info.tags[registry.TAG_BASE] == base.tags[registry.TAG_BASE]
     assert json.loads(info.tags[registry.TAG_DELTAS])["deltas"] == [1]
@@ -51,12 +53,12 @@ def test_a_delta_is_a_version_and_rollback_takes_it_out(models: Path, tmp_path: 
     registry.rollback(NAME, reason="bad delta", actor="tests")
     assert registry.champion(NAME).version == base.version
     assert 9001 not in _served_ids(tmp_path / "without", NEW)
-    again, said = registry.register_refresh(models, name=NAME, actor="tests", reason="delta 1")
+    again, said = register_deltas(models, name=NAME, actor="tests", reason="delta 1")
     assert again.version == info.version and "rolled back" in said
     assert registry.champion(NAME).version == base.version
 
-    deltas.drop_delta(models, 1, reason="bad delta")
-    after, said = registry.register_refresh(models, name=NAME, actor="tests", reason="drop 1")
+    drop_delta(models, 1, reason="bad delta")
+    after, said = register_deltas(models, name=NAME, actor="tests", reason="drop 1")
     assert said == "promoted" and after.version > info.version
     assert json.loads(after.tags[registry.TAG_DELTAS])["deltas"] == []
 
@@ -64,5 +66,5 @@ def test_a_delta_is_a_version_and_rollback_takes_it_out(models: Path, tmp_path: 
 def test_a_champion_of_another_base_keeps_the_change_local(models: Path) -> None:
     (models / "index" / "bm25.npz").unlink(missing_ok=True)
     (models / "vocab.json").write_text((models / "vocab.json").read_text() + " ")
-    info, said = registry.register_refresh(models, name=NAME, actor="tests", reason="x")
+    info, said = register_deltas(models, name=NAME, actor="tests", reason="x")
     assert info is None and "another base" in said

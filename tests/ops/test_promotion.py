@@ -1,0 +1,170 @@
+"""The promotion policy (qpr.ops.promotion), by hand-worked cases on plain data.
+
+decide_promotion is the one decision that can replace a serving model, so every branch is
+pinned here with numbers small enough to check in one's head; judge and the refusals are
+checked on VersionInfo records built by hand. No MLflow store is touched.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from qpr.artifacts import TAG_COMMITTED
+from qpr.ops.promotion import (
+    TAG_DATA_SOURCE,
+    RegistryError,
+    VersionInfo,
+    decide_promotion,
+    is_committed,
+    judge,
+    metric_value,
+    promotion_refusal,
+)
+
+MARGIN = 0.01
+FLOOR = 0.5
+METRICS = {"success_1": 0.8, "recip_rank": 0.85, "val": {"recip_rank": 0.9, "success_1": 0.88}}
+
+
+def _version(version: int, value: float | None = None, **tags: str) -> VersionInfo:
+    return VersionInfo(
+        name="m",
+        version=version,
+        aliases=(),
+        metric="val.recip_rank" if value is not None else None,
+        value=value,
+        created=datetime(2027, 1, 1, tzinfo=UTC),
+        run_id=None,
+        tags=dict(tags),
+    )
+
+
+@pytest.mark.parametrize(
+    ("challenger", "champion", "promoted", "words"),
+    [
+        # first model: the floor alone decides
+        (0.60, None, True, "no champion yet"),
+        (0.50, None, True, "no champion yet"),  # exactly at the floor passes
+        (0.40, None, False, "below the quality floor"),
+        # a champion exists: challenger >= champion + margin
+        (0.72, 0.70, True, "beats champion"),  # better by 0.02 > 0.01
+        (0.71, 0.70, True, "beats champion"),  # better by exactly the margin
+        (0.705, 0.70, False, "less than the margin"),  # better, but within the margin
+        (0.70, 0.70, False, "not better"),  # a tie keeps the champion
+        (0.65, 0.70, False, "not better"),  # worse
+        # the floor holds even when the champion is worse still (a hand-promoted one)
+        (0.45, 0.30, False, "below the quality floor"),
+        (float("nan"), None, False, "NaN"),
+        (0.60, float("nan"), True, "no champion yet"),  # a champion without a measure
+    ],
+)
+def test_decide_promotion(challenger, champion, promoted, words):
+    decision, reason = decide_promotion(challenger, champion, margin=MARGIN, floor=FLOOR)
+    assert decision is promoted
+    assert words in reason
+
+
+def test_reason_names_both_measures_and_the_margin():
+    _, reason = decide_promotion(0.705, 0.70, margin=MARGIN, floor=FLOOR)
+    assert "0.7050" in reason and "0.7000" in reason and "0.0100" in reason
+
+
+def test_zero_margin_promotes_any_improvement_but_not_a_tie():
+    assert decide_promotion(0.7001, 0.70, margin=0.0, floor=0.0)[0]
+    assert not decide_promotion(0.70, 0.70 + 1e-9, margin=0.0, floor=0.0)[0]
+
+
+def test_negative_margin_is_rejected():
+    with pytest.raises(ValueError, match="margin"):
+        decide_promotion(0.8, 0.7, margin=-0.1, floor=0.0)
+
+
+def test_metric_value_follows_dotted_keys():
+    assert metric_value(METRICS, "val.recip_rank") == 0.9
+    assert metric_value(METRICS, "success_1") == 0.8
+
+
+@pytest.mark.parametrize(
+    ("key", "words"), [("val.map", "'map'"), ("test.recip_rank", "'test'"), ("val", "not a number")]
+)
+def test_metric_value_missing_or_not_a_number(key, words):
+    with pytest.raises(RegistryError, match=words):
+        metric_value(METRICS, key)
+
+
+def test_version_measure_prefers_the_judged_metric_then_the_recorded_ones():
+    info = VersionInfo(
+        name="m",
+        version=3,
+        aliases=("champion",),
+        metric="val.recip_rank",
+        value=0.9,
+        created=datetime.now(UTC),
+        run_id=None,
+        tags={"qpr.measures": '{"val.success_1": 0.88}'},
+    )
+    assert info.is_champion
+    assert info.measure("val.recip_rank") == 0.9
+    assert info.measure("val.success_1") == 0.88
+    assert info.measure("val.map") is None
+
+
+def _judge(challenger: VersionInfo, value: float, champion: VersionInfo | None, **kw):
+    return judge(
+        challenger, value, champion, metric="val.recip_rank", margin=MARGIN, floor=FLOOR, **kw
+    )
+
+
+def test_judge_compares_with_the_champions_recorded_measure() -> None:
+    champion = _version(1, 0.70)
+    assert _judge(_version(2), 0.72, champion)[0]
+    promoted, reason = _judge(_version(2), 0.705, champion)
+    assert not promoted and "less than the margin" in reason
+    assert _judge(_version(2), 0.60, None) == decide_promotion(
+        0.60, None, margin=MARGIN, floor=FLOOR
+    )
+
+
+def test_judge_takes_the_champion_re_scored_when_given() -> None:
+    """Re-scored alike, the champion measures 0.60: the challenger wins although the
+    champion's recorded 0.80 is higher."""
+    champion = _version(1, 0.80)
+    assert _judge(_version(2), 0.72, champion, champion_value=0.60)[0]
+    assert not _judge(_version(2), 0.72, champion)[0]
+
+
+@pytest.mark.parametrize(
+    ("challenger", "champion", "words"),
+    [
+        (_version(1, 0.9), _version(1, 0.9), "already the champion"),
+        (
+            _version(2, **{"qpr.rolled_back_at": "t", "qpr.rolled_back_by": "ann"}),
+            _version(1, 0.5),
+            "rolled back by ann",
+        ),
+        (
+            _version(2, **{TAG_DATA_SOURCE: "quora"}),
+            _version(1, 0.5, **{TAG_DATA_SOURCE: "logs"}),
+            "not comparable",
+        ),
+        (_version(2), _version(1), "has no val.recip_rank recorded"),
+    ],
+)
+def test_judge_refuses_what_the_numbers_cannot_decide(
+    challenger: VersionInfo, champion: VersionInfo, words: str
+) -> None:
+    promoted, reason = _judge(challenger, 0.99, champion)
+    assert not promoted and words in reason
+
+
+def test_a_version_without_the_committed_mark_is_refused() -> None:
+    orphan, committed = _version(2), _version(2, **{TAG_COMMITTED: "run 1"})
+    assert not is_committed(orphan) and is_committed(committed)
+    assert "no committed mark" in (promotion_refusal(orphan, None) or "")
+    assert promotion_refusal(committed, None) is None
+    logs = _version(1, **{TAG_DATA_SOURCE: "logs"})
+    quora = _version(2, **{TAG_COMMITTED: "run 1", TAG_DATA_SOURCE: "quora"})
+    assert "not comparable" in (promotion_refusal(quora, logs) or "")
+    assert promotion_refusal(quora, _version(1)) is None  # an untagged champion compares
