@@ -97,6 +97,24 @@ def test_indexed_question_finds_itself(bundle: Bundle) -> None:
         assert result.answered and result.query == QUESTIONS[i]
 
 
+def test_an_excluded_question_is_searched_as_if_not_indexed(bundle: Bundle, copy_dir: Path) -> None:
+    own = [1000 + 10 * i for i in (0, 17, 49)]
+    texts = [QUESTIONS[i] for i in (0, 17, 49)]
+    for config in (None, 0.5):
+        if config is not None:
+            make_hybrid(copy_dir, config)
+        searched = bundle if config is None else Bundle.load(copy_dir)
+        results = searched.search_batch(texts, 5, exclude=own)
+        filtered = searched.search_batch(texts, 6)
+        for result, qid, everything in zip(results, own, filtered, strict=True):
+            ids = [h.question_id for h in result.hits]
+            assert qid not in ids and len(ids) == 5
+            if config is None:  # dense: the same order with the question taken out
+                assert ids == [h.question_id for h in everything.hits if h.question_id != qid]
+    with pytest.raises(ValueError, match="one question id per question"):
+        bundle.search_batch(texts, 5, exclude=own[:2])
+
+
 def test_k_respected_and_clipped(bundle: Bundle) -> None:
     hits = bundle.search(UNSEEN, k=3).hits
     assert len(hits) == 3
