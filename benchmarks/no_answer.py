@@ -39,6 +39,7 @@ from machine_info import describe
 
 from qpr.artifacts import SearchConfig
 from qpr.config import Settings, load_settings
+from qpr.evaluation import measure
 from qpr.evaluation.no_answer import Unanswerable, query_clusters
 from qpr.evaluation.queries import QuerySet, SystemResult, query_set
 from qpr.evaluation.threshold import choose_threshold, outcome, threshold_report
@@ -120,24 +121,26 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
     inputs = stage._read_inputs(settings, paths, lambda _: None)
     k = settings.evaluate.k
     splits = {}
-    for position, split in enumerate(stage.SPLITS):
+    for position, split in enumerate(measure.SPLITS):
         queries = sample(
             query_set(inputs.questions, split), inputs.questions, n, settings.seed + position
         )
-        splits[split] = stage._search_split(inputs, queries, k)
+        splits[split] = measure.search_split(inputs.served, queries, k)
     weight = None
     if config.fusion is not None:
         weight = config.fusion["dense_weight"]
         # the fused searches' own depth, as Bundle.search sets it
         if config.fused_nprobe:
-            set_nprobe(inputs.index, config.fused_nprobe)
+            set_nprobe(inputs.served.index, config.fused_nprobe)
         if config.fused_ef_search:
-            set_ef_search(inputs.index, config.fused_ef_search)
+            set_ef_search(inputs.served.index, config.fused_ef_search)
     # The served ranking with the bundle's own search.json, as the service runs it.
-    searcher = stage._searcher(inputs, config)
-    served = stage._served_results(searcher, inputs, splits, k)
-    results = {split: served[split]["model"] for split in stage.SPLITS}
-    no_paraphrase = stage._no_paraphrase(settings, inputs, searcher, splits)
+    searcher = inputs.served.searcher(config)
+    served = measure.served_results(searcher, inputs.served.ids, splits, k)
+    results = {split: served[split]["model"] for split in measure.SPLITS}
+    no_paraphrase = measure.without_paraphrase(
+        searcher, inputs.served.ids, inputs.questions, splits, settings
+    )
     scratch = Path(tempfile.mkdtemp(prefix="no_answer_"))  # threshold.md: this page has it
     chosen, summary, curve = threshold_report(
         results["val"],
@@ -156,8 +159,8 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
             "stored_threshold": config.threshold,
             "nprobe": config.fused_nprobe if weight is not None else config.nprobe,
         },
-        "queries": {split: len(splits[split][0].query_ids) for split in stage.SPLITS},
-        "success_1": {split: results[split].summary["success_1"] for split in stage.SPLITS},
+        "queries": {split: len(splits[split].queries.query_ids) for split in measure.SPLITS},
+        "success_1": {split: results[split].summary["success_1"] for split in measure.SPLITS},
         "threshold": summary,
         "seconds": round(time.perf_counter() - started, 1),
         "chosen": chosen,

@@ -16,13 +16,11 @@ queries with no paraphrase, which it must refuse (`qpr.evaluation.no_answer`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from qpr.artifacts import (
@@ -33,27 +31,10 @@ from qpr.artifacts import (
 )
 from qpr.config import Settings
 from qpr.evaluation.baselines import run_baselines, untrained_description
-from qpr.evaluation.fusion_tuning import (
-    choose_dense_weight,
-    choose_served_depth,
-    plot_fusion_curve,
-)
-from qpr.evaluation.no_answer import (
-    Unanswerable,
-    cluster_rows,
-    held_out_mask,
-    query_clusters,
-    row_clusters,
-    top1_without_cluster,
-)
-from qpr.evaluation.queries import (
-    QuerySet,
-    SearchTask,
-    SystemResult,
-    judged_questions,
-    query_set,
-    score_system,
-)
+from qpr.evaluation.fusion_tuning import plot_fusion_curve
+from qpr.evaluation.measure import Measured, Served, measure_served
+from qpr.evaluation.no_answer import Unanswerable
+from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, judged_questions
 from qpr.evaluation.threshold import threshold_report
 from qpr.evaluation.trec import MEASURE_LABELS, format_table, write_qrels, write_run
 from qpr.io import write_text_atomic
@@ -61,49 +42,25 @@ from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     load_bm25,
     load_index_bundle,
+    load_query_encoder,
+    load_reranker,
     read_cluster_outputs,
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
-from qpr.retrieval.hybrid import HybridSearch, Ranking, fuse
-from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
     from qpr.retrieval.bm25 import BM25Index
-    from qpr.retrieval.dense import IdMap
-    from qpr.retrieval.reranker import Reranker
-    from qpr.text.vocab import Vocabulary
-    from qpr.text.wordpiece import WordPieceTokenizer
-
-SPLITS = ("val", "test")
 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """What the stage reads: the index with its questions, the questions relevance is
-    judged on, the encoder queries go through (and its tokenizer), the bundle's BM25 when
-    enabled, the re-ranker when one was trained and enabled."""
+    """What the stage reads: what the service would search with, the index's question
+    table, and the questions relevance is judged on."""
 
-    index: Any
-    ids: IdMap
+    served: Served
     index_questions: pd.DataFrame
     questions: pd.DataFrame
-    vocab: Vocabulary | WordPieceTokenizer
-    session: Any
-    max_len: int
-    bm25: BM25Index | None
-    reranker: Reranker | None = None
-
-
-@dataclass(frozen=True)
-class _Split:
-    """One split's queries: their vectors (the served query encoder's), their own index
-    rows (left out of their results), and their dense ranking scored."""
-
-    queries: QuerySet
-    vectors: np.ndarray  # float32 [Q, D]
-    rows: np.ndarray  # int64 [Q]
-    dense: SystemResult
 
 
 def search_config(
@@ -158,240 +115,47 @@ def write_search_config(
 
 def _read_inputs(settings: Settings, paths: ProjectPaths, log: Callable[[str], None]) -> _Inputs:
     """Everything the stage reads, through the hand-off module; the index searched at
-    params' depth (index.nprobe / index.ef_search)."""
-    from qpr.retrieval.encoders import load_session, onnx_max_len
-
+    params' depth (index.nprobe / index.ef_search). Queries go through the encoder the
+    service runs (the int8 one or the query student when the bundle has it), and the
+    re-ranker when the rerank stage trained one and params enable it."""
     require_exported_encoder(paths)
     index, ids, index_questions = load_index_bundle(
         paths, nprobe=settings.index.nprobe, ef_search=settings.index.ef_search
     )
     questions, _ = read_cluster_outputs(paths)
-    vocab = load_tokenizer(paths.vocab)
-    # Queries go through the encoder the service runs: the int8 one or the query student
-    # when the bundle has it.
-    query_encoder = served_query_encoder(paths.models_dir)
-    session = load_session(query_encoder, threads=settings.index.threads)
-    if query_encoder != paths.encoder_onnx:
-        log(f"queries encoded by {query_encoder} against the index vectors of {paths.encoder_onnx}")
-    max_len = onnx_max_len(session)
-    bm25 = load_bm25(paths) if settings.index.lexical.enabled else None
-    return _Inputs(
+    session, vocab, max_len = load_query_encoder(paths, threads=settings.index.threads)
+    if served_query_encoder(paths.models_dir) != paths.encoder_onnx:
+        log(f"queries encoded by {served_query_encoder(paths.models_dir)} against the index "
+            f"vectors of {paths.encoder_onnx}")  # fmt: skip
+    served = Served(
         index,
         ids,
-        index_questions,
-        judged_questions(questions, index_questions),
-        vocab,
+        index_questions["text"].tolist(),
         session,
+        vocab,
         max_len,
-        bm25,
-        _reranker(settings, paths),
+        bm25=load_bm25(paths) if settings.index.lexical.enabled else None,
+        reranker=load_reranker(paths, threads=settings.index.threads)
+        if settings.rerank.enabled
+        else None,
     )
-
-
-def _reranker(settings: Settings, paths: ProjectPaths) -> Reranker | None:
-    """The re-ranker the service will load: the rerank stage's, when enabled and trained."""
-    from qpr.retrieval.reranker import Reranker
-
-    if not (settings.rerank.enabled and (paths.models_dir / RERANK_MODEL_FILE).is_file()):
-        return None
-    return Reranker.load(paths.models_dir, threads=settings.index.threads)
-
-
-def _query_vectors(inputs: _Inputs, texts: list[str]) -> np.ndarray:
-    """float32 [Q, D]: the texts as `Bundle.search` encodes them (the same tokens, cut to
-    max_len, through the same chunked ONNX calls)."""
-    from qpr.retrieval.encoders import embed_sequences, embedding_dim
-
-    sequences = [inputs.vocab.encode(text)[: inputs.max_len] for text in texts]
-    if not sequences:
-        return np.empty((0, embedding_dim(inputs.session)), np.float32)
-    return embed_sequences(
-        inputs.session, sequences, max_len=inputs.max_len, dim=embedding_dim(inputs.session)
-    )
-
-
-def _search_split(inputs: _Inputs, queries: QuerySet, k: int) -> _Split:
-    """The split's query vectors and its dense top k (each query excluded from its own
-    results), scored."""
-    from qpr.retrieval.hybrid import dense
-
-    query_rows = inputs.ids.to_rows(queries.query_ids)
-    started = time.perf_counter()
-    vectors = _query_vectors(inputs, queries.texts)
-    ranking = dense(inputs.index, vectors, k, exclude=query_rows)
-    result = score_system(
-        "dense" if inputs.bm25 is not None else "model",
-        queries,
-        ranking.rows,
-        ranking.distances,
-        inputs.ids.qids,
-        higher_is_better=False,
-        seconds=time.perf_counter() - started,
-    )
-    return _Split(queries, vectors, query_rows, result)
-
-
-def _searcher(inputs: _Inputs, config: SearchConfig, index: Any = None) -> HybridSearch:
-    """The served ranking over the stage's index (or `index`, e.g. its exact twin)."""
-    return HybridSearch(
-        inputs.index if index is None else index,
-        config,
-        bm25=inputs.bm25,
-        texts=inputs.index_questions["text"].tolist(),
-        reranker=inputs.reranker,
-    )
-
-
-def _tune_fusion(
-    settings: Settings,
-    paths: ProjectPaths,
-    inputs: _Inputs,
-    val: _Split,
-    log: Callable[[str], None],
-) -> tuple[dict, dict]:
-    """(the fusion chosen on val: α and its curve, the served search depth). α is the
-    model's, not the index's: chosen over an exact dense search; then the fewest lists
-    that reproduce that ranking closely enough are served (and set on the index)."""
-    from qpr.retrieval.dense import exact_twin
-
-    lexical, k = settings.index.lexical, settings.evaluate.k
-    # Any α: step 1 (the candidates) does not depend on it.
-    probe = search_config(paths, settings, None, None, _fused_config(settings, {"dense_weight": 1}))
-    served = _searcher(inputs, probe)
-    bm25 = served.lexical(val.queries.texts, k, exclude=val.rows)
-    exact = _searcher(inputs, probe, exact_twin(inputs.index)).candidates(
-        val.queries.texts, val.vectors, k, exclude=val.rows, lexical=bm25
-    )
-    plot = paths.plots_dir / "evaluate" / "fusion.png"
-    fusion = choose_dense_weight(
-        exact, lexical.dense_weights, val.queries, inputs.ids.qids, k, plot
-    )
-    depth = choose_served_depth(
-        inputs.index,
-        exact,
-        lambda: served.candidates(
-            val.queries.texts, val.vectors, k, exclude=val.rows, lexical=bm25
-        ),
-        fusion["dense_weight"],
-        k,
-        lexical.served_recall,
-        log=log,
-    )
-    probing = "".join(
-        f"fused searches at {knob} {depth[knob]} (the dense ranking alone "
-        f"{getattr(settings.index, knob)}): "
-        for knob in ("nprobe", "ef_search")
-        if depth[knob] is not None
-    )
-    log(
-        f"{probing}served recall@{k} {depth['recall']:.4f} against an exact dense search"
-        + ("" if depth["reached"] else f", BELOW the target {depth['target']}")
-    )
-    return fusion, depth
-
-
-def _fused_config(settings: Settings, fusion: dict[str, Any]) -> dict[str, Any]:
-    """write_search_config's ``fusion`` for α and the served depth of `fusion`."""
-    lexical, k = settings.index.lexical, settings.evaluate.k
-    return {
-        "dense_weight": fusion["dense_weight"],
-        "candidates": max(k, lexical.candidates),
-        "dense_candidates": lexical.dense_candidates,
-        **{knob: fusion[knob] for knob in ("nprobe", "ef_search") if fusion.get(knob)},
-    }
-
-
-def _served_result(name: str, split: _Split, ranking: Ranking, inputs: _Inputs) -> SystemResult:
-    """A split's ranking scored: by the fused score, or by rank once re-ranked (a re-ranked
-    hit keeps its first-stage score, and trec_eval orders by score); top1 is the rank-1
-    distance, the threshold's unit."""
-    scores = ranking.scores
-    if ranking.reranked or scores is None:
-        ranks = np.arange(ranking.rows.shape[1], 0, -1, dtype=np.float32)
-        scores = np.where(ranking.rows >= 0, ranks[None], -np.inf).astype(np.float32)
-    result = score_system(
-        name,
-        split.queries,
-        ranking.rows,
-        scores,
-        inputs.ids.qids,
-        higher_is_better=True,
-        seconds=0.0,
-    )
-    top1 = np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf)
-    return replace(result, top1=top1.astype(np.float64))
-
-
-def _served_results(
-    searcher: HybridSearch, inputs: _Inputs, splits: dict[str, _Split], k: int
-) -> dict[str, dict[str, SystemResult]]:
-    """Per split, the served ranking ("model": `HybridSearch.rank`, each query's own row
-    excluded) and, when fused, the bundle's BM25 alone ("lexical", α = 0)."""
-    results: dict[str, dict[str, SystemResult]] = {}
-    for name, split in splits.items():
-        started = time.perf_counter()
-        texts = split.queries.texts
-        if searcher.bm25 is None:
-            ranking = searcher.rank(texts, lambda s=split: s.vectors, k, exclude=split.rows)
-            model = _served_result("model", split, ranking, inputs)
-            results[name] = {"model": replace(model, seconds=time.perf_counter() - started)}
-            continue
-        # rank() in its two steps, to keep the candidates for BM25 alone.
-        found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
-        weight = searcher.config.dense_weight
-        first = fuse(found, weight, searcher.depth(k))
-        model = _served_result("model", split, searcher.reranked(texts, first, k), inputs)
-        seconds = split.dense.seconds + time.perf_counter() - started
-        # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
-        # for what the encoder adds.
-        lexical = _served_result("lexical", split, fuse(found, 0.0, k), inputs)
-        results[name] = {"model": replace(model, seconds=seconds), "lexical": lexical}
-    return results
-
-
-def _no_paraphrase(
-    settings: Settings, inputs: _Inputs, searcher: HybridSearch, splits: dict[str, _Split]
-) -> dict[str, Unanswerable]:
-    """Per split, the queries of a seeded share of its clusters, each searched as served
-    with its own cluster gone from the index (`qpr.evaluation.no_answer`): their rank-1
-    distances are what the threshold sees for a question with no paraphrase."""
-    questions = inputs.questions
-    row_cluster = row_clusters(inputs.ids.qids, questions)
-    clustered = questions[questions["cluster_id"] >= 0]
-    extra = int(clustered.groupby("cluster_id").size().max())  # the largest cluster
-    out: dict[str, Unanswerable] = {}
-    for position, (name, split) in enumerate(splits.items()):
-        clusters = query_clusters(split.queries, questions)
-        held = held_out_mask(
-            clusters, settings.evaluate.no_paraphrase_share, settings.seed + position
-        )
-        top1 = np.full(held.shape, np.inf)
-        if held.any():
-            texts = [t for t, h in zip(split.queries.texts, held, strict=True) if h]
-            own = cluster_rows(clusters[held], row_cluster, extra)
-            top1[held] = top1_without_cluster(searcher, texts, split.vectors[held], own)
-        out[name] = Unanswerable(held, top1)
-    return out
+    return _Inputs(served, index_questions, judged_questions(questions, index_questions))
 
 
 def _baselines(
     settings: Settings, inputs: _Inputs, queries: QuerySet, log: Callable[[str], None]
 ) -> dict[str, SystemResult]:
     """The baselines params ask for, on the same queries and the same index questions."""
+    served = inputs.served
     task = SearchTask(
-        index_texts=inputs.index_questions["text"].tolist(),
-        row_to_qid=inputs.ids.qids,
+        index_texts=served.texts,
+        row_to_qid=served.ids.qids,
         queries=queries,
-        query_rows=inputs.ids.to_rows(queries.query_ids),
+        query_rows=served.ids.to_rows(queries.query_ids),
         k=settings.evaluate.k,
     )
     return run_baselines(
-        settings.evaluate.baselines,
-        task,
-        settings,
-        inputs.vocab,
-        max_len=inputs.max_len,
-        log=log,
+        settings.evaluate.baselines, task, settings, served.vocab, max_len=served.max_len, log=log
     )
 
 
@@ -417,21 +181,15 @@ def _metrics(
     return metrics
 
 
-def _fusion_metrics(
-    fusion: dict,
-    served: dict,
-    candidates: int,
-    settings: Settings,
-    results: dict[str, dict[str, SystemResult]],
-    bm25: BM25Index,
-) -> dict:
+def _fusion_metrics(measured: Measured, settings: Settings, bm25: BM25Index) -> dict:
     """metrics.json's "fusion": α and its validation curve, the candidates, the served
     depth, and the dense ranking and BM25 alone on both splits."""
+    results = measured.results
     return {
-        **fusion,
-        "candidates": candidates,
+        **measured.fusion,
+        "candidates": measured.config.lexical_candidates,
         "dense_candidates": settings.index.lexical.dense_candidates,
-        "served": served,
+        "served": measured.depth,
         "dense_test": dict(results["test"]["dense"].summary),
         "dense_val": dict(results["val"]["dense"].summary),
         "lexical_test": dict(results["test"]["lexical"].summary),
@@ -506,46 +264,32 @@ def run_evaluate(
     out_dir = paths.evaluation_dir
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    # The dense ranking of each split.
-    results: dict[str, dict[str, SystemResult]] = {"val": {}, "test": {}}
-    splits: dict[str, _Split] = {}
-    for name in SPLITS:
-        split = _search_split(inputs, query_set(inputs.questions, name), k)
-        splits[name] = split
-        results[name][split.dense.name] = split.dense
-        write_qrels(out_dir / f"{name}.qrels", split.queries.qrels)
-
-    # The fusion with BM25 tuned on val; then both splits measured as served.
-    fusion = served = None
+    # Val and test through the served ranking, the fusion with BM25 tuned on val.
     fusion_plot = paths.plots_dir / "evaluate" / "fusion.png"
-    if inputs.bm25 is None:
+    base = search_config(paths, settings, None, None)
+    measured = measure_served(inputs.served, inputs.questions, base, settings, fusion_plot, log)
+    if measured.fusion is None:
         plot_fusion_curve({}, None, fusion_plot)
-    else:
-        fusion, served = _tune_fusion(settings, paths, inputs, splits["val"], log)
-    fused = None if fusion is None else _fused_config(settings, {**fusion, **served})
-    searcher = _searcher(inputs, search_config(paths, settings, None, None, fused))
-    for name, measured in _served_results(searcher, inputs, splits, k).items():
-        results[name].update(measured)
-    if fusion is not None:
-        _log_fusion(fusion, results, log)
-
-    results["test"].update(_baselines(settings, inputs, splits["test"].queries, log))
-    for name in SPLITS:
+    results = measured.results
+    results["test"].update(_baselines(settings, inputs, measured.splits["test"].queries, log))
+    for name, split in measured.splits.items():
+        write_qrels(out_dir / f"{name}.qrels", split.queries.qrels)
         for system, result in results[name].items():
             write_run(out_dir / f"{name}.{system}.run", result.run, tag=f"qpr-{system}")
 
     # The no-answer threshold, chosen on val; the search config the service reads.
     val, test = results["val"]["model"], results["test"]["model"]
-    no_paraphrase = _no_paraphrase(settings, inputs, searcher, splits)
-    chosen, threshold = _threshold(settings, paths, val, test, no_paraphrase, log)
-    write_search_config(paths, settings, chosen, threshold["val_answered_share"], fused)
+    chosen, threshold = _threshold(settings, paths, val, test, measured.no_paraphrase, log)
+    replace(
+        measured.config, threshold=chosen, val_answered_share=threshold["val_answered_share"]
+    ).write(paths.models_dir)
 
     metrics = _metrics(
         results,
         threshold,
         None
-        if fusion is None
-        else _fusion_metrics(fusion, served, fused["candidates"], settings, results, inputs.bm25),
+        if measured.fusion is None
+        else _fusion_metrics(measured, settings, inputs.served.bm25),
     )
     _write_results_table(out_dir, results["test"], k, settings)
     log(
@@ -567,15 +311,3 @@ def run_evaluate(
         paths.gate_reports("evaluate"),
     )
     return metrics
-
-
-def _log_fusion(
-    fusion: dict, results: dict[str, dict[str, SystemResult]], log: Callable[[str], None]
-) -> None:
-    log(
-        f"fusion with BM25 (α = dense weight, chosen on val over an exact dense search): "
-        f"α {fusion['dense_weight']:g}, val success@1 "
-        f"{fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} there, "
-        f"{results['val']['model'].summary['success_1']:.4f} as served, against "
-        f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
-    )

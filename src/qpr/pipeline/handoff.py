@@ -46,6 +46,28 @@ def load_bm25(paths: ProjectPaths):
     return BM25Index.load(path)
 
 
+def load_query_encoder(paths: ProjectPaths, *, threads: int):
+    """(ONNX Runtime session, tokenizer, max_len) of the encoder queries go through: the
+    query student's or the int8 one when the bundle has it (`qpr.artifacts.
+    served_query_encoder`), else models/encoder.onnx."""
+    from qpr.artifacts import served_query_encoder
+    from qpr.retrieval.encoders import load_session, onnx_max_len
+    from qpr.text import load_tokenizer
+
+    session = load_session(served_query_encoder(paths.models_dir), threads=threads)
+    return session, load_tokenizer(paths.vocab), onnx_max_len(session)
+
+
+def load_reranker(paths: ProjectPaths, *, threads: int):
+    """The rerank stage's cross-encoder (models/rerank/); None when it trained none."""
+    from qpr.artifacts import RERANK_MODEL_FILE
+    from qpr.retrieval.reranker import Reranker
+
+    if not (paths.models_dir / RERANK_MODEL_FILE).is_file():
+        return None
+    return Reranker.load(paths.models_dir, threads=threads)
+
+
 def load_index_bundle(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
     """(faiss index searched at nprobe / ef_search, IdMap, questions frame) as the index
     stage wrote them."""

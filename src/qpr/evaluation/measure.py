@@ -1,0 +1,298 @@
+"""The served system measured on the validation and test splits: what the evaluate stage
+reports and the "no answer" threshold is chosen from.
+
+Each split's queries are encoded as `Bundle.search` encodes them and searched with their
+own question excluded: the dense ranking alone ("dense"), then, with BM25, the fusion
+weight α and the served depth tuned on val (`qpr.evaluation.fusion_tuning`), then both
+splits through the served ranking itself (`qpr.retrieval.hybrid.HybridSearch`, re-ranker
+included: "model") and BM25 alone ("lexical", α = 0). A seeded share of each split's
+clusters is then searched with the whole cluster left out (`qpr.evaluation.no_answer`).
+
+Library code: the stage reads the files and writes the results; progress goes to ``log``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from qpr.artifacts import SearchConfig
+from qpr.evaluation.fusion_tuning import choose_dense_weight, choose_served_depth
+from qpr.evaluation.no_answer import (
+    Unanswerable,
+    cluster_rows,
+    held_out_mask,
+    query_clusters,
+    row_clusters,
+    top1_without_cluster,
+)
+from qpr.evaluation.queries import QuerySet, SystemResult, query_set, score_system
+from qpr.retrieval.dense import exact_twin
+from qpr.retrieval.encoders import embed_sequences, embedding_dim
+from qpr.retrieval.hybrid import HybridSearch, Ranking, dense, fuse
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from qpr.config import Settings
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.dense import IdMap
+    from qpr.retrieval.reranker import Reranker
+    from qpr.text.vocab import Vocabulary
+    from qpr.text.wordpiece import WordPieceTokenizer
+
+SPLITS = ("val", "test")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the service would search with: the FAISS index and its rows' question ids and
+    texts (row order), the query encoder (session, tokenizer, max_len), BM25 when fused
+    in, the re-ranker when one is served."""
+
+    index: Any
+    ids: IdMap
+    texts: list[str]
+    session: Any
+    vocab: Vocabulary | WordPieceTokenizer
+    max_len: int
+    bm25: BM25Index | None = None
+    reranker: Reranker | None = None
+
+    def vectors(self, texts: list[str]) -> np.ndarray:
+        """float32 [Q, D]: the texts as `Bundle.search` encodes them (the same tokens, cut
+        to max_len, through the same chunked ONNX calls)."""
+        dim = embedding_dim(self.session)
+        sequences = [self.vocab.encode(text)[: self.max_len] for text in texts]
+        if not sequences:
+            return np.empty((0, dim), np.float32)
+        return embed_sequences(self.session, sequences, max_len=self.max_len, dim=dim)
+
+    def searcher(self, config: SearchConfig, index: Any = None) -> HybridSearch:
+        """The served ranking over this index (or `index`, e.g. its exact twin)."""
+        return HybridSearch(
+            self.index if index is None else index,
+            config,
+            bm25=self.bm25,
+            texts=self.texts,
+            reranker=self.reranker,
+        )
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's queries: their vectors, their own index rows (left out of their
+    results), and their dense ranking scored."""
+
+    queries: QuerySet
+    vectors: np.ndarray  # float32 [Q, D]
+    rows: np.ndarray  # int64 [Q]
+    dense: SystemResult
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The splits measured: every system's results per split ("model" is the served one),
+    the served search config (no threshold yet), the fusion chosen and its served depth
+    (None without BM25), and the queries with no paraphrase per split."""
+
+    splits: dict[str, Split]
+    results: dict[str, dict[str, SystemResult]]
+    config: SearchConfig
+    fusion: dict | None
+    depth: dict | None
+    no_paraphrase: dict[str, Unanswerable]
+
+
+def measure_served(
+    served: Served,
+    questions: pd.DataFrame,
+    base: SearchConfig,
+    settings: Settings,
+    plot: Path,
+    log: Callable[[str], None],
+) -> Measured:
+    """Val and test measured as served (module docstring). questions: those relevance is
+    judged on (`qpr.evaluation.queries.judged_questions`); base: the search config without
+    fusion; plot: where the fusion curve goes."""
+    k = settings.evaluate.k
+    splits = {name: search_split(served, query_set(questions, name), k) for name in SPLITS}
+    fusion = depth = None
+    config = base
+    if served.bm25 is not None:
+        fusion, depth = tune_fusion(served, splits["val"], base, settings, plot, log)
+        config = fused_config(base, settings, fusion["dense_weight"], depth)
+    searcher = served.searcher(config)
+    results = {name: {split.dense.name: split.dense} for name, split in splits.items()}
+    for name, measured in served_results(searcher, served.ids, splits, k).items():
+        results[name].update(measured)
+    if fusion is not None:
+        _log_fusion(fusion, results, log)
+    no_paraphrase = without_paraphrase(searcher, served.ids, questions, splits, settings)
+    return Measured(splits, results, config, fusion, depth, no_paraphrase)
+
+
+def search_split(served: Served, queries: QuerySet, k: int) -> Split:
+    """The split's query vectors and its dense top k (each query excluded from its own
+    results), scored."""
+    query_rows = served.ids.to_rows(queries.query_ids)
+    started = time.perf_counter()
+    vectors = served.vectors(queries.texts)
+    ranking = dense(served.index, vectors, k, exclude=query_rows)
+    result = score_system(
+        "dense" if served.bm25 is not None else "model",
+        queries,
+        ranking.rows,
+        ranking.distances,
+        served.ids.qids,
+        higher_is_better=False,
+        seconds=time.perf_counter() - started,
+    )
+    return Split(queries, vectors, query_rows, result)
+
+
+def fused_config(
+    base: SearchConfig, settings: Settings, dense_weight: float, depth: dict | None = None
+) -> SearchConfig:
+    """`base` fusing BM25 in at α = dense_weight: BM25's max(k, candidates), the index's
+    dense_candidates, and the served depth of the fused searches when chosen."""
+    lexical, k = settings.index.lexical, settings.evaluate.k
+    depth = depth or {}
+    return replace(
+        base,
+        dense_weight=dense_weight,
+        lexical_candidates=max(k, lexical.candidates),
+        dense_candidates=lexical.dense_candidates,
+        fused_nprobe=depth.get("nprobe") or None,
+        fused_ef_search=depth.get("ef_search") or None,
+    )
+
+
+def tune_fusion(
+    served: Served,
+    val: Split,
+    base: SearchConfig,
+    settings: Settings,
+    plot: Path,
+    log: Callable[[str], None],
+) -> tuple[dict, dict]:
+    """(the fusion chosen on val: α and its curve, the served search depth). α is the
+    model's, not the index's: chosen over an exact dense search; then the fewest lists
+    that reproduce that ranking closely enough are served (and set on the index)."""
+    lexical, k = settings.index.lexical, settings.evaluate.k
+    probe = fused_config(base, settings, 1.0)  # step 1 does not depend on α
+    searcher = served.searcher(probe)
+    texts = val.queries.texts
+    bm25 = searcher.lexical(texts, k, exclude=val.rows)
+    exact = served.searcher(probe, exact_twin(served.index)).candidates(
+        texts, val.vectors, k, exclude=val.rows, lexical=bm25
+    )
+    fusion = choose_dense_weight(
+        exact, lexical.dense_weights, val.queries, served.ids.qids, k, plot
+    )
+    depth = choose_served_depth(
+        served.index,
+        exact,
+        lambda: searcher.candidates(texts, val.vectors, k, exclude=val.rows, lexical=bm25),
+        fusion["dense_weight"],
+        k,
+        lexical.served_recall,
+        log=log,
+    )
+    probing = "".join(
+        f"fused searches at {knob} {depth[knob]} (the dense ranking alone "
+        f"{getattr(settings.index, knob)}): "
+        for knob in ("nprobe", "ef_search")
+        if depth[knob] is not None
+    )
+    log(
+        f"{probing}served recall@{k} {depth['recall']:.4f} against an exact dense search"
+        + ("" if depth["reached"] else f", BELOW the target {depth['target']}")
+    )
+    return fusion, depth
+
+
+def ranked_result(name: str, queries: QuerySet, ranking: Ranking, ids: IdMap) -> SystemResult:
+    """A ranking scored: by the fused score, or by rank once re-ranked (a re-ranked hit
+    keeps its first-stage score, and trec_eval orders by score); top1 is the rank-1
+    distance, the threshold's unit."""
+    scores = ranking.scores
+    if ranking.reranked or scores is None:
+        ranks = np.arange(ranking.rows.shape[1], 0, -1, dtype=np.float32)
+        scores = np.where(ranking.rows >= 0, ranks[None], -np.inf).astype(np.float32)
+    result = score_system(
+        name, queries, ranking.rows, scores, ids.qids, higher_is_better=True, seconds=0.0
+    )
+    top1 = np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf)
+    return replace(result, top1=top1.astype(np.float64))
+
+
+def served_results(
+    searcher: HybridSearch, ids: IdMap, splits: dict[str, Split], k: int
+) -> dict[str, dict[str, SystemResult]]:
+    """Per split, the served ranking ("model": `HybridSearch.rank`, each query's own row
+    excluded) and, when fused, the bundle's BM25 alone ("lexical", α = 0)."""
+    results: dict[str, dict[str, SystemResult]] = {}
+    for name, split in splits.items():
+        started = time.perf_counter()
+        texts = split.queries.texts
+        if searcher.bm25 is None:
+            ranking = searcher.rank(texts, lambda s=split: s.vectors, k, exclude=split.rows)
+            model = ranked_result("model", split.queries, ranking, ids)
+            results[name] = {"model": replace(model, seconds=time.perf_counter() - started)}
+            continue
+        # rank() in its two steps, to keep the candidates for BM25 alone.
+        found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
+        first = fuse(found, searcher.config.dense_weight, searcher.depth(k))
+        model = ranked_result("model", split.queries, searcher.reranked(texts, first, k), ids)
+        seconds = split.dense.seconds + time.perf_counter() - started
+        # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
+        # for what the encoder adds.
+        lexical = ranked_result("lexical", split.queries, fuse(found, 0.0, k), ids)
+        results[name] = {"model": replace(model, seconds=seconds), "lexical": lexical}
+    return results
+
+
+def without_paraphrase(
+    searcher: HybridSearch,
+    ids: IdMap,
+    questions: pd.DataFrame,
+    splits: dict[str, Split],
+    settings: Settings,
+) -> dict[str, Unanswerable]:
+    """Per split, the queries of a seeded share of its clusters, each searched as served
+    with its own cluster gone from the index (`qpr.evaluation.no_answer`): their rank-1
+    distances are what the threshold sees for a question with no paraphrase."""
+    row_cluster = row_clusters(ids.qids, questions)
+    clustered = questions[questions["cluster_id"] >= 0]
+    extra = int(clustered.groupby("cluster_id").size().max())  # the largest cluster
+    out: dict[str, Unanswerable] = {}
+    for position, (name, split) in enumerate(splits.items()):
+        clusters = query_clusters(split.queries, questions)
+        held = held_out_mask(
+            clusters, settings.evaluate.no_paraphrase_share, settings.seed + position
+        )
+        top1 = np.full(held.shape, np.inf)
+        if held.any():
+            texts = [t for t, h in zip(split.queries.texts, held, strict=True) if h]
+            own = cluster_rows(clusters[held], row_cluster, extra)
+            top1[held] = top1_without_cluster(searcher, texts, split.vectors[held], own)
+        out[name] = Unanswerable(held, top1)
+    return out
+
+
+def _log_fusion(
+    fusion: dict, results: dict[str, dict[str, SystemResult]], log: Callable[[str], None]
+) -> None:
+    log(
+        f"fusion with BM25 (α = dense weight, chosen on val over an exact dense search): "
+        f"α {fusion['dense_weight']:g}, val success@1 "
+        f"{fusion['val_success_1'][str(fusion['dense_weight'])]:.4f} there, "
+        f"{results['val']['model'].summary['success_1']:.4f} as served, against "
+        f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
+    )
