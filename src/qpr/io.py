@@ -131,8 +131,8 @@ def replace_dir(new: PathLike, final: PathLike) -> Path:
     """Put the finished folder `new` where `final` is, by renames on one file system: the
     old folder moved aside, `new` renamed to `final`, the old one removed. A kill at any
     step leaves `final` old and whole or new and whole, or `final` missing and the old
-    folder aside, which the next call (or `recover_dir`) renames back. `new` must be a
-    sibling of `final` (a rename cannot cross file systems). Returns `final`."""
+    folder aside, which the next call (or `recover_dir`) renames back. `new` must be on
+    `final`'s file system (a rename cannot cross them): beside it, usually. Returns `final`."""
     new, final = Path(new), Path(final)
     if not new.is_dir():
         raise FileNotFoundError(f"{new} is not a folder: nothing to put in place of {final}")

@@ -27,6 +27,7 @@ from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport
 from qpr.data.sharded import cluster_logs
 from qpr.data.splits import SPLITS
+from qpr.io import replace_dir
 from qpr.tasks import Mapper, local_map
 
 
@@ -71,13 +72,7 @@ def _staging(out_dir: Path) -> Path:
 
 def _swap_in(staging: Path, out_dir: Path) -> Path:
     """Readers never see half a stage: the old outputs go only once the new are whole."""
-    previous = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(previous, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(previous)
-    staging.rename(out_dir)
-    shutil.rmtree(previous, ignore_errors=True)
-    return out_dir
+    return replace_dir(staging, out_dir)
 
 
 def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:

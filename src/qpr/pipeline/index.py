@@ -40,7 +40,7 @@ import pandas as pd
 
 from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
-from qpr.io import write_json_atomic
+from qpr.io import replace_dir, write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     MissingInputError,
@@ -113,8 +113,7 @@ def run_index(
     lexical_seconds = _write_index_files(staging, index, questions[columns], indexer, shards, log)
     deltas.write_absorbed(staging, absorbed)
     deltas.ensure_manifest(paths.models_dir)  # the stage's persisted output must exist
-    shutil.rmtree(paths.index_dir, ignore_errors=True)
-    staging.rename(paths.index_dir)
+    replace_dir(staging, paths.index_dir)
     shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
     shutil.rmtree(paths.index_cache_dir / "counts", ignore_errors=True)
 

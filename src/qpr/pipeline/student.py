@@ -41,7 +41,7 @@ from qpr.artifacts import (
     VOCAB_SHA256_KEY,
 )
 from qpr.config import Settings
-from qpr.io import file_sha256, write_json_atomic
+from qpr.io import file_sha256, replace_dir, write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import load_trained_encoder, read_cluster_outputs
 from qpr.quality.checks import Check, require
@@ -66,9 +66,11 @@ def run_student(
     cfg = settings.student
     out_dir = paths.models_dir / STUDENT_FILE.parent
     if not cfg.enabled:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        out_dir.mkdir(parents=True)
-        write_json_atomic(out_dir / STUDENT_JSON, {"enabled": False})
+        staging = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        write_json_atomic(staging / STUDENT_JSON, {"enabled": False})
+        replace_dir(staging, out_dir)
         log("student.enabled is false: queries go through the document encoder")
         return {"enabled": 0}
     from qpr.retrieval.dense import load_index, stored_vectors
@@ -132,8 +134,7 @@ def run_student(
             "history": result.history,
         },
     )
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    replace_dir(staging, out_dir)
     log(
         f"student ({cfg.kind}): val MRR {result.initial['val_mrr']:.4f} → "
         f"{result.best['val_mrr']:.4f}, probe cosine {metrics['probe_cosine']:.3f}; "
