@@ -96,6 +96,25 @@ def test_vector_cache_stores_by_key_and_keeps_one_when_asked(tmp_path: Path) -> 
     assert many.get("a") is not None and many.get("b", mmap=True) is not None
 
 
+def test_vector_cache_describes_stored_keys_and_keeps_a_set(tmp_path: Path) -> None:
+    cache = VectorCache(tmp_path / "c")
+    for key in ("s0", "s1", "old"):
+        cache.put(key, np.ones((2, 3), np.float32), {"made": key})
+    assert cache.has("s0") and not cache.has("s9") and cache.info("s9") == {}
+    cache.describe("s0", {"seconds": 1.5})
+    assert cache.info("s0") == {"seconds": 1.5}
+    (tmp_path / "c" / ".old.npy.tmp").write_bytes(b"")  # a write in progress
+    cache.keep(["s0", "s1"])
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        ".old.npy.tmp",
+        "s0.json",
+        "s0.npy",
+        "s1.json",
+        "s1.npy",
+    ]
+    VectorCache(tmp_path / "absent").keep([])  # nothing stored yet: nothing to remove
+
+
 def _tree(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file()}
 

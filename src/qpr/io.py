@@ -236,7 +236,8 @@ def is_timing(key: str) -> bool:
 class VectorCache:
     """float32 [N, D] matrices in `directory`, one `KEY.npy` (+ `KEY.json`: how they were
     made) per key. `keep_one` drops every other key when a new one is stored, for a cache
-    that only ever needs its latest entry (the index stage's last encoding)."""
+    that only ever needs its latest entry (hard-negative mining's last encoding); `keep`
+    drops all but a set of keys (the index stage's last encoding, one key a shard)."""
 
     def __init__(self, directory: PathLike, *, keep_one: bool = False) -> None:
         self.directory = Path(directory)
@@ -245,23 +246,40 @@ class VectorCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.npy"
 
+    def has(self, key: str) -> bool:
+        """Whether vectors are stored under `key`."""
+        return self.path(key).is_file()
+
+    def info(self, key: str) -> dict[str, Any]:
+        """How the vectors under `key` were made ({} when nothing says)."""
+        info_file = self.path(key).with_suffix(".json")
+        return json.loads(info_file.read_text("utf-8")) if info_file.is_file() else {}
+
     def get(self, key: str, *, mmap: bool = False) -> tuple[np.ndarray, dict[str, Any]] | None:
         """(vectors, info) stored under `key`, else None."""
-        vectors = self.path(key)
-        if not vectors.is_file():
+        if not self.has(key):
             return None
-        info_file = vectors.with_suffix(".json")
-        info = json.loads(info_file.read_text("utf-8")) if info_file.is_file() else {}
-        return np.load(vectors, mmap_mode="r" if mmap else None), info
+        return np.load(self.path(key), mmap_mode="r" if mmap else None), self.info(key)
 
     def put(self, key: str, vectors: np.ndarray, info: Mapping[str, Any] | None = None) -> Path:
         """Store `vectors` under `key` (atomically; the info file first, so a stored matrix
         always has its info)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.keep_one:
-            for old in self.directory.iterdir():
-                if old.is_file() and old.stem != key and not old.name.startswith("."):
-                    old.unlink()
+            self.keep([key])
         if info is not None:
-            write_json_atomic(self.path(key).with_suffix(".json"), dict(info))
+            self.describe(key, info)
         return save_numpy_atomic(self.path(key), np.asarray(vectors))
+
+    def describe(self, key: str, info: Mapping[str, Any]) -> Path:
+        """Record how the vectors under `key` were made (atomically; replaces the info)."""
+        return write_json_atomic(self.path(key).with_suffix(".json"), dict(info))
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Remove the vectors and info of every key but `keys` (temp files left alone)."""
+        wanted = set(keys)
+        if not self.directory.is_dir():
+            return
+        for old in self.directory.iterdir():
+            if old.is_file() and old.stem not in wanted and not old.name.startswith("."):
+                old.unlink()

@@ -18,17 +18,17 @@ Encoding and BM25 counting run in shards of index.shard_rows questions, one task
 the engine params.yaml names (`qpr.retrieval.indexer`; Ray through `flows/engine.py`): the
 same files whichever engine ran them. A killed run resumes at the first shard not done.
 
-The vector shards are kept in artifacts/index/vectors/, named by a digest of the ONNX file,
-the tokenizer file, the kernel and the shard's questions: a run that changes only the
-index's settings (factory, nprobe, BM25) reuses them instead of encoding every question
-again (minutes for a transformer on Quora). One encoding is kept. FAISS is trained on a
+The vector shards are kept in artifacts/index/vectors/, a `qpr.io.VectorCache` keyed by a
+digest of the ONNX file, the tokenizer file, the kernel and the shard's questions: a run
+that changes only the index's settings (factory, nprobe, BM25) reuses them instead of
+encoding every question again (minutes for a transformer on Quora). One encoding is kept,
+each shard's info recording what the whole encoding cost. FAISS is trained on a
 sample and filled one shard at a time (`qpr.retrieval.dense.build_index_from_shards`), so
 no step holds every vector in memory.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +40,7 @@ import pandas as pd
 
 from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
-from qpr.io import replace_dir, write_json_atomic
+from qpr.io import replace_dir
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     MissingInputError,
@@ -82,7 +82,7 @@ def run_index(
     texts = questions["text"].tolist()
     indexer = _indexer(settings, paths, engine)
     shards = _question_shards(paths, texts, cfg.shard_rows)
-    vectors, encode_seconds, reused = _question_vectors(paths, indexer, shards, log)
+    vectors, encode_seconds, reused = _question_vectors(indexer, shards, log)
     finite, min_norm = _vector_stats(vectors)  # one pass: a NaN fails the gate, not the build
     started = time.perf_counter()
     index = _build(vectors, settings, log) if finite else None
@@ -219,31 +219,31 @@ def _question_shards(paths: ProjectPaths, texts: list[str], shard_rows: int) -> 
 
 
 def _question_vectors(
-    paths: ProjectPaths, indexer: Indexer, shards: list[Path], log: Callable[[str], None]
+    indexer: Indexer, shards: list[Path], log: Callable[[str], None]
 ) -> tuple[VectorShards, float, bool]:
     """(the vector shards of the questions, the seconds their encoding took, whether they
     were all there already: same encoder, tokenizer, kernel and questions). One encoding
-    is kept in artifacts/index/vectors/: the files of any other are removed."""
+    is kept in the indexer's VectorCache (artifacts/index/vectors/): any other is removed."""
     from qpr.retrieval.dense import VectorShards
 
-    expected = indexer.vector_files(shards)
-    reused = all(f.is_file() for f in expected)
-    timings_file = paths.index_cache_dir / "encode_seconds.json"
-    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
-    key = "+".join(f.name for f in expected)
-    if reused and key in timings:
+    cache, keys = indexer.vectors, indexer.vector_keys(shards)
+    encoding = "+".join(keys)  # a shard's info names the whole encoding it belongs to
+    infos = [cache.info(key) if cache.has(key) else {} for key in keys]
+    if all(info.get("encoding") == encoding for info in infos):
+        seconds = float(infos[0]["encode_seconds"])
+        files = [cache.path(key) for key in keys]
         log(
-            f"vectors of the {len(VectorShards(expected)):,} questions reused from "
-            f"{expected[0].parent} (same encoder, tokenizer and questions; encoded in "
-            f"{timings[key]:.1f} s)"
+            f"vectors of the {len(VectorShards(files)):,} questions reused from "
+            f"{cache.directory} (same encoder, tokenizer and questions; encoded in "
+            f"{seconds:.1f} s)"
         )
-        return VectorShards(expected), float(timings[key]), True
+        return VectorShards(files), seconds, True
     started = time.perf_counter()
     files = indexer.encode(shards, log=log)
     seconds = time.perf_counter() - started
-    for stale in set(files[0].parent.glob("*.npy")) - set(files):
-        stale.unlink()
-    write_json_atomic(timings_file, {key: seconds})
+    cache.keep(keys)
+    for key in keys:
+        cache.describe(key, {"encoding": encoding, "encode_seconds": seconds})
     vectors = VectorShards(files)
     rate = len(vectors) / max(seconds, 1e-9)
     log(f"encoded {len(vectors):,} questions in {seconds:.1f} s ({rate:,.0f}/s)")
