@@ -128,12 +128,13 @@ def _assert_hits_carry_the_logged_answers(settings, paths) -> None:
 
 
 def test_quora_answer_ids_are_the_smallest_qid_of_the_cluster(tmp_path: Path) -> None:
+    from qpr.paths import ProjectPaths
     from qpr.pipeline.index import with_answer_ids
 
     questions = pd.DataFrame(
         {"question_id": [7, 3, 5, 9], "text": list("abcd"), "cluster_id": [3, 3, -1, 3]}
     )
-    got = with_answer_ids(questions, tmp_path, "quora")  # Quora needs no clusters file
+    got = with_answer_ids(questions, ProjectPaths(tmp_path), "quora")  # no clusters read
     assert got["answer_id"].tolist() == ["3", "3", "5", "3"]
 
 

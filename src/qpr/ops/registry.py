@@ -57,6 +57,7 @@ from mlflow.tracking import MlflowClient
 
 import qpr
 from qpr.artifacts import (
+    METRICS_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
@@ -118,7 +119,6 @@ CHALLENGER = "challenger"
 PREVIOUS_CHAMPION = "previous-champion"
 
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
-METRICS_FILE = "metrics.json"
 
 # Version tags (all under qpr.* so they never collide with MLflow's own).
 TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged by

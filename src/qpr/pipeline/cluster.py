@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from qpr.artifacts import CLUSTER_PAIRS_FILE, CLUSTER_QUESTIONS_FILE, CLUSTERS_FILE
 from qpr.config import Settings
 from qpr.data.dataset import build_clusters
 from qpr.data.ingest import coherence_threshold
@@ -75,11 +76,19 @@ def _swap_in(staging: Path, out_dir: Path) -> Path:
     return replace_dir(staging, out_dir)
 
 
+# The file of each table `build_clusters` makes.
+_FILES = {
+    "questions": CLUSTER_QUESTIONS_FILE,
+    "pairs": CLUSTER_PAIRS_FILE,
+    "clusters": CLUSTERS_FILE,
+}
+
+
 def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:
     """Write to a sibling temp directory, then swap it in."""
     staging = _staging(Path(out_dir))
     for name, frame in frames.items():
-        frame.to_parquet(staging / f"{name}.parquet", index=False)
+        frame.to_parquet(staging / _FILES[name], index=False)
     return _swap_in(staging, Path(out_dir))
 
 

@@ -44,14 +44,15 @@ from qpr.io import replace_dir
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     MissingInputError,
+    load_vocab,
     read_cluster_outputs,
+    read_clusters,
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
 from qpr.retrieval import deltas
 from qpr.retrieval.indexer import Indexer, LexicalConfig
 from qpr.tasks import Mapper, local_map
-from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
     from qpr.retrieval.dense import VectorShards
@@ -72,12 +73,12 @@ def run_index(
 
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
-    questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
+    questions = with_answer_ids(questions, paths, settings.data.source)
     clustered = len(questions)
     # The deltas' questions and tombstones (qpr.retrieval.deltas): a full build absorbs them.
     questions, absorbed = deltas.for_full_build(paths.models_dir, questions)
     columns = bundle_columns(questions, settings.data.filter_fields)
-    vocab = load_tokenizer(paths.vocab)
+    vocab = load_vocab(paths)
     cfg = settings.index
     texts = questions["text"].tolist()
     indexer = _indexer(settings, paths, engine)
@@ -147,11 +148,11 @@ def run_index(
     return metrics
 
 
-def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> pd.DataFrame:
+def with_answer_ids(questions: pd.DataFrame, paths: ProjectPaths, source: str) -> pd.DataFrame:
     """`questions` with the answer of each one's cluster (str, None when unknown), which
     the bundle hands out with every hit, so the service needs no other file.
 
-    Logs: the cluster stage's clusters.parquet keeps each cluster's logged answer_id as its
+    Logs: the cluster stage's clusters table keeps each cluster's logged answer_id as its
     source_key. Quora pairs have no answers: a cluster's id is its smallest question id
     (`qpr.data.clustering.components`), and that is its answer id; a question in no
     cluster (-1) answers itself.
@@ -161,9 +162,7 @@ def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> 
         cluster = questions["cluster_id"].to_numpy(np.int64)
         answers = np.where(cluster >= 0, cluster, own).astype(str).tolist()
         return questions.assign(**{ANSWER_ID: answers})
-    clusters = pd.read_parquet(
-        cluster_dir / "clusters.parquet", columns=["cluster_id", "source_key"]
-    )
+    clusters = read_clusters(paths, columns=["cluster_id", "source_key"])
     answer_of = dict(
         zip(clusters["cluster_id"].tolist(), clusters["source_key"].tolist(), strict=True)
     )
