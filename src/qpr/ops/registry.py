@@ -55,7 +55,6 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-import qpr
 from qpr.artifacts import (
     METRICS_FILE,
     OPTIONAL_FILES,
@@ -79,6 +78,7 @@ from qpr.ops.pyfunc import (
 )
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.retrieval.deltas import ABSORBED_FILE, delta_files, read_manifest
+from qpr.version import __version__
 
 __all__ = [
     "BUNDLE_ARTIFACT",
@@ -351,7 +351,7 @@ def register_bundle(
             TAG_METRIC_VALUE: repr(value),
             TAG_MEASURES: json.dumps(_measures(metrics), sort_keys=True),
             TAG_FINGERPRINT: fingerprint,
-            "qpr.version": qpr.__version__,
+            "qpr.version": __version__,
             "qpr.registered_at": _now(),
         }
         with _model_run(run_id) as run:
