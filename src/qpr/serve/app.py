@@ -63,12 +63,12 @@ from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve import docs
 from qpr.serve.auth import AccessControl, resolve_key
+from qpr.serve.log_throttle import install as install_log_throttle
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
-from qpr.serve.throttle import install as install_log_throttle
 from qpr.version import __version__
 
 __all__ = ["ApiError", "create_app", "source_from_settings"]
