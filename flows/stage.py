@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
+from qpr.artifacts import RERANK_DIR, STUDENT_DIR
 from qpr.config import Settings, flatten, load_settings
 from qpr.environment import project_root
 from qpr.errors import QPRError
@@ -194,21 +195,21 @@ STAGES: dict[str, Stage] = {
             _student,
             "With student.enabled: train a query-only encoder into the index's vector space "
             "and export it; queries then go through it (an asymmetric bundle).",
-            artifacts=lambda p: {"model": p.models_dir / "student"},
+            artifacts=lambda p: {"model": p.models_dir / STUDENT_DIR},
         ),
         Stage(
             "rerank",
             _rerank,
             "With rerank.enabled: train a cross-encoder on the training pairs with BM25 hard "
             "negatives and export it; the service re-ranks its top hits with it.",
-            artifacts=lambda p: {"model": p.models_dir / "rerank"},
+            artifacts=lambda p: {"model": p.models_dir / RERANK_DIR},
         ),
         Stage(
             "evaluate",
             _evaluate,
             "Query the index with every test question (itself excluded), score with trec_eval "
             "measures, compare with the baselines, choose the no-answer threshold on val.",
-            full_metrics=lambda p: p.root / "metrics.json",
+            full_metrics=lambda p: p.evaluation_metrics,
             artifacts=lambda p: {
                 "trec": p.evaluation_dir,
                 "plots": p.plots_dir / "evaluate",

@@ -15,9 +15,9 @@ import mlflow
 import yaml
 from mlflow.tracking import MlflowClient
 
-import qpr
 from qpr.config import Settings
 from qpr.io import digest
+from qpr.version import __version__
 
 
 def git_commit(root: Path) -> tuple[str, bool]:
@@ -87,7 +87,7 @@ def stage_run(
     commit, dirty = git_commit(root)
     tags = {
         "qpr.stage": stage,
-        "qpr.version": qpr.__version__,
+        "qpr.version": __version__,
         "qpr.data_source": settings.data.source,
         "qpr.data_hash": data_hash(settings, root),
         "mlflow.source.git.commit": commit,

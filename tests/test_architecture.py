@@ -16,7 +16,16 @@ FLOWS = ROOT / "flows"
 
 # artifacts.py (the bundle's file names and SearchConfig) imports only io and errors: paths.py
 # names the bundle's files through it.
-GROUND_FLOOR = ("config", "paths", "io", "errors", "environment", "artifacts", "tasks")
+GROUND_FLOOR = (
+    "config",
+    "paths",
+    "io",
+    "errors",
+    "environment",
+    "artifacts",
+    "tasks",
+    "version",
+)
 FRAMEWORKS = ("prefect", "mlflow", "ray")
 # MLflow's thin adapters: the registry and its pyfunc (and the registry state a retraining
 # rollback puts back), and the service's source of registered bundles.

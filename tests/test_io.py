@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,8 @@ from qpr.io import (
     digest,
     file_sha256,
     json_text,
+    recover_dir,
+    replace_dir,
     save_numpy_atomic,
     texts_digest,
     write_atomic,
@@ -88,3 +94,107 @@ def test_vector_cache_stores_by_key_and_keeps_one_when_asked(tmp_path: Path) -> 
     many.put("a", np.ones((1, 1), np.float32))
     many.put("b", np.ones((1, 1), np.float32))
     assert many.get("a") is not None and many.get("b", mmap=True) is not None
+
+
+def test_vector_cache_describes_stored_keys_and_keeps_a_set(tmp_path: Path) -> None:
+    cache = VectorCache(tmp_path / "c")
+    for key in ("s0", "s1", "old"):
+        cache.put(key, np.ones((2, 3), np.float32), {"made": key})
+    assert cache.has("s0") and not cache.has("s9") and cache.info("s9") == {}
+    cache.describe("s0", {"seconds": 1.5})
+    assert cache.info("s0") == {"seconds": 1.5}
+    (tmp_path / "c" / ".old.npy.tmp").write_bytes(b"")  # a write in progress
+    cache.keep(["s0", "s1"])
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        ".old.npy.tmp",
+        "s0.json",
+        "s0.npy",
+        "s1.json",
+        "s1.npy",
+    ]
+    VectorCache(tmp_path / "absent").keep([])  # nothing stored yet: nothing to remove
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file()}
+
+
+def _folder(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+OLD = {"a.txt": "old a", "sub/b.txt": "old b", "only_old.txt": "x"}
+NEW = {"a.txt": "new a", "sub/b.txt": "new b", "sub/c/only_new.txt": "y"}
+
+# replace_dir in a child process, killed by SIGKILL (no cleanup runs) before its STEP-th
+# rename (1: old folder aside, 2: new one in, 3: old one to the trash) or while the old
+# one is removed (4: one file gone, then the kill); 99: never killed.
+_CHILD = textwrap.dedent(
+    """
+    import os, shutil, signal, sys
+    from pathlib import Path
+
+    from qpr.io import replace_dir
+
+    step, renames = int(sys.argv[3]), []
+    real_replace, real_rmtree = os.replace, shutil.rmtree
+
+    def replace(src, dst):
+        renames.append(src)
+        if len(renames) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_replace(src, dst)
+
+    def rmtree(path, ignore_errors=False):
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+        if files and step == 4:
+            files[0].unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    os.replace, shutil.rmtree = replace, rmtree
+    replace_dir(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 99])
+def test_a_swap_killed_at_any_step_leaves_the_old_or_the_new_folder(
+    tmp_path: Path, step: int
+) -> None:
+    final = _folder(tmp_path / "out", OLD)
+    new = _folder(tmp_path / "out.tmp", NEW)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(new), str(final), str(step)], env=env, check=False
+    )
+    assert child.returncode == (0 if step == 99 else -signal.SIGKILL)
+    aside = tmp_path / ".out.old"
+    # Right after the kill: a whole folder under `final`, or none and the old one aside.
+    if final.exists():
+        assert _tree(final) in (OLD, NEW)
+    else:
+        assert _tree(aside) == OLD
+    # What the next swap (or a reader) does first puts the old folder back.
+    recover_dir(final)
+    assert _tree(final) == (OLD if step <= 2 else NEW)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"out"} | ({"out.tmp"} if step <= 2 else set())
+    )
+    # ... and a later swap goes through.
+    replace_dir(_folder(tmp_path / "next", {"n.txt": "n"}), final)
+    assert _tree(final) == {"n.txt": "n"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"out"} | ({"out.tmp"} if step <= 2 else set())
+    )
+
+
+def test_replace_dir_makes_a_missing_folder_and_refuses_a_missing_source(tmp_path: Path) -> None:
+    final = replace_dir(_folder(tmp_path / "new", NEW), tmp_path / "out")
+    assert _tree(final) == NEW and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with pytest.raises(FileNotFoundError):
+        replace_dir(tmp_path / "absent", final)
+    assert _tree(final) == NEW

@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from qpr.version import __version__
+
 if TYPE_CHECKING:
     from qpr.searcher import Searcher
 
-__version__ = "0.1.0"
 __all__ = ["Searcher", "__version__"]
 
 

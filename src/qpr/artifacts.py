@@ -1,5 +1,8 @@
 """The bundle's contract: the files a trained model consists of and how the service
 searches it. Written by the pipeline, read by the service, the registry and evaluation.
+Also the name of every file one stage writes and another reads (the cluster stage's
+tables, the train stage's checkpoint, the evaluate stage's metrics): `qpr.paths` builds
+their paths from these names, and no other module spells them.
 
 A bundle is the ``models/`` directory the pipeline writes (paths relative to it):
 
@@ -51,6 +54,9 @@ __all__ = [
     "ABSORBED_FILE",
     "ANSWER_ID",
     "BM25_FILE",
+    "CLUSTERS_FILE",
+    "CLUSTER_PAIRS_FILE",
+    "CLUSTER_QUESTIONS_FILE",
     "DELTAS_DIR",
     "DELTAS_MANIFEST_FILE",
     "DELTA_BM25_FILE",
@@ -58,6 +64,7 @@ __all__ = [
     "DELTA_IDS_FILE",
     "DELTA_QUESTIONS_FILE",
     "DELTA_VECTORS_FILE",
+    "ENCODER_CHECKPOINT_FILE",
     "ENCODER_FILE",
     "IDS_FILE",
     "INDEX_DIR",
@@ -65,6 +72,8 @@ __all__ = [
     "INPUT_NAME",
     "LEGACY_SEARCH_FILE",
     "MAX_LEN_KEY",
+    "METRICS_FILE",
+    "MODEL_MANIFEST_FILE",
     "OPTIONAL_FILES",
     "OUTPUT_NAME",
     "PROBE_COSINE_FLOOR",
@@ -87,6 +96,7 @@ __all__ = [
     "STUDENT_DIR",
     "STUDENT_FILE",
     "STUDENT_OF",
+    "STUDENT_RECORD_FILE",
     "TAG_COMMITTED",
     "TAG_FINGERPRINT",
     "TAG_GIT_COMMIT",
@@ -99,6 +109,7 @@ __all__ = [
     "migrate",
     "search_config_file",
     "served_query_encoder",
+    "stage_metrics_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -138,6 +149,8 @@ BM25_FILE = INDEX_DIR / "bm25.npz"  # only in bundles that fuse BM25 in
 QUERY_ENCODER_FILE = INDEX_DIR / "query_encoder.onnx"  # only with int8 queries
 STUDENT_DIR = Path("student")  # the student stage's output, also when it trained none
 STUDENT_FILE = STUDENT_DIR / "query_encoder.onnx"  # only with a query student
+# What the student stage did: {"enabled": false}, or its config, metrics and history.
+STUDENT_RECORD_FILE = STUDENT_DIR / "student.json"
 # Every bundle has these (the search config as SEARCH_FILE or, in older bundles,
 # LEGACY_SEARCH_FILE). Order matters: it is the order the fingerprint hashes them in.
 REQUIRED_FILES = (VOCAB_FILE, ENCODER_FILE, INDEX_FILE, IDS_FILE, QUESTIONS_FILE, SEARCH_FILE)
@@ -178,6 +191,29 @@ DELTA_IDS_FILE = Path("ids.npy")
 DELTA_QUESTIONS_FILE = Path("questions.parquet")
 DELTA_BM25_FILE = Path("bm25.npz")  # postings under the main index's BM25 statistics
 DELTA_FILES = (DELTA_VECTORS_FILE, DELTA_IDS_FILE, DELTA_QUESTIONS_FILE, DELTA_BM25_FILE)
+
+
+# A registered model's artifacts (qpr.ops.pyfunc): the bundle's folder and this file,
+# {path relative to the bundle: sha256}, which a loaded version is checked against.
+MODEL_MANIFEST_FILE = Path("manifest.json")
+
+# Stage outputs outside the bundle, each read by a later stage through
+# qpr.pipeline.handoff. The cluster stage's tables, relative to its folder
+# (qpr.paths.ProjectPaths.cluster_dir):
+CLUSTER_QUESTIONS_FILE = Path("questions.parquet")  # every question, its cluster and split
+CLUSTER_PAIRS_FILE = Path("pairs.parquet")  # positive pairs, each with its split
+CLUSTERS_FILE = Path("clusters.parquet")  # one row a cluster; source_key: its logged answer
+# The train stage's encoder (torch), relative to the models directory.
+ENCODER_CHECKPOINT_FILE = Path("encoder.pt")
+# The evaluate stage's measures with their wall-clock figures, relative to the project
+# root (metrics/evaluate.json holds them without); the registry stores it with a version.
+METRICS_FILE = Path("metrics.json")
+
+
+def stage_metrics_file(stage: str) -> Path:
+    """A stage's metrics file, relative to the metrics folder (its timings: the same name
+    in the timings folder)."""
+    return Path(f"{stage}.json")
 
 
 # Registry version tags (qpr.ops.registry writes them; qpr.serve.sources reads them).

@@ -2,6 +2,8 @@
 
 - Atomic writes: a reader, or a crash, sees the old file or the new one, never half of one.
   Everything goes through a synced temp file in the same directory and `os.replace`.
+- Directory swaps: `replace_dir` puts a finished folder in place of the old one; a kill
+  at any step leaves the old folder or the new one (`recover_dir` puts an old one back).
 - Digests: sha256 of files and of text sequences, the keys of every cache.
 - `VectorCache`: float32 matrices on disk, keyed by a digest of what made them (the
   encoder's files, the tokenizer, the texts). The index stage, hard-negative mining and
@@ -16,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -96,6 +99,55 @@ def write_json_atomic(path: PathLike, payload: Any) -> Path:
 
 def save_numpy_atomic(path: PathLike, array: np.ndarray) -> Path:
     return write_atomic(path, lambda handle: np.save(handle, array))
+
+
+def _aside(final: Path) -> Path:
+    """Where `replace_dir` keeps the old folder while the new one moves in."""
+    return final.with_name(f".{final.name}.old")
+
+
+def _trash(final: Path) -> Path:
+    """Where the old folder goes once the new one is in: removed, never restored."""
+    return final.with_name(f".{final.name}.trash")
+
+
+def recover_dir(final: PathLike) -> Path:
+    """Undo what a killed `replace_dir` left: the old folder renamed back when `final` is
+    missing and the old one was moved aside, and the old one's remains removed once the
+    new one is in. Returns `final` (which may not exist: there was nothing to swap)."""
+    final = Path(final)
+    aside = _aside(final)
+    if aside.is_dir():
+        if final.exists():  # killed after the new folder moved in: the old one is done
+            os.replace(aside, _trash(final))
+        else:  # killed between the two renames: the old folder is the only whole one
+            os.replace(aside, final)
+        fsync_dir(final.parent)
+    shutil.rmtree(_trash(final), ignore_errors=True)
+    return final
+
+
+def replace_dir(new: PathLike, final: PathLike) -> Path:
+    """Put the finished folder `new` where `final` is, by renames on one file system: the
+    old folder moved aside, `new` renamed to `final`, the old one removed. A kill at any
+    step leaves `final` old and whole or new and whole, or `final` missing and the old
+    folder aside, which the next call (or `recover_dir`) renames back. `new` must be on
+    `final`'s file system (a rename cannot cross them): beside it, usually. Returns `final`."""
+    new, final = Path(new), Path(final)
+    if not new.is_dir():
+        raise FileNotFoundError(f"{new} is not a folder: nothing to put in place of {final}")
+    recover_dir(final)
+    if final.exists():
+        os.replace(final, _aside(final))
+        fsync_dir(final.parent)
+    os.replace(new, final)
+    fsync_dir(final.parent)
+    # Renamed to the trash before removal: a half-removed folder never looks like an
+    # old one to put back.
+    if _aside(final).is_dir():
+        os.replace(_aside(final), _trash(final))
+    shutil.rmtree(_trash(final), ignore_errors=True)
+    return final
 
 
 def file_sha256(path: PathLike) -> str:
@@ -184,7 +236,8 @@ def is_timing(key: str) -> bool:
 class VectorCache:
     """float32 [N, D] matrices in `directory`, one `KEY.npy` (+ `KEY.json`: how they were
     made) per key. `keep_one` drops every other key when a new one is stored, for a cache
-    that only ever needs its latest entry (the index stage's last encoding)."""
+    that only ever needs its latest entry (hard-negative mining's last encoding); `keep`
+    drops all but a set of keys (the index stage's last encoding, one key a shard)."""
 
     def __init__(self, directory: PathLike, *, keep_one: bool = False) -> None:
         self.directory = Path(directory)
@@ -193,23 +246,40 @@ class VectorCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.npy"
 
+    def has(self, key: str) -> bool:
+        """Whether vectors are stored under `key`."""
+        return self.path(key).is_file()
+
+    def info(self, key: str) -> dict[str, Any]:
+        """How the vectors under `key` were made ({} when nothing says)."""
+        info_file = self.path(key).with_suffix(".json")
+        return json.loads(info_file.read_text("utf-8")) if info_file.is_file() else {}
+
     def get(self, key: str, *, mmap: bool = False) -> tuple[np.ndarray, dict[str, Any]] | None:
         """(vectors, info) stored under `key`, else None."""
-        vectors = self.path(key)
-        if not vectors.is_file():
+        if not self.has(key):
             return None
-        info_file = vectors.with_suffix(".json")
-        info = json.loads(info_file.read_text("utf-8")) if info_file.is_file() else {}
-        return np.load(vectors, mmap_mode="r" if mmap else None), info
+        return np.load(self.path(key), mmap_mode="r" if mmap else None), self.info(key)
 
     def put(self, key: str, vectors: np.ndarray, info: Mapping[str, Any] | None = None) -> Path:
         """Store `vectors` under `key` (atomically; the info file first, so a stored matrix
         always has its info)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.keep_one:
-            for old in self.directory.iterdir():
-                if old.is_file() and old.stem != key and not old.name.startswith("."):
-                    old.unlink()
+            self.keep([key])
         if info is not None:
-            write_json_atomic(self.path(key).with_suffix(".json"), dict(info))
+            self.describe(key, info)
         return save_numpy_atomic(self.path(key), np.asarray(vectors))
+
+    def describe(self, key: str, info: Mapping[str, Any]) -> Path:
+        """Record how the vectors under `key` were made (atomically; replaces the info)."""
+        return write_json_atomic(self.path(key).with_suffix(".json"), dict(info))
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Remove the vectors and info of every key but `keys` (temp files left alone)."""
+        wanted = set(keys)
+        if not self.directory.is_dir():
+            return
+        for old in self.directory.iterdir():
+            if old.is_file() and old.stem not in wanted and not old.name.startswith("."):
+                old.unlink()

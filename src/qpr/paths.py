@@ -1,11 +1,23 @@
-"""Where each stage reads and writes, relative to the project root (dvc.yaml uses the same)."""
+"""Where each stage reads and writes, relative to the project root (dvc.yaml uses the same).
+File names come from `qpr.artifacts`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from qpr.artifacts import ENCODER_FILE, INDEX_DIR, SEARCH_FILE, VOCAB_FILE
+from qpr.artifacts import (
+    CLUSTER_PAIRS_FILE,
+    CLUSTER_QUESTIONS_FILE,
+    CLUSTERS_FILE,
+    ENCODER_CHECKPOINT_FILE,
+    ENCODER_FILE,
+    INDEX_DIR,
+    METRICS_FILE,
+    SEARCH_FILE,
+    VOCAB_FILE,
+    stage_metrics_file,
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +31,18 @@ class ProjectPaths:
     @property
     def cluster_dir(self) -> Path:
         return self.root / "artifacts" / "cluster"
+
+    @property
+    def cluster_questions(self) -> Path:
+        return self.cluster_dir / CLUSTER_QUESTIONS_FILE
+
+    @property
+    def cluster_pairs(self) -> Path:
+        return self.cluster_dir / CLUSTER_PAIRS_FILE
+
+    @property
+    def clusters(self) -> Path:
+        return self.cluster_dir / CLUSTERS_FILE
 
     @property
     def cluster_cache_dir(self) -> Path:
@@ -51,7 +75,7 @@ class ProjectPaths:
 
     @property
     def encoder_checkpoint(self) -> Path:
-        return self.models_dir / "encoder.pt"
+        return self.models_dir / ENCODER_CHECKPOINT_FILE
 
     @property
     def encoder_onnx(self) -> Path:
@@ -76,6 +100,11 @@ class ProjectPaths:
         return self.root / "metrics"
 
     @property
+    def evaluation_metrics(self) -> Path:
+        """The evaluate stage's measures with their timings (outside DVC)."""
+        return self.root / METRICS_FILE
+
+    @property
     def plots_dir(self) -> Path:
         return self.root / "plots"
 
@@ -88,8 +117,8 @@ class ProjectPaths:
 
     def stage_metrics(self, stage: str) -> Path:
         """The stage's metrics without wall-clock figures (a DVC output)."""
-        return self.metrics_dir / f"{stage}.json"
+        return self.metrics_dir / stage_metrics_file(stage)
 
     def stage_timings(self, stage: str) -> Path:
         """The stage's wall-clock figures: outside DVC, they differ on every run."""
-        return self.metrics_dir / "timings" / f"{stage}.json"
+        return self.metrics_dir / "timings" / stage_metrics_file(stage)

@@ -125,6 +125,8 @@ class Searcher:
             filter on (besides answer_id), e.g. {"locale": [...]}.
         Questions of one answer share a cluster id. `out` is replaced.
         """
+        from qpr.io import replace_dir
+
         texts, answers, qids = _checked(questions, answer_ids, question_ids)
         fields = _checked_metadata(metadata or {}, len(texts))
         onnx, vocab, config = _encoder_files(Path(encoder))
@@ -134,8 +136,7 @@ class Searcher:
         try:
             model = (onnx, vocab, config, factory)
             _write_bundle(staging, (texts, answers, qids, fields), model, log)
-            shutil.rmtree(root, ignore_errors=True)
-            staging.rename(root)
+            replace_dir(staging, root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return cls.load(root)

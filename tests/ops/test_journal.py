@@ -96,7 +96,7 @@ def test_recovery_survives_a_crash_in_the_middle_of_restoring(project: RetrainLa
     Journal.begin(project, run="r2", files=[fresh])
     merge_logs([fresh], project.logs_dir)
     # Recovery itself was killed after moving data/ aside, before putting the snapshot back.
-    os.replace(project.data_dir, project.state_dir / "trash")
+    os.replace(project.data_dir, project.data_dir.with_name(f".{project.data_dir.name}.old"))
     _, hooks = _calls()
     recover(project, finish_commit=lambda j: [], **hooks)
     assert tree(project.data_dir) == before

@@ -206,13 +206,15 @@ def metrics(
     ] = False,
 ) -> None:
     """Print every stage's metrics with its timings, and the evaluation table."""
+    from qpr.artifacts import METRICS_FILE, stage_metrics_file
+
     files = sorted(metrics_dir.glob("*.json"))
-    evaluation = metrics_dir.parent / "metrics.json"
+    evaluation = metrics_dir.parent / METRICS_FILE
     if not files and not evaluation.is_file():
         fail(f"no metrics in {metrics_dir}/ yet: run `dvc repro` (or `make run`) first")
     if summary and evaluation.is_file():
         print_results(json.loads(evaluation.read_text(encoding="utf-8")))
-        register_file = metrics_dir / "register.json"
+        register_file = metrics_dir / stage_metrics_file("register")
         if register_file.is_file():
             decision = json.loads(register_file.read_text(encoding="utf-8"))
             console.print(f"registry: version {decision.get('version')}: {decision.get('reason')}")

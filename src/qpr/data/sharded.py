@@ -42,6 +42,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from qpr.artifacts import CLUSTER_PAIRS_FILE, CLUSTER_QUESTIONS_FILE, CLUSTERS_FILE
 from qpr.config import QualitySettings, Settings
 from qpr.data.clustering import cluster_frame, log_counts, questions_from_counts, tag_counts
 from qpr.data.dataset import cluster_metrics
@@ -374,8 +375,8 @@ def _write_outputs(
     counts: dict[str, Counter] = {"questions": Counter(), "pairs": Counter()}
     rng = np.random.default_rng(settings.seed)  # one generator over the clusters in order
     pairs_out, clusters_out = (
-        _Writer(out_dir / "pairs.parquet"),
-        _Writer(out_dir / "clusters.parquet"),
+        _Writer(out_dir / CLUSTER_PAIRS_FILE),
+        _Writer(out_dir / CLUSTERS_FILE),
     )
     done = 0
     for i, bucket in enumerate(buckets):
@@ -397,7 +398,7 @@ def _write_outputs(
     pairs_out.close()
     clusters_out.close()
 
-    questions_out = _Writer(out_dir / "questions.parquet")
+    questions_out = _Writer(out_dir / CLUSTER_QUESTIONS_FILE)
     for i, merge in enumerate(merges):
         questions = pd.read_parquet(merge.out.with_suffix(".parquet")).drop(columns="answer_id")
         questions["split"] = split_of[np.searchsorted(ids, questions["cluster_id"].to_numpy())]

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from qpr.io import fsync_dir, write_json_atomic
+from qpr.io import fsync_dir, replace_dir, write_json_atomic
 from qpr.ops.incoming import IncomingFile
 from qpr.ops.layout import RetrainError, RetrainLayout
 from qpr.ops.processes import kill_group, pid_alive
@@ -167,20 +167,15 @@ class Journal:
 def restore_data(journal: Journal) -> list[str]:
     """Put data/, data.dvc and dvc.lock back as the journal's snapshot has them.
 
-    Idempotent, and safe to interrupt: data/ is swapped by two renames on one file
-    system (current → trash, snapshot → data/), and each step checks what is done."""
+    Idempotent, and safe to interrupt: data/ is swapped by renames on one file system
+    (`qpr.io.replace_dir`: current aside, snapshot → data/), and each step checks what
+    is done."""
     layout = journal.layout
     snap = layout.snapshot
     done = []
     saved_data = snap / "data"
     if saved_data.is_dir():
-        trash = layout.state_dir / "trash"
-        shutil.rmtree(trash, ignore_errors=True)
-        if layout.data_dir.exists():
-            os.replace(layout.data_dir, trash)
-        os.replace(saved_data, layout.data_dir)
-        fsync_dir(layout.root)
-        shutil.rmtree(trash, ignore_errors=True)
+        replace_dir(saved_data, layout.data_dir)
         done.append(f"{layout.data_dir.name}/ restored")
     saved_pin = snap / layout.dvc_file.name
     if saved_pin.is_file():

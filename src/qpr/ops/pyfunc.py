@@ -39,6 +39,7 @@ from mlflow.pyfunc import PythonModel, PythonModelContext
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 import qpr
+from qpr.artifacts import MODEL_MANIFEST_FILE
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import HIT_FIELDS, Bundle, SearchResult
 from qpr.retrieval.selection import FilterError, Filters
@@ -59,7 +60,6 @@ __all__ = [
 
 BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
 MANIFEST_ARTIFACT = "manifest"  # artifacts/manifest.json: {relative path: sha256}
-_MANIFEST_FILE = "manifest.json"
 _CODE_FILE = "qpr_search_model.py"
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
@@ -157,8 +157,8 @@ def verify_artifacts(artifacts_dir: str | Path) -> None:
     """`verify_bundle` on a downloaded model's ``artifacts/``; versions logged before the
     manifest existed (no manifest.json) pass unchecked."""
     root = Path(artifacts_dir)
-    if (root / _MANIFEST_FILE).is_file():
-        verify_bundle(root / BUNDLE_ARTIFACT, root / _MANIFEST_FILE)
+    if (root / MODEL_MANIFEST_FILE).is_file():
+        verify_bundle(root / BUNDLE_ARTIFACT, root / MODEL_MANIFEST_FILE)
 
 
 # ---------------------------------------------------------------- the model
@@ -268,7 +268,7 @@ def log_search_model(
     model as code, the qpr package beside it, the bundle and its manifest as artifacts."""
     with tempfile.TemporaryDirectory(prefix="qpr-pyfunc-") as tmp:
         work = Path(tmp)
-        manifest = work / _MANIFEST_FILE
+        manifest = work / MODEL_MANIFEST_FILE
         manifest.write_text(json.dumps(digests(staged), indent=1, sort_keys=True), "utf-8")
         code_file = work / _CODE_FILE
         code_file.write_text(_MODEL_CODE, encoding="utf-8")

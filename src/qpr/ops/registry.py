@@ -53,9 +53,9 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-import qpr
 from qpr.artifacts import (
     ABSORBED_FILE,
+    METRICS_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
@@ -88,6 +88,7 @@ from qpr.ops.pyfunc import (
     verify_artifacts,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
+from qpr.version import __version__
 
 # The aliases, the policy's tags, VersionInfo and RegistryError are qpr.ops.promotion's,
 # named here too: every caller of the registry meets them.
@@ -122,7 +123,6 @@ __all__ = [
 ]
 
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
-METRICS_FILE = "metrics.json"
 
 # Version tags (all under qpr.* so they never collide with MLflow's own; the ones the
 # promotion policy reads, TAG_MEASURES and TAG_DATA_SOURCE, are qpr.ops.promotion's).
@@ -216,7 +216,7 @@ def register_bundle(
             TAG_METRIC_VALUE: repr(value),
             TAG_MEASURES: json.dumps(_measures(metrics), sort_keys=True),
             TAG_FINGERPRINT: fingerprint,
-            "qpr.version": qpr.__version__,
+            "qpr.version": __version__,
             "qpr.registered_at": _now(),
         }
         with _model_run(run_id) as run:

@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from qpr.artifacts import CLUSTER_PAIRS_FILE, CLUSTER_QUESTIONS_FILE, CLUSTERS_FILE
 from qpr.config import Settings
 from qpr.data.dataset import build_clusters
 from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport
 from qpr.data.sharded import cluster_logs
 from qpr.data.splits import SPLITS
+from qpr.io import replace_dir
 from qpr.tasks import Mapper, local_map
 
 
@@ -71,20 +73,22 @@ def _staging(out_dir: Path) -> Path:
 
 def _swap_in(staging: Path, out_dir: Path) -> Path:
     """Readers never see half a stage: the old outputs go only once the new are whole."""
-    previous = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(previous, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(previous)
-    staging.rename(out_dir)
-    shutil.rmtree(previous, ignore_errors=True)
-    return out_dir
+    return replace_dir(staging, out_dir)
+
+
+# The file of each table `build_clusters` makes.
+_FILES = {
+    "questions": CLUSTER_QUESTIONS_FILE,
+    "pairs": CLUSTER_PAIRS_FILE,
+    "clusters": CLUSTERS_FILE,
+}
 
 
 def write_outputs(frames: dict[str, pd.DataFrame], out_dir: Path) -> Path:
     """Write to a sibling temp directory, then swap it in."""
     staging = _staging(Path(out_dir))
     for name, frame in frames.items():
-        frame.to_parquet(staging / f"{name}.parquet", index=False)
+        frame.to_parquet(staging / _FILES[name], index=False)
     return _swap_in(staging, Path(out_dir))
 
 

@@ -1,9 +1,12 @@
 """What one stage reads of another's outputs, in one place: a stage imports this module,
-never another stage. Each reader fails with MissingInputError naming the stage to run."""
+never another stage. Each reader fails with MissingInputError naming the stage to run.
+File names come from `qpr.artifacts` (through `qpr.paths`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -16,21 +19,34 @@ class MissingInputError(QPRError, FileNotFoundError):
     """A stage's input does not exist yet: an earlier stage has not run."""
 
 
+def _require(path: Path, stage: str) -> Path:
+    if not path.is_file():
+        raise MissingInputError(f"{path} not found: run the {stage} stage first")
+    return path
+
+
 def read_cluster_outputs(paths: ProjectPaths) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(questions, pairs) written by the cluster stage."""
-    questions_file = paths.cluster_dir / "questions.parquet"
-    pairs_file = paths.cluster_dir / "pairs.parquet"
-    for file in (questions_file, pairs_file):
-        if not file.is_file():
-            raise MissingInputError(f"{file} not found: run the cluster stage first")
-    return pd.read_parquet(questions_file), pd.read_parquet(pairs_file)
+    for file in (paths.cluster_questions, paths.cluster_pairs):
+        _require(file, "cluster")
+    return pd.read_parquet(paths.cluster_questions), pd.read_parquet(paths.cluster_pairs)
+
+
+def read_clusters(paths: ProjectPaths, columns: list[str] | None = None) -> pd.DataFrame:
+    """The cluster stage's table of clusters (`columns` of it, or all)."""
+    return pd.read_parquet(_require(paths.clusters, "cluster"), columns=columns)
+
+
+def load_vocab(paths: ProjectPaths):
+    """models/vocab.json, the tokenizer the train stage wrote (`qpr.text.load_tokenizer`)."""
+    from qpr.text import load_tokenizer
+
+    return load_tokenizer(_require(paths.vocab, "train"))
 
 
 def require_exported_encoder(paths: ProjectPaths) -> Path:
     """models/encoder.onnx, written by the export stage."""
-    if not paths.encoder_onnx.is_file():
-        raise MissingInputError(f"{paths.encoder_onnx} not found: run the export stage first")
-    return paths.encoder_onnx
+    return _require(paths.encoder_onnx, "export")
 
 
 def load_bm25(paths: ProjectPaths):
@@ -68,18 +84,34 @@ def load_reranker(paths: ProjectPaths, *, threads: int):
     return Reranker.load(paths.models_dir, threads=threads)
 
 
+def load_dense_index(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
+    """The FAISS index the index stage wrote, searched at nprobe / ef_search."""
+    from qpr.retrieval.dense import load_index
+
+    index_path = _require(paths.models_dir / INDEX_FILE, "index")
+    return load_index(index_path, nprobe=nprobe, ef_search=ef_search)
+
+
+def read_indexed_questions(paths: ProjectPaths, columns: list[str] | None = None) -> pd.DataFrame:
+    """The index stage's question table, row for row with the index (`columns`, or all)."""
+    return pd.read_parquet(_require(paths.models_dir / QUESTIONS_FILE, "index"), columns=columns)
+
+
 def load_index_bundle(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
     """(faiss index searched at nprobe / ef_search, IdMap, questions frame) as the index
     stage wrote them."""
-    from qpr.retrieval.dense import IdMap, load_index
+    from qpr.retrieval.dense import IdMap
 
-    index_path = paths.models_dir / INDEX_FILE
-    if not index_path.is_file():
-        raise MissingInputError(f"{index_path} not found: run the index stage first")
-    index = load_index(index_path, nprobe=nprobe, ef_search=ef_search)
+    index = load_dense_index(paths, nprobe=nprobe, ef_search=ef_search)
     ids = IdMap.load(paths.models_dir / IDS_FILE)
-    questions = pd.read_parquet(paths.models_dir / QUESTIONS_FILE)
-    return index, ids, questions
+    return index, ids, read_indexed_questions(paths)
+
+
+def read_evaluate_metrics(paths: ProjectPaths) -> dict[str, Any]:
+    """metrics/evaluate.json: the evaluate stage's measures without their wall-clock
+    figures (what DVC tracks)."""
+    path = _require(paths.stage_metrics("evaluate"), "evaluate")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def load_trained_encoder(checkpoint: Path):
@@ -88,8 +120,7 @@ def load_trained_encoder(checkpoint: Path):
 
     from qpr.model import build_encoder
 
-    if not checkpoint.is_file():
-        raise MissingInputError(f"{checkpoint} not found: run the train stage first")
+    _require(checkpoint, "train")
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     encoder = build_encoder(state["encoder"]["name"], **state["encoder"]["config"])
     encoder.load_state_dict(state["model"])

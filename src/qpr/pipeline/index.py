@@ -18,17 +18,17 @@ Encoding and BM25 counting run in shards of index.shard_rows questions, one task
 the engine params.yaml names (`qpr.retrieval.indexer`; Ray through `flows/engine.py`): the
 same files whichever engine ran them. A killed run resumes at the first shard not done.
 
-The vector shards are kept in artifacts/index/vectors/, named by a digest of the ONNX file,
-the tokenizer file, the kernel and the shard's questions: a run that changes only the
-index's settings (factory, nprobe, BM25) reuses them instead of encoding every question
-again (minutes for a transformer on Quora). One encoding is kept. FAISS is trained on a
+The vector shards are kept in artifacts/index/vectors/, a `qpr.io.VectorCache` keyed by a
+digest of the ONNX file, the tokenizer file, the kernel and the shard's questions: a run
+that changes only the index's settings (factory, nprobe, BM25) reuses them instead of
+encoding every question again (minutes for a transformer on Quora). One encoding is kept,
+each shard's info recording what the whole encoding cost. FAISS is trained on a
 sample and filled one shard at a time (`qpr.retrieval.dense.build_index_from_shards`), so
 no step holds every vector in memory.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -41,17 +41,18 @@ import pandas as pd
 from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
 from qpr.deltas import format as deltas
-from qpr.io import write_json_atomic
+from qpr.io import replace_dir
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     MissingInputError,
+    load_vocab,
     read_cluster_outputs,
+    read_clusters,
     require_exported_encoder,
 )
 from qpr.quality.checks import Check, require
 from qpr.retrieval.indexer import Indexer, LexicalConfig
 from qpr.tasks import Mapper, local_map
-from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
     from qpr.retrieval.dense import VectorShards
@@ -72,17 +73,17 @@ def run_index(
 
     require_exported_encoder(paths)
     questions, _ = read_cluster_outputs(paths)
-    questions = with_answer_ids(questions, paths.cluster_dir, settings.data.source)
+    questions = with_answer_ids(questions, paths, settings.data.source)
     clustered = len(questions)
     # The deltas' questions and tombstones (qpr.deltas): a full build absorbs them.
     questions, absorbed = deltas.for_full_build(paths.models_dir, questions)
     columns = bundle_columns(questions, settings.data.filter_fields)
-    vocab = load_tokenizer(paths.vocab)
+    vocab = load_vocab(paths)
     cfg = settings.index
     texts = questions["text"].tolist()
     indexer = _indexer(settings, paths, engine)
     shards = _question_shards(paths, texts, cfg.shard_rows)
-    vectors, encode_seconds, reused = _question_vectors(paths, indexer, shards, log)
+    vectors, encode_seconds, reused = _question_vectors(indexer, shards, log)
     finite, min_norm = _vector_stats(vectors)  # one pass: a NaN fails the gate, not the build
     started = time.perf_counter()
     index = _build(vectors, settings, log) if finite else None
@@ -113,8 +114,7 @@ def run_index(
     lexical_seconds = _write_index_files(staging, index, questions[columns], indexer, shards, log)
     deltas.write_absorbed(staging, absorbed)
     deltas.ensure_manifest(paths.models_dir)  # the stage's persisted output must exist
-    shutil.rmtree(paths.index_dir, ignore_errors=True)
-    staging.rename(paths.index_dir)
+    replace_dir(staging, paths.index_dir)
     shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
     shutil.rmtree(paths.index_cache_dir / "counts", ignore_errors=True)
 
@@ -148,11 +148,11 @@ def run_index(
     return metrics
 
 
-def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> pd.DataFrame:
+def with_answer_ids(questions: pd.DataFrame, paths: ProjectPaths, source: str) -> pd.DataFrame:
     """`questions` with the answer of each one's cluster (str, None when unknown), which
     the bundle hands out with every hit, so the service needs no other file.
 
-    Logs: the cluster stage's clusters.parquet keeps each cluster's logged answer_id as its
+    Logs: the cluster stage's clusters table keeps each cluster's logged answer_id as its
     source_key. Quora pairs have no answers: a cluster's id is its smallest question id
     (`qpr.data.clustering.components`), and that is its answer id; a question in no
     cluster (-1) answers itself.
@@ -162,9 +162,7 @@ def with_answer_ids(questions: pd.DataFrame, cluster_dir: Path, source: str) -> 
         cluster = questions["cluster_id"].to_numpy(np.int64)
         answers = np.where(cluster >= 0, cluster, own).astype(str).tolist()
         return questions.assign(**{ANSWER_ID: answers})
-    clusters = pd.read_parquet(
-        cluster_dir / "clusters.parquet", columns=["cluster_id", "source_key"]
-    )
+    clusters = read_clusters(paths, columns=["cluster_id", "source_key"])
     answer_of = dict(
         zip(clusters["cluster_id"].tolist(), clusters["source_key"].tolist(), strict=True)
     )
@@ -220,31 +218,31 @@ def _question_shards(paths: ProjectPaths, texts: list[str], shard_rows: int) -> 
 
 
 def _question_vectors(
-    paths: ProjectPaths, indexer: Indexer, shards: list[Path], log: Callable[[str], None]
+    indexer: Indexer, shards: list[Path], log: Callable[[str], None]
 ) -> tuple[VectorShards, float, bool]:
     """(the vector shards of the questions, the seconds their encoding took, whether they
     were all there already: same encoder, tokenizer, kernel and questions). One encoding
-    is kept in artifacts/index/vectors/: the files of any other are removed."""
+    is kept in the indexer's VectorCache (artifacts/index/vectors/): any other is removed."""
     from qpr.retrieval.dense import VectorShards
 
-    expected = indexer.vector_files(shards)
-    reused = all(f.is_file() for f in expected)
-    timings_file = paths.index_cache_dir / "encode_seconds.json"
-    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
-    key = "+".join(f.name for f in expected)
-    if reused and key in timings:
+    cache, keys = indexer.vectors, indexer.vector_keys(shards)
+    encoding = "+".join(keys)  # a shard's info names the whole encoding it belongs to
+    infos = [cache.info(key) if cache.has(key) else {} for key in keys]
+    if all(info.get("encoding") == encoding for info in infos):
+        seconds = float(infos[0]["encode_seconds"])
+        files = [cache.path(key) for key in keys]
         log(
-            f"vectors of the {len(VectorShards(expected)):,} questions reused from "
-            f"{expected[0].parent} (same encoder, tokenizer and questions; encoded in "
-            f"{timings[key]:.1f} s)"
+            f"vectors of the {len(VectorShards(files)):,} questions reused from "
+            f"{cache.directory} (same encoder, tokenizer and questions; encoded in "
+            f"{seconds:.1f} s)"
         )
-        return VectorShards(expected), float(timings[key]), True
+        return VectorShards(files), seconds, True
     started = time.perf_counter()
     files = indexer.encode(shards, log=log)
     seconds = time.perf_counter() - started
-    for stale in set(files[0].parent.glob("*.npy")) - set(files):
-        stale.unlink()
-    write_json_atomic(timings_file, {key: seconds})
+    cache.keep(keys)
+    for key in keys:
+        cache.describe(key, {"encoding": encoding, "encode_seconds": seconds})
     vectors = VectorShards(files)
     rate = len(vectors) / max(seconds, 1e-9)
     log(f"encoded {len(vectors):,} questions in {seconds:.1f} s ({rate:,.0f}/s)")

@@ -19,7 +19,6 @@ its own (`dvc repro`, `make run`) the stage is the last step, so it marks and pr
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from qpr.config import Settings
 from qpr.errors import QPRError
 from qpr.ops import promotion, registry
 from qpr.paths import ProjectPaths
+from qpr.pipeline.handoff import read_evaluate_metrics
 from qpr.redact import redact_tree
 
 ACTOR = "register-flow"
@@ -51,12 +51,9 @@ def rescore_on_validation(settings: Settings, paths: ProjectPaths) -> Rescore:
     (``val.recip_rank`` → val, recip_rank), over the challenger's indexed questions."""
 
     def rescore_pair(champion: registry.VersionInfo) -> tuple[float, float] | None:
-        import pandas as pd
-
-        from qpr.artifacts import QUESTIONS_FILE
         from qpr.evaluation.queries import query_set
         from qpr.evaluation.rescore import rescore
-        from qpr.pipeline.handoff import read_cluster_outputs
+        from qpr.pipeline.handoff import read_cluster_outputs, read_indexed_questions
 
         split, _, measure = settings.registry.metric.rpartition(".")
         if not split or not measure:
@@ -65,7 +62,7 @@ def rescore_on_validation(settings: Settings, paths: ProjectPaths) -> Rescore:
         if len(queries.query_ids) == 0:
             return None
         # One corpus for both: the questions the challenger indexes (the current data).
-        corpus = pd.read_parquet(paths.models_dir / QUESTIONS_FILE, columns=["question_id", "text"])
+        corpus = read_indexed_questions(paths, columns=["question_id", "text"])
         ours = rescore(paths.models_dir, corpus, queries)[measure]
         with tempfile.TemporaryDirectory(prefix="qpr-champion-") as tmp:
             alias = registry.CHAMPION
@@ -96,11 +93,7 @@ def run_register(
     measures compared (champion: null when there was none), the reason in words.
     """
     cfg = settings.registry
-    # metrics/evaluate.json: metrics.json without its wall-clock figures (what DVC tracks).
-    metrics_path = paths.stage_metrics("evaluate")
-    if not metrics_path.is_file():
-        raise FileNotFoundError(f"{metrics_path} not found: run the evaluate stage first")
-    metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
+    metrics = read_evaluate_metrics(paths)
     challenger_value = promotion.metric_value(metrics, cfg.metric)
 
     tags = redact_tree({**provenance(metrics), registry.TAG_DATA_SOURCE: settings.data.source})

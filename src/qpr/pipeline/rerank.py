@@ -27,7 +27,7 @@ from qpr.artifacts import (
     VOCAB_SHA256_KEY,
 )
 from qpr.config import Settings
-from qpr.io import write_json_atomic
+from qpr.io import replace_dir, write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import read_cluster_outputs
 from qpr.quality.checks import Check, require
@@ -211,10 +211,5 @@ def _fresh(folder: Path) -> Path:
 
 
 def _swap(staging: Path, out: Path) -> None:
-    """staging renamed onto out (the old folder removed first)."""
-    old = out.with_name(f".{out.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    """staging renamed onto out (the old folder removed once the new one is in)."""
+    replace_dir(staging, out)

@@ -36,16 +36,23 @@ from qpr.artifacts import (
     MAX_LEN_KEY,
     PROBE_COSINE_FLOOR,
     PROBE_QUESTIONS,
+    STUDENT_DIR,
     STUDENT_FILE,
     STUDENT_OF,
+    STUDENT_RECORD_FILE,
     VOCAB_SHA256_KEY,
 )
 from qpr.config import Settings
-from qpr.io import file_sha256, write_json_atomic
+from qpr.io import file_sha256, replace_dir, write_json_atomic
 from qpr.paths import ProjectPaths
-from qpr.pipeline.handoff import load_trained_encoder, read_cluster_outputs
+from qpr.pipeline.handoff import (
+    load_dense_index,
+    load_trained_encoder,
+    load_vocab,
+    read_cluster_outputs,
+    require_exported_encoder,
+)
 from qpr.quality.checks import Check, require
-from qpr.text import load_tokenizer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -53,7 +60,6 @@ if TYPE_CHECKING:
 # How far below the probe's mean cosine at export a loaded bundle may measure it: ONNX
 # Runtime on another CPU rounds differently, a student of another encoder is far lower.
 PROBE_SLACK = 0.02
-STUDENT_JSON = "student.json"
 
 
 def run_student(
@@ -64,21 +70,24 @@ def run_student(
 ) -> dict[str, Any]:
     """The whole stage; models/student is swapped in only after the gate passed."""
     cfg = settings.student
-    out_dir = paths.models_dir / STUDENT_FILE.parent
+    out_dir = paths.models_dir / STUDENT_DIR
     if not cfg.enabled:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        out_dir.mkdir(parents=True)
-        write_json_atomic(out_dir / STUDENT_JSON, {"enabled": False})
+        staging = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        write_json_atomic(staging / STUDENT_RECORD_FILE.name, {"enabled": False})
+        replace_dir(staging, out_dir)
         log("student.enabled is false: queries go through the document encoder")
         return {"enabled": 0}
-    from qpr.retrieval.dense import load_index, stored_vectors
+    from qpr.retrieval.dense import stored_vectors
     from qpr.text.vocab import pad_sequences
 
     started = time.perf_counter()
+    require_exported_encoder(paths)
     questions, pairs = read_cluster_outputs(paths)
-    vocab = load_tokenizer(paths.vocab)
+    vocab = load_vocab(paths)
     teacher, max_len = load_trained_encoder(paths.encoder_checkpoint)
-    index = load_index(paths.index_dir / "index.faiss", nprobe=settings.index.nprobe)
+    index = load_dense_index(paths, nprobe=settings.index.nprobe)
     documents = stored_vectors(index)  # what queries are searched against, row for row
     tokens, _ = pad_sequences([vocab.encode(t) for t in questions["text"]], max_len=max_len)
     data = _student_data(settings, index, questions, pairs, tokens, documents, log)
@@ -124,7 +133,7 @@ def run_student(
         }
     )
     write_json_atomic(
-        staging / STUDENT_JSON,
+        staging / STUDENT_RECORD_FILE.name,
         {
             "enabled": True,
             "config": cfg.model_dump(mode="json"),
@@ -132,8 +141,7 @@ def run_student(
             "history": result.history,
         },
     )
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    replace_dir(staging, out_dir)
     log(
         f"student ({cfg.kind}): val MRR {result.initial['val_mrr']:.4f} → "
         f"{result.best['val_mrr']:.4f}, probe cosine {metrics['probe_cosine']:.3f}; "

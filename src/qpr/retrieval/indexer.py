@@ -3,7 +3,8 @@
 A corpus is a list of Parquet files (a text column each); row r of the index is the r-th
 question of the files read in order. The phases:
 
-1. **encode**: one task a shard, its questions → float32 [n, D] in `<work>/vectors/`;
+1. **encode**: one task a shard, its questions → float32 [n, D] in `<work>/vectors/` (a
+   `qpr.io.VectorCache`, one key a shard);
 2. **count**: one task a shard, its BM25 term counts → `<work>/counts/`;
 3. **FAISS**: trained on a sample drawn evenly from every vector shard, then filled with
    the shards in order, one in memory at a time (`qpr.retrieval.dense.build_index_from_shards`);
@@ -31,7 +32,7 @@ import faiss
 import numpy as np
 import pyarrow.parquet as pq
 
-from qpr.io import file_sha256, save_numpy_atomic, text_sha256
+from qpr.io import VectorCache, file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, TermCounts, count_terms
 from qpr.retrieval.dense import IndexConfig, VectorShards, build_index_from_shards
 from qpr.tasks import Mapper, local_map
@@ -47,7 +48,7 @@ class EncodeTask:
     column: str
     encoder: Path  # encoder.onnx
     vocab: Path
-    out: Path
+    out: Path  # KEY.npy in a qpr.io.VectorCache's folder
     fold: bool = True  # a CNN encodes through its folded tables (qpr.retrieval.folded)
     threads: int = 1
     batch_size: int = 1024
@@ -100,8 +101,7 @@ def encode_shard(task: EncodeTask) -> Path:
         vectors = encode(session, vocab, texts, batch_size=task.batch_size, max_len=max_len)
     else:
         vectors = _encode_folded(folded, vocab, texts, max_len, task.threads)
-    save_numpy_atomic(task.out, vectors)
-    return task.out
+    return VectorCache(task.out.parent).put(task.out.stem, vectors)
 
 
 def _encode_folded(folded: Any, vocab: Any, texts: list[str], max_len: int, threads: int) -> Any:
@@ -182,10 +182,19 @@ class Indexer:
             seconds["bm25"] = time.perf_counter() - started
         return IndexBuild(index, bm25, len(vectors), seconds)
 
+    @property
+    def vectors(self) -> VectorCache:
+        """The cache the encode tasks store each shard's vectors in (`vector_keys`)."""
+        return VectorCache(self.work_dir / "vectors")
+
+    def vector_keys(self, shards: Sequence[Path], *, column: str = "question") -> list[str]:
+        """Each shard's key in `vectors`: a digest of the encoder, the tokenizer, the
+        kernel and the shard's content."""
+        return [self._name(self._encoder_key, shard, column) for shard in shards]
+
     def vector_files(self, shards: Sequence[Path], *, column: str = "question") -> list[Path]:
-        """Where each shard's vectors are (or will be): named by a digest of the encoder,
-        the tokenizer, the kernel and the shard's content."""
-        return [self._out("vectors", self._encoder_key, shard, column, ".npy") for shard in shards]
+        """Where each shard's vectors are (or will be) (`vectors`, `vector_keys`)."""
+        return [self.vectors.path(key) for key in self.vector_keys(shards, column=column)]
 
     @cached_property
     def _encoder_key(self) -> str:
@@ -237,5 +246,8 @@ class Indexer:
 
     def _out(self, kind: str, key: str, shard: Path, column: str, suffix: str) -> Path:
         """A task's file: named by its shard's content digest, so a changed shard is redone."""
-        name = text_sha256(f"{key} {file_sha256(shard)} {column}")[:24]
-        return self.work_dir / kind / f"{shard.stem}-{name}{suffix}"
+        return self.work_dir / kind / f"{self._name(key, shard, column)}{suffix}"
+
+    @staticmethod
+    def _name(key: str, shard: Path, column: str) -> str:
+        return f"{shard.stem}-{text_sha256(f'{key} {file_sha256(shard)} {column}')[:24]}"

@@ -59,17 +59,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import qpr
 from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve import docs
 from qpr.serve.auth import AccessControl, resolve_key
+from qpr.serve.log_throttle import install as install_log_throttle
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
-from qpr.serve.throttle import install as install_log_throttle
+from qpr.version import __version__
 
 __all__ = ["ApiError", "create_app", "source_from_settings"]
 
@@ -498,7 +498,7 @@ def create_app(
     state = _service_state(source or source_from_settings(settings), settings, load)
     app = FastAPI(
         title="QPR search",
-        version=qpr.__version__,
+        version=__version__,
         description="Question paraphrase retrieval: the known questions that ask the same thing.",
         lifespan=_lifespan(state),
         # FastAPI's own /docs loads Swagger UI from a CDN: qpr.serve.docs serves it here.
@@ -743,7 +743,7 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
                 {
                     "model": None if served is None else served.info.as_dict(),
                     "service": {
-                        "package_version": qpr.__version__,
+                        "package_version": __version__,
                         "git_commit": state.git_commit,
                         "started_at": time.strftime(
                             "%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at)

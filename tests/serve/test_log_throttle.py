@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from qpr.serve.throttle import RateLimitFilter, install
+from qpr.serve.log_throttle import RateLimitFilter, install
 
 
 class Clock:

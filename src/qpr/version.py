@@ -1,0 +1,8 @@
+"""The package's version, defined once. pyproject.toml reads it from here (setuptools'
+dynamic version); the service, the registry and the MLflow runs report it.
+
+Ground floor: imports nothing, so a module that reports the version need not import the
+`qpr` package (whose `Searcher` reaches the service's registry source).
+"""
+
+__version__ = "0.1.0"
