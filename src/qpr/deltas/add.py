@@ -54,7 +54,7 @@ from qpr.deltas.format import (
     write_absorbed,
     write_delta,
 )
-from qpr.io import file_sha256, fsync_dir
+from qpr.io import file_sha256, replace_dir
 from qpr.retrieval.bm25 import BM25Index, count_terms
 from qpr.text.normalize import normalize
 
@@ -450,11 +450,5 @@ def _staged_index(root: Path, live: pd.DataFrame, index: faiss.Index, version: i
 
 
 def _swap_index(root: Path, staging: Path) -> None:
-    """`staging` renamed into index/; the old folder moved aside first, removed last."""
-    index_dir = root / INDEX_DIR
-    old = index_dir.with_name(index_dir.name + ".compact-old")
-    shutil.rmtree(old, ignore_errors=True)
-    index_dir.rename(old)
-    staging.rename(index_dir)
-    fsync_dir(root)
-    shutil.rmtree(old, ignore_errors=True)
+    """`staging` put in place of index/ by `qpr.io.replace_dir` (crash-safe)."""
+    replace_dir(staging, root / INDEX_DIR)

@@ -39,7 +39,7 @@ from qpr.artifacts import (
     IDS_FILE,
     QUESTIONS_FILE,
 )
-from qpr.io import file_sha256, fsync_dir, json_sha256, write_json_atomic
+from qpr.io import file_sha256, fsync_dir, json_sha256, replace_dir, write_json_atomic
 from qpr.retrieval.bm25 import BM25Index
 
 __all__ = [
@@ -217,8 +217,6 @@ def write_delta(
     for stale in parent.glob(".tmp-*"):  # what a killed add left behind
         shutil.rmtree(stale, ignore_errors=True)
     target = root / delta_dir(number)
-    if target.exists():  # an earlier add renamed it but died before its manifest
-        shutil.rmtree(target)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
     flat = faiss.IndexFlatL2(vectors.shape[1])
     flat.add(vectors)
@@ -230,9 +228,9 @@ def write_delta(
         with open(tmp / name, "rb") as handle:
             os.fsync(handle.fileno())
     fsync_dir(tmp)
-    tmp.rename(target)
-    fsync_dir(parent)
-    return target
+    # An earlier add may have renamed a folder there and died before its manifest: the
+    # manifest never named it, so it is replaced.
+    return replace_dir(tmp, target)
 
 
 # ---------------------------------------------------------------- loading
