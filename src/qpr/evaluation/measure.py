@@ -33,7 +33,7 @@ from qpr.evaluation.no_answer import (
 )
 from qpr.evaluation.queries import QuerySet, SystemResult, query_set, score_system
 from qpr.retrieval.dense import exact_twin
-from qpr.retrieval.encoders import embed_sequences, embedding_dim
+from qpr.retrieval.encoders import query_vectors
 from qpr.retrieval.hybrid import HybridSearch, Ranking, dense, fuse
 
 if TYPE_CHECKING:
@@ -63,15 +63,6 @@ class Served:
     max_len: int
     bm25: BM25Index | None = None
     reranker: Reranker | None = None
-
-    def vectors(self, texts: list[str]) -> np.ndarray:
-        """float32 [Q, D]: the texts as `Bundle.search` encodes them (the same tokens, cut
-        to max_len, through the same chunked ONNX calls)."""
-        dim = embedding_dim(self.session)
-        sequences = [self.vocab.encode(text)[: self.max_len] for text in texts]
-        if not sequences:
-            return np.empty((0, dim), np.float32)
-        return embed_sequences(self.session, sequences, max_len=self.max_len, dim=dim)
 
     def searcher(self, config: SearchConfig, index: Any = None) -> HybridSearch:
         """The served ranking over this index (or `index`, e.g. its exact twin)."""
@@ -140,9 +131,9 @@ def measure_served(
 def search_split(served: Served, queries: QuerySet, k: int) -> Split:
     """The split's query vectors and its dense top k (each query excluded from its own
     results), scored."""
-    query_rows = served.ids.to_rows(queries.query_ids)
     started = time.perf_counter()
-    vectors = served.vectors(queries.texts)
+    query_rows = served.ids.to_rows(queries.query_ids)
+    vectors = query_vectors(served.session, served.vocab, queries.texts, max_len=served.max_len)
     ranking = dense(served.index, vectors, k, exclude=query_rows)
     result = score_system(
         "dense" if served.bm25 is not None else "model",

@@ -117,6 +117,21 @@ def embed_sequences(
     return out
 
 
+def query_vectors(
+    session: ort.InferenceSession,
+    vocab: Vocabulary | WordPieceTokenizer,
+    texts: Sequence[str],
+    *,
+    max_len: int,
+) -> np.ndarray:
+    """float32 [Q, D]: the texts as `Bundle.search` encodes them (the tokenizer's ids cut
+    to max_len, then `embed_sequences`), for an evaluation of what is served."""
+    sequences = [vocab.encode(text)[:max_len] for text in texts]
+    if not sequences:
+        return np.empty((0, embedding_dim(session)), np.float32)
+    return embed_sequences(session, sequences, max_len=max_len, dim=embedding_dim(session))
+
+
 CORPUS_CHUNK = 20_000  # questions per progress line of encode_corpus
 
 
