@@ -29,7 +29,7 @@ hand-written code only where it wins. The cases:
    (../shared/data/quora, only read). Queries: sampled questions with one word dropped.
    Single question from its text: p50/p99 at k 10 and at k 100 (the service's BM25
    candidates); the top 10 compared. Concurrent: BM25 on a worker thread while the
-   calling thread encodes the question (the service's fused path, `Bundle._fused_one`),
+   calling thread encodes the question (the service's fused path, `HybridSearch.rank`),
    and BM25 latency while another thread encodes questions without a pause; encoders:
    ONNX Runtime (1 thread) on a randomly initialised CNN of the paper's size, the folded
    CNN (numba; the service's default) and a busy numpy loop of small operations (which

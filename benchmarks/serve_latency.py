@@ -24,7 +24,8 @@ What it does (every number is measured on this machine, now):
    on the same vectors and swept over nprobe: recall and FAISS time only.
 3. In-process latency: `Bundle.search(question, k=10)` one question at a time (tokenise +
    ONNX Runtime with 1 intra-op thread + FAISS with 1 thread), p50/p99 per repeat, and the
-   CPU time per question.
+   CPU time per question. By part (`InProcess.breakdown`): tokenise, encode, the dense
+   search; fused, also BM25 alone and the whole served ranking (`HybridSearch.rank`).
 4. HTTP latency: `qpr serve` (uvicorn) in a subprocess on 127.0.0.1; a second process
    sends POST /search one at a time over a keep-alive connection (stdlib http.client);
    bounded in requests and seconds. 3 and 4 run at the chosen efSearch, alternating.
@@ -66,7 +67,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
@@ -74,6 +75,9 @@ import onnxruntime as ort
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from qpr.artifacts import SearchConfig
 
 # Run as scripts (python benchmarks/x.py): their own folder is on sys.path.
 from machine_info import describe
@@ -92,7 +96,7 @@ PAPER_FACTORY = "IVF2000,Flat"
 # best k·k_factor candidates re-ranked with exact distances (params.yaml refine_k_factor).
 FASTSCAN_FACTORY = "IVF1024,PQ150x4fs,RFlat"
 FASTSCAN_NPROBES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
-FUSION_K = 100  # the most results a request may ask for (and older fused bundles' candidates)
+FUSION_K = 100  # the most results a request may ask for
 RECALL_K = 20
 RECALL_TARGET = 0.98
 SEARCH_K = 10  # the service's default k
@@ -462,35 +466,35 @@ def served_sweep(
     """Recall@20 of the served (fused) ranking against the same fusion over an exact dense
     search, per knob value: what a user of a fused bundle gets from the approximate index.
 
-    The fusion is the bundle's (`qpr.retrieval.bundle.Bundle._fused`): BM25's candidates and
-    the index's top max(k, dense_candidates), every candidate scored by its exact distance.
+    Both rankings are the served one (`qpr.retrieval.hybrid.HybridSearch`, the search
+    config `write_bundle` writes): BM25's candidates and the index's top max(k,
+    dense_candidates), every candidate scored by its exact distance, fused; the reference
+    over an IndexFlatL2 of the vectors. BM25's half is found once: no index changes it.
     """
-    from qpr.retrieval.bm25 import lexical_search
-    from qpr.retrieval.dense import distances_to, recall_against, search
-    from qpr.retrieval.fusion import candidate_union, fuse_union
+    from qpr.retrieval.dense import recall_against
+    from qpr.retrieval.hybrid import HybridSearch, fuse
 
     faiss.omp_set_num_threads(2)
-    lexical_scores, lexical_rows = lexical_search(bm25, questions, int(fusion["candidates"]))
-    wanted = max(RECALL_K, int(fusion["dense_candidates"]))
-
-    def fused_top(searched: faiss.Index) -> np.ndarray:
-        _, dense_rows = search(searched, queries, wanted)
-        rows = candidate_union(dense_rows, lexical_rows)
-        sims = -distances_to(index, queries, rows)
-        return fuse_union(
-            sims, rows, lexical_scores, lexical_rows, fusion["dense_weight"], RECALL_K
-        )[1]
-
+    config = fused_config(fusion)
+    assert config.dense_weight is not None
     flat = faiss.IndexFlatL2(vectors.shape[1])
     flat.add(vectors)
-    reference = fused_top(flat)
+    exact = HybridSearch(flat, config, bm25=bm25)
+    lexical = exact.lexical(questions, RECALL_K)
+    served = HybridSearch(index, config, bm25=bm25)
+
+    def fused_top(search: HybridSearch) -> np.ndarray:
+        found = search.candidates(questions, queries, RECALL_K, lexical=lexical)
+        return fuse(found, config.dense_weight, RECALL_K).rows
+
+    reference = fused_top(exact)
     sweep = []
     for value in values:
         set_knob(index, knob, value)
         sweep.append(
             {
                 "value": value,
-                "served_recall_at_20": round(recall_against(fused_top(index), reference), 4),
+                "served_recall_at_20": round(recall_against(fused_top(served), reference), 4),
             }
         )
         say(f"  served (fused) {knob} {value:>4}: recall@20 {sweep[-1]['served_recall_at_20']:.4f}")
@@ -503,11 +507,28 @@ def _index_bytes(index: faiss.Index) -> int:
     return int(faiss.serialize_index(index).size)
 
 
+def fused_config(fusion: dict[str, Any] | None) -> SearchConfig:
+    """The `SearchConfig` of a bundle served with `fusion` (None: dense only). No threshold
+    chosen (nothing was evaluated): every query with a hit is "answered"."""
+    from qpr.artifacts import SearchConfig
+
+    if fusion is None:
+        return SearchConfig(threshold=None)
+    return SearchConfig(
+        threshold=None,
+        dense_weight=fusion["dense_weight"],
+        lexical_candidates=fusion["candidates"],
+        dense_candidates=fusion.get("dense_candidates"),
+        fused_nprobe=fusion.get("nprobe"),
+        fused_ef_search=fusion.get("ef_search"),
+    )
+
+
 def write_bundle(
     out: Path, corpus: Corpus, index: faiss.Index, fusion: dict[str, Any] | None = None
 ) -> None:
     """The served bundle; with `fusion`, BM25 weights of the corpus and α beside it."""
-    from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE, SearchConfig
+    from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE
     from qpr.retrieval.dense import IdMap, save_index
 
     save_index(index, out / INDEX_FILE)
@@ -520,19 +541,7 @@ def write_bundle(
         }
     )
     pq.write_table(table, out / QUESTIONS_FILE)
-    # No threshold chosen (nothing was evaluated): every query with a hit is "answered".
-    fused = (
-        {}
-        if fusion is None
-        else {
-            "dense_weight": fusion["dense_weight"],
-            "lexical_candidates": fusion["candidates"],
-            "dense_candidates": fusion.get("dense_candidates"),
-            "fused_nprobe": fusion.get("nprobe"),
-            "fused_ef_search": fusion.get("ef_search"),
-        }
-    )
-    SearchConfig(threshold=None, **fused).write(out)
+    fused_config(fusion).write(out)
     if fusion is not None:
         from qpr.retrieval.bm25 import BM25Index
 
@@ -628,10 +637,19 @@ class InProcess:
         return stats
 
     def breakdown(self) -> dict[str, float]:
-        """Where the time goes: each step timed separately (same files, 1 thread); for a
-        fused bundle the dense search asks for its candidates (max(k, dense_candidates)),
-        then BM25, then the fusion (the union of both sides scored exactly, and the
-        distances of the kept hits), the way `Bundle.search` does it for one question."""
+        """Where the time of one question goes (same files, 1 thread), p50 of each part:
+
+        - tokenise: the vocabulary's ``encode``;
+        - encode: the bundle's query encoder (folded CNN or ONNX Runtime);
+        - search: the dense half alone, FAISS (`qpr.retrieval.hybrid.dense` at the depth
+          the served ranking asks the index for: k, or max(k, dense_candidates) fused);
+        - bm25 (fused bundles): BM25's half alone (`HybridSearch.lexical`);
+        - ranking (fused bundles): the whole served ranking after encoding
+          (`HybridSearch.rank`, what `Bundle.search` calls): BM25 on its worker thread
+          beside the dense search, the union scored exactly, fused. Its halves overlap
+          (and the worker thread adds a hop): it is not search + bm25 + a fusion time.
+
+        A dense bundle's ranking is its search: `HybridSearch.rank` is timed as search."""
         from qpr.artifacts import (
             BM25_FILE,
             ENCODER_FILE,
@@ -642,10 +660,10 @@ class InProcess:
             VOCAB_FILE,
         )
         from qpr.retrieval.bm25 import BM25Index
-        from qpr.retrieval.dense import RowDistances, distances_to, load_index, search
+        from qpr.retrieval.dense import load_index
         from qpr.retrieval.encoders import load_session
         from qpr.retrieval.folded import fold_cnn
-        from qpr.retrieval.fusion import candidate_union, fuse, fuse_union_one
+        from qpr.retrieval.hybrid import HybridSearch, dense
         from qpr.text import load_tokenizer
 
         vocab = load_tokenizer(self.bundle_dir / VOCAB_FILE)
@@ -658,17 +676,15 @@ class InProcess:
             session = load_session(self.bundle_dir / ENCODER_FILE, threads=1)
         index = load_index(self.bundle_dir / INDEX_FILE, nprobe=None)  # as Bundle.load does
         set_knob(index, self.knob, self.value)
-        row_distances = RowDistances(index)
-        fusion = self.bundle.fusion
-        bm25 = BM25Index.load(self.bundle_dir / BM25_FILE) if fusion else None
-        rescored = bool(fusion) and "dense_candidates" in fusion
-        dense_k = SEARCH_K
-        if fusion:
-            dense_k = int(fusion["dense_candidates" if rescored else "candidates"])
-            dense_k = max(SEARCH_K, dense_k)
+        config = self.bundle.search_config
+        bm25 = BM25Index.load(self.bundle_dir / BM25_FILE) if config.fused else None
+        ranker = HybridSearch(index, config, bm25=bm25, size=self.bundle.size)
         parts: dict[str, list[float]] = {"tokenise": [], "encode": [], "search": []}
-        if fusion:
-            parts |= {"bm25": [], "fuse": []}
+        dense_k = ranker.depth(SEARCH_K)
+        if config.fused:
+            assert config.dense_candidates is not None
+            dense_k = min(max(dense_k, config.dense_candidates), ranker.size)
+            parts |= {"bm25": [], "ranking": []}
         for q in self.queries[: min(1000, self.plan.latency_queries)]:
             t0 = time.perf_counter()
             ids = vocab.encode(q)[: self.bundle.max_len] or [1]
@@ -679,29 +695,20 @@ class InProcess:
                 assert session is not None
                 vec = session.run([OUTPUT_NAME], {INPUT_NAME: np.asarray([ids], dtype=np.int64)})[0]
             t2 = time.perf_counter()
-            # qpr.retrieval.dense.search, as the bundle calls it (a refine index's
-            # re-ranking budget)
-            dist, rows = search(index, vec, dense_k)
+            if config.fused:
+                dense(index, vec, dense_k)
+            else:
+                ranker.rank([q], lambda vec=vec: vec, SEARCH_K)
             t3 = time.perf_counter()
             parts["tokenise"].append(t1 - t0)
             parts["encode"].append(t2 - t1)
             parts["search"].append(t3 - t2)
-            if bm25 is not None and fusion:
-                scores, lex_rows = bm25.search(q, int(fusion["candidates"]))
+            if config.fused:
+                ranker.lexical([q], SEARCH_K)
                 t4 = time.perf_counter()
-                weight = fusion["dense_weight"]
-                if rescored:  # every candidate scored by its exact distance
-                    union = candidate_union(rows, lex_rows[None])[0]
-                    union = union[union >= 0]
-                    exact = row_distances(vec, union)
-                    _, slots = fuse_union_one(-exact, union, scores, lex_rows, weight, SEARCH_K)
-                    exact[slots].tolist()
-                else:
-                    _, kept = fuse(-dist, rows, scores[None], lex_rows[None], weight, SEARCH_K)
-                    distances_to(index, vec, kept)
-                t5 = time.perf_counter()
+                ranker.rank([q], lambda vec=vec: vec, SEARCH_K)
                 parts["bm25"].append(t4 - t3)
-                parts["fuse"].append(t5 - t4)
+                parts["ranking"].append(time.perf_counter() - t4)
         return {k: round(float(np.median(v)) * 1e3, 4) for k, v in parts.items()}
 
     def report(self) -> dict[str, Any]:
@@ -1174,6 +1181,18 @@ def reading(report: dict[str, Any]) -> str:
     return text
 
 
+def breakdown_words(steps: dict[str, float]) -> str:
+    """The in-process p50 by part (`InProcess.breakdown`). A fused bundle's ranking is
+    named apart: it holds the search and BM25, overlapped, and the fusion."""
+    text = ", ".join(f"{k} {v:.3f} ms" for k, v in steps.items() if k != "ranking")
+    if "ranking" in steps:
+        text += (
+            f"; the whole fused ranking after encoding (search and bm25 overlapped, the "
+            f"union scored exactly, fused) {steps['ranking']:.3f} ms"
+        )
+    return text
+
+
 def fmt_range(s: dict[str, float], digits: int = 3) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
@@ -1397,7 +1416,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "core to itself, so it is the steadier figure when the machine is busy (for HTTP: "
         "the server process's and the client process's CPU per request). In-process p50 by "
         f"step (encoder: {encoder_words(chosen['in_process'])}): "
-        + ", ".join(f"{k} {v:.3f} ms" for k, v in chosen["in_process"]["breakdown_p50_ms"].items())
+        + breakdown_words(chosen["in_process"]["breakdown_p50_ms"])
         + ". HTTP adds parsing, validation, a worker-thread hop, JSON of 10 hits, and the "
         "client's own time (Python `http.client`) over a keep-alive connection: HTTP p50 − "
         f"in-process p50 = {fmt_range(overhead(chosen))} ms.",

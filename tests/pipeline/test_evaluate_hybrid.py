@@ -24,11 +24,11 @@ def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
 
 
 def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
-    from qpr.retrieval.bm25 import BM25Index, lexical_search
+    from qpr.retrieval.bm25 import BM25Index
     from qpr.retrieval.bundle import Bundle
-    from qpr.retrieval.dense import IdMap, distances_to, load_index, search
+    from qpr.retrieval.dense import IdMap, load_index
     from qpr.retrieval.encoders import encode, load_session
-    from qpr.retrieval.fusion import candidate_union, fuse
+    from qpr.retrieval.hybrid import HybridSearch
     from qpr.text import load_tokenizer
 
     paths, metrics = _pipeline(tmp_path, enabled=True, candidates=30)
@@ -64,17 +64,15 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     bundle = Bundle.load(paths.models_dir)
     assert bundle.fusion == stored
     assert bundle.nprobe == served["nprobe"]
-    # New questions through the stage's functions (dense candidates, BM25 candidates, every
-    # one scored exactly, fuse at the stored α) rank exactly as the service does.
+    # New questions ranked in one batch over the stage's own files (index at the served
+    # nprobe, BM25, search.json) rank exactly as the service ranks each one alone.
     # inflected words: both sides must stem them alike
     new = ["how can i resetting my accounts passwords quickly", "where are invoices for orders"]
     vectors = encode(load_session(paths.encoder_onnx), load_tokenizer(paths.vocab), new, max_len=24)
     index = load_index(paths.index_dir / "index.faiss", nprobe=served["nprobe"])
-    _, rows = search(index, vectors, 10)
-    lex_scores, lex_rows = lexical_search(BM25Index.load(paths.index_dir / "bm25.npz"), new, 30)
-    rows = candidate_union(rows, lex_rows)
-    distances = distances_to(index, vectors, rows)
-    _, fused_rows = fuse(-distances, rows, lex_scores, lex_rows, fusion["dense_weight"], 10)
+    bm25 = BM25Index.load(paths.index_dir / "bm25.npz")
+    ranked = HybridSearch(index, SearchConfig.read(paths.models_dir), bm25=bm25)
+    fused_rows = ranked.rank(new, lambda: vectors, 10).rows
     row_qids = IdMap.load(paths.index_dir / "index.ids.npy").qids
     for question, expected in zip(new, fused_rows, strict=True):
         served = [h.question_id for h in bundle.search(question, k=10).hits]

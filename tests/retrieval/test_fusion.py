@@ -9,7 +9,6 @@ import pytest
 
 from qpr.retrieval.fusion import (
     candidate_union,
-    fuse,
     fuse_union,
     fuse_union_one,
     scaled_at,
@@ -42,12 +41,18 @@ def test_fuse_union_one_returns_slots_into_the_union() -> None:
         fuse_union_one(np.zeros(2), np.array([2, 4]), np.ones(1), np.array([2]), 1.5, 2)
 
 
+def _sims(union: np.ndarray, sims: dict[int, float]) -> np.ndarray:
+    """Dense similarities float32 [1, U] for a one-query union: -inf at empty slots."""
+    return np.array([[sims.get(int(r), -np.inf) for r in union[0]]], np.float32)
+
+
 def test_fuse_hand_computed() -> None:
-    # dense: rows 5, 7, 9 with sims 0, -1, -2 → scaled 1, 0.5, 0
-    # bm25:  rows 9, 3 with scores 4, 2        → scaled 1, 0
-    dense_s, dense_r = np.array([[0.0, -1.0, -2.0]]), np.array([[5, 7, 9]])
+    # dense over the union: rows 5, 7, 9, 3 with sims 0, -1, -2, -2 → scaled 1, 0.5, 0, 0
+    # bm25:  rows 9, 3 with scores 4, 2                        → scaled 1, 0
     lex_s, lex_r = np.array([[4.0, 2.0, -np.inf]]), np.array([[9, 3, -1]])
-    scores, rows = fuse(dense_s, dense_r, lex_s, lex_r, 0.5, 4)
+    union = candidate_union(np.array([[5, 7, 9]]), lex_r)
+    sims = _sims(union, {5: 0.0, 7: -1.0, 9: -2.0, 3: -2.0})
+    scores, rows = fuse_union(sims, union, lex_s, lex_r, 0.5, 4)
     # 5: 0.5·1 = 0.5; 7: 0.5·0.5 = 0.25; 9: 0.5·0 + 0.5·1 = 0.5; 3: 0 → 5 and 9 tie: by row
     assert rows.tolist() == [[5, 9, 7, 3]]
     assert scores.tolist()[0] == pytest.approx([0.5, 0.5, 0.25, 0.0])
@@ -56,20 +61,24 @@ def test_fuse_hand_computed() -> None:
 def test_fuse_limits_are_the_single_rankings() -> None:
     rng = np.random.default_rng(1)
     dense_r = np.stack([rng.permutation(50)[:10] for _ in range(4)])
-    dense_s = -np.sort(rng.random((4, 10)), axis=1)
     lex_r = np.stack([rng.permutation(50)[:10] for _ in range(4)])
     lex_s = -np.sort(-rng.random((4, 10)), axis=1)
-    assert np.array_equal(fuse(dense_s, dense_r, lex_s, lex_r, 1.0, 5)[1], dense_r[:, :5])
-    assert np.array_equal(fuse(dense_s, dense_r, lex_s, lex_r, 0.0, 5)[1], lex_r[:, :5])
+    union = candidate_union(dense_r, lex_r)
+    sims = np.where(union >= 0, -rng.random(union.shape), -np.inf).astype(np.float32)
+    by_distance = np.take_along_axis(union, np.argsort(-sims, axis=1), axis=1)
+    assert np.array_equal(fuse_union(sims, union, lex_s, lex_r, 1.0, 5)[1], by_distance[:, :5])
+    assert np.array_equal(fuse_union(sims, union, lex_s, lex_r, 0.0, 5)[1], lex_r[:, :5])
 
 
 def test_fuse_with_an_empty_side_and_bad_weight() -> None:
     empty_s, empty_r = np.full((1, 2), -np.inf), np.full((1, 2), -1)
-    scores, rows = fuse(np.array([[0.0, -3.0]]), np.array([[4, 2]]), empty_s, empty_r, 0.3, 3)
+    union = candidate_union(np.array([[4, 2]]), empty_r)
+    sims = _sims(union, {4: 0.0, 2: -3.0})
+    scores, rows = fuse_union(sims, union, empty_s, empty_r, 0.3, 3)
     assert rows.tolist() == [[4, 2, -1]]
     assert scores[0, :2].tolist() == pytest.approx([0.3, 0.0]) and np.isneginf(scores[0, 2])
     with pytest.raises(ValueError, match="dense_weight"):
-        fuse(empty_s, empty_r, empty_s, empty_r, 1.5, 1)
+        fuse_union(sims, union, empty_s, empty_r, 1.5, 1)
 
 
 def test_candidate_union_is_each_querys_distinct_rows_ascending() -> None:
@@ -106,29 +115,35 @@ def test_fuse_over_the_union_gives_lexical_only_rows_their_dense_share() -> None
     # dense search found row 5 only; BM25 found 9 and 3; the union is scored exactly:
     # sims 5: 0, 9: -1, 3: -2 → scaled 1, 0.5, 0; BM25 9: 4, 3: 2 → scaled 1, 0
     union = candidate_union(np.array([[5]]), np.array([[9, 3]]))
-    sims = np.array([[{5: 0.0, 9: -1.0, 3: -2.0}[r] for r in union[0]]])
-    scores, rows = fuse(sims, union, np.array([[4.0, 2.0]]), np.array([[9, 3]]), 0.5, 3)
+    sims = _sims(union, {5: 0.0, 9: -1.0, 3: -2.0})
+    scores, rows = fuse_union(sims, union, np.array([[4.0, 2.0]]), np.array([[9, 3]]), 0.5, 3)
     # 9: 0.5·0.5 + 0.5·1 = 0.75 beats 5: 0.5·1; without the union 9 would get 0.5 only
     assert rows.tolist() == [[9, 5, 3]]
     assert scores[0].tolist() == pytest.approx([0.75, 0.5, 0.0])
 
 
-def test_fuse_union_equals_fuse_on_union_candidates() -> None:
+def test_fuse_union_fuses_each_query_on_its_own() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
-        q, n = int(rng.integers(1, 5)), int(rng.integers(5, 200))
+        q, n = int(rng.integers(2, 5)), int(rng.integers(5, 200))
         dense = rng.integers(-1, n, (q, int(rng.integers(1, 30))))
         lexical = np.stack([rng.permutation(n + 40)[:30] for _ in range(q)])
         lexical[lexical >= n] = -1  # empty slots
         scores = np.where(lexical >= 0, rng.integers(0, 5, lexical.shape), -np.inf)
         union = candidate_union(dense, lexical)
-        # integer similarities: many ties, which both must break by row
+        # integer similarities: many ties, broken by row
         sims = np.where(union >= 0, -rng.integers(0, 6, union.shape), -np.inf).astype(np.float32)
         weight, k = float(rng.choice([0.0, 0.3, 0.5, 1.0])), int(rng.integers(1, 60))
-        expected = fuse(sims, union, scores, lexical, weight, k)
-        got = fuse_union(sims, union, scores, lexical, weight, k)
-        assert np.array_equal(got[1], expected[1])
-        assert np.array_equal(got[0], expected[0])
+        got_scores, got_rows = fuse_union(sims, union, scores, lexical, weight, k)
+        for i in range(q):  # the batch's per-query offsets leak nothing between queries
+            one = slice(i, i + 1)
+            alone = fuse_union(sims[one], union[one], scores[one], lexical[one], weight, k)
+            assert np.array_equal(got_rows[i], alone[1][0])
+            assert np.array_equal(got_scores[i], alone[0][0])
+            kept = got_rows[i] >= 0
+            assert set(got_rows[i][kept].tolist()) <= set(union[i].tolist())
+            rank = list(zip(-got_scores[i][kept], got_rows[i][kept], strict=True))
+            assert rank == sorted(rank)  # best first, ties by row
 
 
 def test_fuse_union_refuses_rows_outside_the_union() -> None:
@@ -139,16 +154,16 @@ def test_fuse_union_refuses_rows_outside_the_union() -> None:
         fuse_union(np.zeros((1, 3)), union, np.array([[1.0]]), np.array([[2]]), -0.1, 2)
 
 
-def test_scaled_at_reads_each_side_of_fuse_for_the_kept_rows() -> None:
+def test_scaled_at_reads_each_side_of_the_fusion_for_the_kept_rows() -> None:
     rng = np.random.default_rng(3)
-    dense_rows = np.array([[4, 9, 2, 7, -1]])
-    dense_sims = -rng.random((1, 5)).astype(np.float32)
     lexical_rows = np.array([[9, 5, 2, -1]])
     lexical_scores = np.array([[3.0, 1.5, 0.5, -np.inf]], np.float32)
+    union = candidate_union(np.array([[4, 9, 2, 7, -1]]), lexical_rows)
+    dense_sims = np.where(union >= 0, -rng.random(union.shape), -np.inf).astype(np.float32)
     for weight in (0.0, 0.4, 1.0):
-        scores, rows = fuse(dense_sims, dense_rows, lexical_scores, lexical_rows, weight, 5)
+        scores, rows = fuse_union(dense_sims, union, lexical_scores, lexical_rows, weight, 5)
         kept = rows[0][rows[0] >= 0]
-        dense = scaled_at(dense_sims[0], dense_rows[0], kept)
+        dense = scaled_at(dense_sims[0], union[0], kept)
         lexical = scaled_at(lexical_scores[0], lexical_rows[0], kept)
         np.testing.assert_allclose(weight * dense + (1 - weight) * lexical, scores[0][: kept.size],
                                    atol=1e-6)  # fmt: skip

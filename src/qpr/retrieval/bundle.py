@@ -120,7 +120,7 @@ class Hit:
         >= 0, smaller = closer; the unit of the "no answer" threshold.
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
-        per-query min-max scaling, in [0, 1] (qpr.retrieval.fusion.fuse); the distance then
+        per-query min-max scaling, in [0, 1] (qpr.retrieval.hybrid.fuse); the distance then
         need not grow with the rank. Neither is a calibrated probability.
     explain: the parts of the score, only when the search asked for them.
     """

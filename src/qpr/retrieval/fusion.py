@@ -1,8 +1,10 @@
 """The fusion of the dense and the BM25 rankings of one query.
 
-Fusion (`fuse`): each side's top candidates, scores min-max normalised per query to [0, 1]
-(a candidate missing from one side gets 0 there), combined as α·dense + (1 - α)·lexical.
-α is chosen on the validation split by the evaluate stage; α = 1 is the dense ranking.
+Fusion (`fuse_union`): both sides' candidates in one union (`candidate_union`), each
+scored by its exact dense distance; BM25 scores and dense similarities min-max normalised
+per query to [0, 1] (a row BM25 did not return gets 0 there), combined as
+α·dense + (1 - α)·lexical. α is chosen on the validation split by the evaluate stage;
+α = 1 is the dense ranking. The served ranking built on it: `qpr.retrieval.hybrid`.
 
 Arrays: float32 scores, int64 rows (-1 = empty slot); small functions, no framework code.
 """
@@ -20,8 +22,8 @@ def candidate_union(dense_rows: np.ndarray, lexical_rows: np.ndarray) -> np.ndar
 
     Every row of the union is then scored by its exact distance
     (`qpr.retrieval.dense.distances_to`), so a BM25 candidate the approximate index did not
-    return still gets its dense share in `fuse`, and the dense side only has to add the few
-    candidates BM25 missed.
+    return still gets its dense share in `fuse_union`, and the dense side only has to add
+    the few candidates BM25 missed.
     """
     dense_rows = np.asarray(dense_rows, np.int64)
     lexical_rows = np.asarray(lexical_rows, np.int64)
@@ -75,7 +77,7 @@ def _unit_range(scores: np.ndarray) -> np.ndarray:
 
 def scaled_at(scores: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """One side of one query's fusion, read for some rows: float32 [len(wanted)], each
-    wanted row's score min-max scaled over the side's candidates as `fuse` scales it, 0
+    wanted row's score min-max scaled over the side's candidates as `fuse_union` scales it, 0
     where the side did not return the row. scores float [C] for rows int64 [C] (-1 =
     empty). What `explain` reports: α times the dense value plus (1 - α) times the
     lexical one is the fused score."""
@@ -86,48 +88,6 @@ def scaled_at(scores: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.nd
     return np.asarray([share.get(row, 0.0) for row in np.asarray(wanted).tolist()], np.float32)
 
 
-def fuse(
-    dense_sims: np.ndarray,
-    dense_rows: np.ndarray,
-    lexical_scores: np.ndarray,
-    lexical_rows: np.ndarray,
-    dense_weight: float,
-    k: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fused (scores float32 [Q, k], rows int64 [Q, k]), best first, ties by row.
-
-    dense_sims: float [Q, C] higher = closer (e.g. minus the L2 distance), rows int64 [Q, C]:
-    the dense search's own candidates, or (the served fusion) every candidate of
-    `candidate_union` with its exact distance; lexical_scores / lexical_rows likewise (BM25).
-    -1 rows are empty slots. A row missing from one side gets 0 from that side.
-    dense_weight α in [0, 1]: α·dense + (1 - α)·lexical after per-query min-max scaling.
-    """
-    if not 0.0 <= dense_weight <= 1.0:
-        raise ValueError(f"dense_weight must be in [0, 1], got {dense_weight}")
-    dense_rows = np.asarray(dense_rows, np.int64)
-    lexical_rows = np.asarray(lexical_rows, np.int64)
-    q = dense_rows.shape[0]
-    if lexical_rows.shape[0] != q:
-        raise ValueError(f"{q} dense rows but {lexical_rows.shape[0]} lexical rows")
-    d_scaled = _unit_range(np.where(dense_rows >= 0, dense_sims, -np.inf))
-    l_scaled = _unit_range(np.where(lexical_rows >= 0, lexical_scores, -np.inf))
-    out_s = np.full((q, k), -np.inf, np.float32)
-    out_r = np.full((q, k), -1, np.int64)
-    for i in range(q):
-        rows = np.concatenate([dense_rows[i], lexical_rows[i]])
-        parts = np.concatenate([dense_weight * d_scaled[i], (1.0 - dense_weight) * l_scaled[i]])
-        keep = rows >= 0
-        rows, parts = rows[keep], parts[keep]
-        if rows.size == 0:
-            continue
-        cand, inverse = np.unique(rows, return_inverse=True)
-        score = np.bincount(inverse, weights=parts).astype(np.float32)
-        order = np.lexsort((cand, -score))[:k]
-        out_s[i, : order.size] = score[order]
-        out_r[i, : order.size] = cand[order]
-    return out_s, out_r
-
-
 def fuse_union(
     dense_sims: np.ndarray,
     union_rows: np.ndarray,
@@ -136,12 +96,17 @@ def fuse_union(
     dense_weight: float,
     k: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`fuse` for candidates from `candidate_union`, every one with its dense similarity:
-    the same (scores, rows), computed for all queries at once (no per-query loop). One
-    question alone goes faster through `fuse_union_one` (compiled).
+    """Fused (scores float32 [Q, k], rows int64 [Q, k]), best first, ties by row, for
+    candidates from `candidate_union`, every one with its dense similarity; all queries at
+    once (no per-query loop). One question alone goes faster through `fuse_union_one`
+    (compiled).
 
     union_rows int64 [Q, U]: ascending per query, -1 slots last, holding every row of
-    lexical_rows (what `candidate_union` returns); dense_sims float [Q, U] for them.
+    lexical_rows (what `candidate_union` returns); dense_sims float [Q, U] for them,
+    higher = closer (minus the exact L2 distance). lexical_scores float [Q, C] for
+    lexical_rows int64 [Q, C] (BM25; -1 = empty). dense_weight α in [0, 1]:
+    α·dense + (1 - α)·lexical after per-query min-max scaling; a row BM25 did not return
+    gets 0 from it.
     """
     if not 0.0 <= dense_weight <= 1.0:
         raise ValueError(f"dense_weight must be in [0, 1], got {dense_weight}")
