@@ -9,7 +9,7 @@ Why: a training batch is trimmed to its longest question, and among 1,024 questi
 `CNNEncoder` convolves the questions packed end to end instead (eager calls; an exported
 graph keeps the padded form), the same function with ~3x fewer columns.
 
-What is measured: `qpr.training.loop.train_encoder` (what the train stage runs) for one
+What is measured: `qpr.training.encoder_step.train_encoder` (what the train stage runs) for one
 epoch of SDML (ε 0.3, N 512) on a seeded subset of Quora's training pairs, with the
 paper's CNN
 (embedding 300, window 5, 300 channels, output 300, max_len 40; vocabulary top 50k words +
@@ -64,7 +64,7 @@ def one_epoch(
     from qpr.model.cnn import CNNEncoder
     from qpr.model.losses import build_loss
     from qpr.training.checkpoint import seed_everything
-    from qpr.training.loop import train_encoder
+    from qpr.training.encoder_step import train_encoder
     from qpr.training.pairs import TrainData
     from qpr.training.train_config import TrainConfig
 

@@ -10,7 +10,7 @@ What is measured (every figure is the median over `--repeats` runs, with min and
 1. Training: pairs/s of one training step of the paper's CNN encoder (e_dim 300, window 5,
    300 channels, n 300; vocabulary = top-50k words + 5k hash bins of the training
    questions) at batch N = 512, with SDML (ε 0.3) and with the triplet loss. The step is
-   the trainer's own `qpr.training.loop._train_epoch` (fused Adam, both sides in one forward pass,
+   the trainer's own `qpr.training.loop.train_pass` (fused Adam, both sides in one forward pass,
    loss, backward, step) on batches from `ClusterDisjointBatchSampler`, so this measures
    exactly what `train_encoder` runs, minus validation and checkpoints.
 2. Index encoding: questions/s of ONNX Runtime (`qpr.model.onnx.encode`, tokenisation
@@ -84,9 +84,9 @@ from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
 from qpr.training.checkpoint import seed_everything
 from qpr.training.embed import encode_texts
-from qpr.training.loop import _EncodedPairs, _train_epoch
+from qpr.training.encoder_step import EncodedPairs, EncoderStep
+from qpr.training.loop import PROGRESS_EVERY_S, train_pass
 from qpr.training.sampler import ClusterDisjointBatchSampler
-from qpr.training.train_config import PROGRESS_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUORA = ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -391,27 +391,31 @@ def train_steps(
     encoder: torch.nn.Module,
     loss: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    pairs: _EncodedPairs,
+    pairs: EncodedPairs,
     flip: torch.Tensor,
     batches: list[np.ndarray],
 ) -> tuple[float, int]:
     """The trainer's own inner loop over `batches`: (sum of loss × batch size, pairs)."""
+    step = _PairSteps(encoder, loss, optimizer, pairs, flip)
     with tqdm(total=len(batches), disable=True) as bar:
-        loss_sum, pairs_seen, _ = _train_epoch(
-            encoder=encoder,
-            loss=loss,
-            optimizer=optimizer,
-            pairs=pairs,
-            batches=batches,
-            flip=flip,
-            device="cpu",
-            bar=bar,
-            epoch=1,
-            deadline=None,
-            on_progress=None,
-            progress_every_s=PROGRESS_EVERY_S,
+        loss_sum, pairs_seen, _ = train_pass(
+            step, batches, epoch=1, bar=bar, progress_every_s=PROGRESS_EVERY_S
         )
     return loss_sum, pairs_seen
+
+
+class _PairSteps:
+    """The encoder family's batch loss (qpr.training.encoder_step.EncoderStep) over pairs
+    encoded here, without its data preparation and validation."""
+
+    unit = "pairs"
+    scheduler = None
+    batch_loss = EncoderStep.batch_loss
+
+    def __init__(self, encoder, loss, optimizer, pairs, flip) -> None:
+        self.model, self.loss, self.optimizer = encoder, loss, optimizer
+        self.pairs, self.flip = pairs, flip
+        self.config = argparse.Namespace(device="cpu")
 
 
 def bench_training(
@@ -444,9 +448,7 @@ def bench_training(
     used = np.unique(np.concatenate(batches))
     if epoch > 1:
         say(f"training: {len(sampler)} batches per epoch, so batches of {epoch} epochs are used")
-    pairs = _EncodedPairs(
-        vocab, [corpus.q1[i] for i in used], [corpus.q2[i] for i in used], MAX_LEN
-    )
+    pairs = EncodedPairs(vocab, [corpus.q1[i] for i in used], [corpus.q2[i] for i in used], MAX_LEN)
     local = [np.searchsorted(used, b) for b in batches]
     warmup, measured = local[: plan.warmup_batches], local[plan.warmup_batches :]
     flip = torch.from_numpy(np.random.default_rng([SEED, 1, 1]).random(used.size) < 0.5)
@@ -824,7 +826,7 @@ def render_markdown(report: dict[str, Any], results: Results, sizes: list[int]) 
         "One training step of the paper's CNN encoder (e_dim 300, window 5, 300 channels, "
         f"n 300; vocabulary {data['vocab_size']:,} ids = {data['vocab_words']:,} words of the "
         f"training questions + {HASH_BINS:,} hash bins; max_len {MAX_LEN}) at batch N = "
-        f"{BATCH_SIZE}: the trainer's own `qpr.training.loop._train_epoch` "
+        f"{BATCH_SIZE}: the trainer's own `qpr.training.loop.train_pass` "
         "(both sides in one forward "
         "pass, loss, backward, fused Adam step) on `ClusterDisjointBatchSampler` batches, "
         f"{plan['train_batches']} batches timed after {plan['warmup_batches']} warm-up, the "

@@ -21,7 +21,7 @@ First-stage results and cross-encoder scores are cached in --work (keyed by the 
 fingerprint and the re-ranker's files), so a second call only measures what is new.
 
     python benchmarks/rerank.py --bundle MODELS --clusters CLUSTER_DIR --reranker MODELS2
-    python benchmarks/rerank.py --bundle MODELS --clusters CLUSTER_DIR --train --budget-s 1500
+    python benchmarks/rerank.py --bundle MODELS --clusters CLUSTER_DIR --train --max-epochs 1
 """
 
 from __future__ import annotations
@@ -205,8 +205,8 @@ def latency(dirs: dict[str, Path], questions: list[str], log: Log) -> dict[str, 
     return out
 
 
-def train(clusters: Path, work: Path, budget_s: float, log: Log) -> tuple[Path, dict]:
-    """The rerank stage with params.yaml's rerank section (enabled, the budget given) on
+def train(clusters: Path, work: Path, epochs: int, log: Log) -> tuple[Path, dict]:
+    """The rerank stage with params.yaml's rerank section (enabled, `epochs` at most) on
     the cluster outputs; returns its models folder and metrics."""
     from qpr.config import load_settings, settings_from_dict
     from qpr.paths import ProjectPaths
@@ -218,7 +218,7 @@ def train(clusters: Path, work: Path, budget_s: float, log: Log) -> tuple[Path, 
     if not link.exists():
         link.symlink_to(clusters.resolve())
     raw = load_settings(REPO / "params.yaml").model_dump(mode="json")
-    raw["rerank"] |= {"enabled": True, "time_budget_s": budget_s}
+    raw["rerank"] |= {"enabled": True, "max_epochs": epochs}
     metrics = run_rerank(settings_from_dict(raw), ProjectPaths(root), log=log)
     return root / "models", metrics
 
@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--clusters", type=Path, required=True, help="cluster outputs")
     parser.add_argument("--reranker", type=Path, help="a models/ folder holding rerank/")
     parser.add_argument("--train", action="store_true", help="train one into --work first")
-    parser.add_argument("--budget-s", type=float, default=1500.0)
+    parser.add_argument("--max-epochs", type=int, default=1, help="training passes")
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-rerank-benchmark"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--tops", default="3,5,10,20")
@@ -247,7 +247,7 @@ def main() -> None:
     trained = None
     reranker_models = args.reranker
     if args.train:
-        reranker_models, trained = train(args.clusters, args.work, args.budget_s, log)
+        reranker_models, trained = train(args.clusters, args.work, args.max_epochs, log)
     tops = [int(t) for t in args.tops.split(",")]
     results = measure(args, reranker_models, tops, log)
     results["training"] = trained or _training_note(reranker_models)

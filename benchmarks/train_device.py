@@ -4,7 +4,7 @@
     python benchmarks/train_device.py               # the CPU, and the GPU when there is one
     python benchmarks/train_device.py --pairs 40000 --out DIR
 
-What is measured: `qpr.training.loop.train_encoder` itself (what the train stage runs with
+What is measured: `qpr.training.encoder_step.train_encoder` itself (what the train stage runs with
 `train.device`) for two epochs of SDML (ε 0.3, batch N = 512) with the paper's CNN
 (embedding 300, window 5, 300 channels, output 300, max_len 40; vocabulary = top-50k words
 + 5k hash bins), once per device. The figure is the trainer's own pairs/s of each epoch
@@ -68,7 +68,7 @@ def measure(device: str, pairs: int, threads: int) -> dict[str, Any]:
     from qpr.model.losses import build_loss
     from qpr.text.vocab import Vocabulary
     from qpr.training.checkpoint import seed_everything
-    from qpr.training.loop import train_encoder
+    from qpr.training.encoder_step import train_encoder
     from qpr.training.pairs import TrainData
     from qpr.training.train_config import TrainConfig
     from qpr.training.validation import ValidationSet
@@ -125,7 +125,8 @@ def render(report: dict[str, Any]) -> str:
         + (f", GPU: {report['gpu']}" if report["gpu"] else ", no GPU")
         + ".",
         "",
-        "`qpr.training.loop.train_encoder` (what the train stage runs), SDML ε 0.3, batch 512, the "
+        "`qpr.training.encoder_step.train_encoder` (what the train stage runs), SDML ε 0.3, "
+        "batch 512, the "
         f"paper's CNN (embedding 300, window 5, 300 channels, output 300), "
         f"{report['pairs']:,} random question pairs per epoch (cost depends on shapes, not "
         "words). pairs/s is the trainer's own figure (batches only); epoch 1 on a GPU "

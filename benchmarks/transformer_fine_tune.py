@@ -12,15 +12,15 @@ a 1,500 s budget instead.
 What it does: the cluster outputs of the Quora benchmark (`--cluster-dir`, default the
 work folder of `benchmarks/quora_qpr.py`: clusters = transitive closure of the duplicate
 pairs, split 80/10/10 by cluster) give the training pairs (all of them) and the val/test
-queries. For each `epochs:batch:lr` of `--configs`, `qpr.training.loop.train_encoder` fine-tunes the
-packaged model (mean pooling, no projection, word pieces up to 64) with SDML (ε 0.3) from
-the same seed, keeping its best epoch by the trainer's validation MRR. Each model, and the
-model off the shelf, then ranks every distinct question of the file for every val and test
-query by exact squared L2 distance (the query itself excluded, top 20): P@1, P@10 and MRR
-with the Quora protocol's definitions (relevant = the other questions of the query's
-cluster; these reproduce the Quora table's off-the-shelf row). The setting with the best
-validation MRR is the one chosen; test figures are reported for all, read them only for
-the chosen one.
+queries. For each `epochs:batch:lr` of `--configs`,
+`qpr.training.encoder_step.train_encoder` fine-tunes the packaged model (mean pooling, no
+projection, word pieces up to 64) with SDML (ε 0.3) from the same seed, keeping its best
+epoch by the trainer's validation MRR. Each model, and the model off the shelf, then ranks
+every distinct question of the file for every val and test query by exact squared L2
+distance (the query itself excluded, top 20): P@1, P@10 and MRR with the Quora protocol's
+definitions (relevant = the other questions of the query's cluster; these reproduce the
+Quora table's off-the-shelf row). The setting with the best validation MRR is the one
+chosen; test figures are reported for all, read them only for the chosen one.
 
 Outputs: <out>/transformer_fine_tune.json (machine, settings, every epoch) and .md.
 """
@@ -188,7 +188,7 @@ def fine_tune(
     from qpr.model.losses import build_loss
     from qpr.model.transformer import TransformerEncoder
     from qpr.training.checkpoint import seed_everything
-    from qpr.training.loop import train_encoder
+    from qpr.training.encoder_step import train_encoder
     from qpr.training.pairs import TrainData
     from qpr.training.train_config import TrainConfig
     from qpr.training.validation import ValidationSet

@@ -110,7 +110,7 @@ def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     from qpr.io import write_json_atomic
     from qpr.model.cross_encoder import CrossEncoder
-    from qpr.model.cross_encoder_onnx import export_cross_encoder
+    from qpr.model.onnx import CROSS_ENCODER_SIGNATURE, export_onnx
     from qpr.model.quantize import quantize_query_encoder
     from qpr.retrieval.reranker import reranker_config
     from qpr.text.wordpiece import WordPieceTokenizer
@@ -120,7 +120,7 @@ def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     model = CrossEncoder().eval()
     metadata = {VOCAB_SHA256_KEY: tokenizer.checksum, MAX_LEN_KEY: str(RERANK_MAX_LEN)}
-    export_cross_encoder(model, models / RERANK_MODEL_FILE, metadata=metadata)
+    export_onnx(model, models / RERANK_MODEL_FILE, CROSS_ENCODER_SIGNATURE, metadata=metadata)
     quantize_query_encoder(models / RERANK_MODEL_FILE, models / RERANK_INT8_FILE)
     tokenizer.save(models / RERANK_TOKENIZER_FILE)
     write_json_atomic(

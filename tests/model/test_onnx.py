@@ -1,4 +1,5 @@
-"""ONNX export: parity with torch, dynamic axes, padding invariance, the encode path."""
+"""qpr.model.onnx for an encoder: parity with torch, dynamic axes, padding invariance,
+the encode path."""
 
 from __future__ import annotations
 

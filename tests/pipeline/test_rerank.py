@@ -38,7 +38,7 @@ def test_enabled_trains_exports_and_gates(tmp_path: Path) -> None:
     from qpr.pipeline.cluster import run_cluster
     from qpr.retrieval.reranker import Reranker
 
-    rerank = {"enabled": True, "time_budget_s": 3, "max_pairs": 40, "check_groups": 10}
+    rerank = {"enabled": True, "max_epochs": 2, "max_pairs": 16, "check_groups": 10}
     rerank |= {"max_len": 32, "batch_size": 2, "threads": 1}
     settings = settings_from_dict(tiny_overrides(tmp_path, rerank=rerank))
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
@@ -48,7 +48,13 @@ def test_enabled_trains_exports_and_gates(tmp_path: Path) -> None:
         settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
     )
     metrics = run_rerank(settings, paths, log=quiet)
-    assert metrics["enabled"] == 1 and metrics["train_steps"] >= 1
+    steps_per_epoch = -(-metrics["train_groups"] // 2)  # batch_size 2
+    assert (
+        metrics["enabled"] == 1
+        and metrics["train_steps"] == metrics["train_epochs"] * steps_per_epoch
+    )
+    assert 1 <= metrics["train_best_epoch"] <= metrics["train_epochs"] <= 2
+    assert (paths.rerank_train_dir / "checkpoints" / "last.pt").is_file()
     assert metrics["parity_max_abs_diff"] < 1e-4 and metrics["check_groups"] == 10
     assert (paths.models_dir / RERANK_TOKENIZER_FILE).is_file()
     assert (paths.gate_reports("rerank")).is_dir()

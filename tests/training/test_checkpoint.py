@@ -1,5 +1,5 @@
 """Checkpoints load with weights_only=True: a file that carries pickled code is refused by
-every loader (training state, the stage's encoder.pt, the re-ranker's resume file)."""
+every loader (training state, the stage's encoder.pt, a resumed run of any family)."""
 
 from __future__ import annotations
 
@@ -46,15 +46,16 @@ def test_a_pickled_callable_is_refused_by_the_stage_loader(poisoned: Path) -> No
         load_trained_encoder(poisoned)
 
 
-def test_a_pickled_callable_is_refused_by_the_reranker_resume(
-    poisoned: Path, tmp_path: Path
+def test_a_pickled_callable_is_refused_by_a_resumed_run(
+    poisoned: Path, tmp_path: Path, tiny_paraphrases
 ) -> None:
-    from qpr.training import rerank_loop
+    """The one loop resumes every family from last.pt through load_checkpoint."""
+    from qpr.model import CNNEncoder
+    from qpr.model.losses import build_loss
+    from tests.paraphrases import train_tiny
 
-    work = tmp_path / "work"
-    work.mkdir()
-    poisoned.rename(work / rerank_loop.CHECKPOINT)
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    poisoned.rename(tmp_path / "run" / "checkpoints" / "last.pt")
+    encoder = CNNEncoder(tiny_paraphrases.vocab.size, embedding_dim=8, channels=8, output_dim=8)
     with pytest.raises(pickle.UnpicklingError):
-        rerank_loop._resume(work, "x", model, optimizer, log=lambda _: None)
+        train_tiny(tiny_paraphrases, tmp_path / "run", encoder=encoder, loss=build_loss("sdml"))

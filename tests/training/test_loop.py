@@ -118,8 +118,8 @@ def test_training_beats_the_untrained_encoder(tiny_paraphrases, tmp_path: Path) 
     assert seen[-1]["train_loss"] < seen[0]["train_loss"]
     # The untrained encoder groups questions by template, not by meaning.
     assert result.initial["val_mrr"] < 0.3
-    assert result.best_val_mrr > result.initial["val_mrr"] + 0.5
-    assert result.best_val_auc > 0.95
+    assert result.best["val_mrr"] > result.initial["val_mrr"] + 0.5
+    assert result.best["val_auc"] > 0.95
 
     # Paraphrases end up closer than non-paraphrases (the returned encoder = best epoch).
     best_encoder = load_encoder(result.best_checkpoint)
@@ -133,11 +133,11 @@ def test_training_beats_the_untrained_encoder(tiny_paraphrases, tmp_path: Path) 
     assert result.last_checkpoint.is_file() and result.best_checkpoint.is_file()
     last = load_checkpoint(result.last_checkpoint)
     assert last["epoch"] == 5 and len(last["history"]) == 5
-    assert {"model", "optimizer", "loss", "rng", "config", "fingerprint"} <= set(last)
+    assert {"model", "optimizer", "step", "rng", "config", "fingerprint"} <= set(last)
     assert last["config"]["max_epochs"] == 5 and last["fingerprint"]["lr"] == 3e-3
     best = load_checkpoint(result.best_checkpoint)
     assert best["epoch"] == result.best_epoch
-    assert best["metrics"]["val_auc"] == pytest.approx(result.best_val_auc)
+    assert best["metrics"]["val_auc"] == pytest.approx(result.best["val_auc"])
 
 
 @pytest.mark.parametrize("loss", ["sdml", "triplet"])
@@ -206,7 +206,7 @@ def test_early_stopping_on_validation_auc(tiny_paraphrases, tmp_path: Path) -> N
     assert result.stopped_early
     assert result.last_epoch == result.best_epoch + 2
     aucs = [r["val_auc"] for r in result.history]
-    assert result.best_val_auc == max(aucs)
+    assert result.best["val_auc"] == max(aucs)
 
 
 def test_early_stopping_on_validation_mrr_keeps_the_best_mrr_epoch(
@@ -218,7 +218,7 @@ def test_early_stopping_on_validation_mrr_keeps_the_best_mrr_epoch(
     assert result.stopped_early
     assert result.last_epoch == result.best_epoch + 2
     mrrs = [r["val_mrr"] for r in result.history]
-    assert result.best_val_mrr == max(mrrs) == mrrs[result.best_epoch - 1]
+    assert result.best["val_mrr"] == max(mrrs) == mrrs[result.best_epoch - 1]
     assert load_checkpoint(result.best_checkpoint)["epoch"] == result.best_epoch
     with pytest.raises(ValueError, match="monitor"):
         _train(tiny_paraphrases, tmp_path / "bad", monitor="loss")
@@ -233,13 +233,13 @@ def test_a_run_resumed_under_another_monitor_keeps_an_epoch_it_has_weights_for(
     assert by_mrr.resumed_from_epoch == 3 and by_mrr.history == by_auc.history
     expected = last if last["val_mrr"] > kept["val_mrr"] else kept
     assert by_mrr.best_epoch == expected["epoch"]
-    assert by_mrr.best_val_mrr == expected["val_mrr"]
+    assert by_mrr.best["val_mrr"] == expected["val_mrr"]
     best = load_checkpoint(by_mrr.best_checkpoint)
     assert best["epoch"] == by_mrr.best_epoch
     # and training goes on under the new monitor
     longer = _train(tiny_paraphrases, tmp_path, max_epochs=4, monitor="val_mrr")
     assert [r["epoch"] for r in longer.history] == [1, 2, 3, 4]
-    assert longer.best_val_mrr == max(
+    assert longer.best["val_mrr"] == max(
         [expected["val_mrr"], *(r["val_mrr"] for r in longer.history[3:])]
     )
 
@@ -280,7 +280,7 @@ def test_trains_on_the_gpu_and_the_checkpoint_resumes_and_encodes_on_the_cpu(
 ) -> None:
     data = tiny_paraphrases
     result = _train(data, tmp_path, max_epochs=3, device="cuda")
-    assert result.best_val_mrr > result.initial["val_mrr"] + 0.5
+    assert result.best["val_mrr"] > result.initial["val_mrr"] + 0.5
     # The checkpoint holds CPU tensors: the export and the service never need a GPU.
     on_cpu = load_encoder(result.best_checkpoint)
     assert {p.device.type for p in on_cpu.parameters()} == {"cpu"}

@@ -46,11 +46,11 @@ def test_amsoftmax_training_separates_paraphrases(tiny_paraphrases, tmp_path: Pa
     data = tiny_paraphrases
     result = _train(data, tmp_path)
 
-    assert result.train_classes == 48 and result.train_pairs == len(data.train_q1)
+    assert result.counts == {"train_pairs": len(data.train_q1), "train_classes": 48}
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
-    assert result.best_val_mrr > result.initial["val_mrr"] + 0.5
-    assert result.best_val_auc > 0.95
+    assert result.best["val_mrr"] > result.initial["val_mrr"] + 0.5
+    assert result.best["val_auc"] > 0.95
 
     # Validation clusters are unseen in training: the encoder, not the classifier, learned.
     best = load_encoder(result.best_checkpoint)
@@ -63,7 +63,7 @@ def test_amsoftmax_training_separates_paraphrases(tiny_paraphrases, tmp_path: Pa
 
     # The class vectors are state of the run: in last.pt with the encoder.
     last = load_checkpoint(result.last_checkpoint)
-    assert last["loss"]["weight"].shape == (48, DIM)
+    assert last["step"]["weight"].shape == (48, DIM)
     assert "AMSoftmaxLoss(num_classes=48" in last["fingerprint"]["loss"]
 
 
@@ -87,7 +87,7 @@ def test_killed_amsoftmax_run_resumes_to_the_same_weights(tiny_paraphrases, tmp_
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert torch.equal(a["loss"]["weight"], b["loss"]["weight"])
+    assert torch.equal(a["step"]["weight"], b["step"]["weight"])
 
 
 def test_loss_with_the_wrong_class_count_is_refused(tiny_paraphrases, tmp_path: Path) -> None:
@@ -97,4 +97,4 @@ def test_loss_with_the_wrong_class_count_is_refused(tiny_paraphrases, tmp_path: 
     subset = num_training_classes(tiny_paraphrases.train_clusters, max_pairs=40, seed=0)
     assert subset < 48
     result = _train(tiny_paraphrases, tmp_path / "subset", max_pairs=40, max_epochs=1)
-    assert (result.train_pairs, result.train_classes) == (40, subset)
+    assert (result.counts["train_pairs"], result.counts["train_classes"]) == (40, subset)

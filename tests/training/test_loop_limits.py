@@ -59,7 +59,7 @@ def test_training_on_max_pairs_is_deterministic(tiny_paraphrases, tmp_path: Path
     data = tiny_paraphrases
     first = _train(data, tmp_path / "a", max_pairs=64, max_epochs=2)
     second = _train(data, tmp_path / "b", max_pairs=64, max_epochs=2)
-    assert first.train_pairs == 64 and first.train_classes <= 48
+    assert first.counts["train_pairs"] == 64 and first.counts["train_classes"] <= 48
     # 64 pairs in batches of up to 32: every epoch sees exactly the subset.
     assert [r["pairs"] for r in first.history] == [64, 64]
     assert _metrics(first.history) == _metrics(second.history)
@@ -88,7 +88,7 @@ def test_budget_cuts_the_epoch_and_resume_does_not_run_past_it(
     assert cut.last_epoch == 1 and len(cut.history) == 1 and len(seen) == 1
     record = cut.history[0]
     assert record["cut_by_budget"] and record["batches"] == 1 < record["planned_batches"]
-    assert record["pairs"] < cut.train_pairs
+    assert record["pairs"] < cut.counts["train_pairs"]
     # The cut epoch was validated and saved like any other.
     assert np.isfinite(record["val_auc"]) and cut.best_epoch == 1
     last = load_checkpoint(cut.last_checkpoint)

@@ -12,7 +12,7 @@ import pytest
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
 from qpr.training.checkpoint import TrainingStateError, seed_everything
-from qpr.training.loop import train_encoder
+from qpr.training.encoder_step import train_encoder
 from qpr.training.pairs import TrainData
 from qpr.training.train_config import TrainConfig
 
@@ -56,7 +56,7 @@ def test_hard_negatives_train_and_enter_the_fingerprint(tiny_paraphrases, tmp_pa
     data = tiny_paraphrases
     negatives = _shifted(data)
     result = _train(data, tmp_path / "run", negatives)
-    assert result.best_val_mrr > result.initial["val_mrr"]
+    assert result.best["val_mrr"] > result.initial["val_mrr"]
     # Other negatives are another run: its checkpoints are not resumed.
     other = list(reversed(negatives))
     with pytest.raises(TrainingStateError):

@@ -13,7 +13,7 @@ import torch
 from qpr.model import CNNEncoder
 from qpr.model.losses import build_loss
 from qpr.training.checkpoint import TrainingStateError, seed_everything
-from qpr.training.loop import _EncodedPairs, train_encoder
+from qpr.training.encoder_step import EncodedPairs, train_encoder
 from qpr.training.pairs import TrainData
 from qpr.training.train_config import TrainConfig
 
@@ -29,7 +29,7 @@ def test_teacher_rows_follow_their_questions_through_flips(tiny_paraphrases) -> 
         np.stack([_text_vector(t) for t in data.train_q1]),
         np.stack([_text_vector(t) for t in data.train_q2]),
     )
-    pairs = _EncodedPairs(data.vocab, data.train_q1, data.train_q2, 16, None, teacher)
+    pairs = EncodedPairs(data.vocab, data.train_q1, data.train_q2, 16, None, teacher)
     idx = torch.arange(0, len(data.train_q1), 7)
     flip = torch.from_numpy(np.random.default_rng(0).random(len(data.train_q1)) < 0.5)
     anchors, _ = pairs.batch(idx, flip)
@@ -78,7 +78,7 @@ def test_training_with_a_teacher_learns_and_fingerprints_the_teacher(
     data = tiny_paraphrases
     teacher = _cluster_teacher(data, noise=0.3)
     result = _train(data, tmp_path, teacher, max_epochs=4, patience=10)
-    assert result.best_val_mrr > result.initial["val_mrr"] + 0.1
+    assert result.best["val_mrr"] > result.initial["val_mrr"] + 0.1
     assert np.isfinite([r["train_loss"] for r in result.history]).all()
 
     # Other teacher vectors are another run: its checkpoint is not continued.

@@ -1,6 +1,10 @@
 """The rerank stage: a cross-encoder trained on the training split's pairs with BM25 hard
 negatives, exported to ONNX (and int8 when it ranks as float32 does) into models/rerank/.
 
+It reads as train → export → gate: the one loop trains it (`qpr.training.rerank_step`:
+epochs, early stopping on the validation groups' MRR, checkpoints in artifacts/rerank),
+`qpr.model.onnx` exports it and measures its parity with torch, which gates it.
+
 With rerank.enabled false it trains nothing and writes only models/rerank/config.json
 saying so, which is what a bundle then finds. The folder is built beside models/rerank/
 and swapped in only after the parity gate passed: a bundle never sees half a re-ranker.
@@ -9,9 +13,11 @@ The search config's ``rerank_top`` (written by the evaluate stage) turns it on a
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +41,7 @@ from qpr.quality.checks import Check, require
 if TYPE_CHECKING:
     from qpr.model.cross_encoder import CrossEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
+    from qpr.training.loop import TrainResult
     from qpr.training.rerank_data import RerankGroups
 
 
@@ -55,7 +62,6 @@ def run_rerank(
     from qpr.text.wordpiece import WordPieceTokenizer
     from qpr.training.embed import torch_threads
     from qpr.training.rerank_data import GroupSpec, rerank_groups
-    from qpr.training.rerank_loop import RerankTrainConfig, train_reranker
 
     rerank, lexical = settings.rerank, settings.index.lexical
     questions, pairs = read_cluster_outputs(paths)
@@ -74,23 +80,43 @@ def run_rerank(
         questions, pairs, replace(spec, split="val", max_pairs=rerank.check_groups), log=log
     )
     tokenizer = WordPieceTokenizer.from_package(rerank.package, max_len=rerank.max_len)
-    config = RerankTrainConfig(
-        package=rerank.package,
-        max_len=rerank.max_len,
-        batch_size=rerank.batch_size,
-        lr=rerank.lr,
-        time_budget_s=rerank.time_budget_s,
-        threads=rerank.threads,
-        seed=settings.seed,
-    )
-    model, trained = train_reranker(
-        config, groups, tokenizer, work_dir=paths.rerank_train_dir, log=log
-    )
+    model, result = _train(settings, paths, (groups, checks), tokenizer, log)
     # The parity check runs torch too: on rerank.threads, as the training did (on 2 shared
     # cores 2 threads trained 5x slower than 1).
     with torch_threads(rerank.threads):
         exported = export_reranker(model, tokenizer, checks, settings, paths, log=log)
-    return {"enabled": 1, "train_groups": len(groups), **_prefixed(trained), **exported}
+    return {"enabled": 1, "train_groups": len(groups), **_training_metrics(result), **exported}
+
+
+def _train(
+    settings: Settings,
+    paths: ProjectPaths,
+    groups: tuple[RerankGroups, RerankGroups],
+    tokenizer: WordPieceTokenizer,
+    log: Callable[[str], None],
+) -> tuple[CrossEncoder, TrainResult]:
+    """rerank.* through the one loop (RerankConfig.from_settings) on (training groups,
+    validation groups); a checkpoint of another run is set aside and training starts
+    afresh."""
+    from qpr.training.checkpoint import TrainingStateError
+    from qpr.training.loop import epoch_line, progress_line
+    from qpr.training.rerank_step import RerankConfig, train_reranker
+
+    config = RerankConfig.from_settings(settings)
+    train = partial(
+        train_reranker,
+        groups=groups[0],
+        checks=groups[1],
+        tokenizer=tokenizer,
+        out_dir=paths.rerank_train_dir,
+        on_epoch=lambda record: log(epoch_line(record, "pairs")),
+        on_progress=lambda record: log(progress_line(record)),
+    )
+    try:
+        return train(config)
+    except TrainingStateError as err:
+        log(f"not resuming: {err}; training from scratch")
+        return train(dataclasses.replace(config, resume=False))
 
 
 def export_reranker(
@@ -105,10 +131,11 @@ def export_reranker(
     """models/rerank/ from a trained model: ONNX gated on parity with torch over the
     validation groups, the int8 copy kept when it ranks them as float32 does, the
     tokenizer and config.json. Returns the export's metrics."""
-    from qpr.model.cross_encoder_onnx import (
-        cross_parity_check,
-        export_cross_encoder,
+    from qpr.model.onnx import (
+        CROSS_ENCODER_SIGNATURE,
+        export_onnx,
         int8_verdict,
+        parity_check,
         ranking_agreement,
     )
     from qpr.model.quantize import quantize_query_encoder
@@ -120,9 +147,9 @@ def export_reranker(
     staging = _fresh(out.with_name(f".{out.name}.tmp"))
     model_file = staging / RERANK_MODEL_FILE.name
     metadata = {VOCAB_SHA256_KEY: tokenizer.checksum, MAX_LEN_KEY: str(rerank.max_len)}
-    export_cross_encoder(model, model_file, metadata=metadata)
+    export_onnx(model, model_file, CROSS_ENCODER_SIGNATURE, metadata=metadata)
     batches = _group_batches(tokenizer, checks, rerank.max_len)
-    parity = cross_parity_check(model, model_file, batches)
+    parity = parity_check(model, model_file, batches)
     require(
         "rerank_parity",
         [
@@ -200,8 +227,24 @@ def _group_scores(session, batches: list[tuple[np.ndarray, np.ndarray]]) -> np.n
     return np.stack([score_pairs(session, ids, types) for ids, types in batches])
 
 
-def _prefixed(trained: dict[str, Any]) -> dict[str, Any]:
-    return {f"train_{key}": value for key, value in trained.items() if value is not None}
+def _training_metrics(result: TrainResult) -> dict[str, Any]:
+    """What the training did: epochs, steps, pairs, the best epoch's validation measures
+    against the untrained model's, the last epoch's loss, speed."""
+    history = result.history
+    pairs = sum(r["pairs"] for r in history)
+    seconds = sum(r["train_seconds"] for r in history)
+    return {
+        "train_epochs": result.last_epoch,
+        "train_best_epoch": result.best_epoch,
+        "train_steps": sum(r["batches"] for r in history),
+        "train_pairs": pairs,
+        "train_val_mrr": result.best["val_mrr"],
+        "train_val_accuracy": result.best["val_accuracy"],
+        "train_initial_val_mrr": result.initial["val_mrr"],
+        "train_last_loss": round(history[-1]["train_loss"], 4) if history else None,
+        "train_seconds": round(seconds, 1),
+        "train_pairs_per_s": round(pairs / max(seconds, 1e-9), 2),
+    }
 
 
 def _fresh(folder: Path) -> Path:

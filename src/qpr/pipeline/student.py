@@ -1,13 +1,14 @@
 """The student stage: a query-only encoder trained into the document encoder's space.
 
-With student.enabled, it reads the vectors the index holds (row for row), the clusters
-and the tokenizer, trains a small query encoder (`student.kind`: static word-piece
-vectors, the paper's CNN on word pieces, or the document encoder's lower layers) to put
-each question where
-the document encoder put it and its paraphrase first (`qpr.training.distill`), exports it
-to ONNX and writes models/student/query_encoder.onnx. The evaluate stage, `qpr search`,
-the service and the registry then encode queries with it against the unchanged index: an
-asymmetric bundle (`qpr.artifacts`).
+With student.enabled it reads, trains, exports, gates. It reads the vectors the index
+holds (row for row), the clusters and the tokenizer. It trains a small query encoder
+(`student.kind`: static word-piece vectors, the paper's CNN on word pieces, or the
+document encoder's lower layers) to put each question where the document encoder put it
+and its paraphrase first (`qpr.training.distill` through the one loop: epochs, early
+stopping on validation MRR, checkpoints in artifacts/student). It exports it to ONNX
+(`qpr.model.onnx`) as models/student/query_encoder.onnx. The evaluate stage, `qpr
+search`, the service and the registry then encode queries with it against the unchanged
+index: an asymmetric bundle (`qpr.artifacts`).
 
 Only training questions and questions in no cluster are aligned and serve as mined
 negatives (student.unlabelled adds those in no cluster: alignment needs no labels).
@@ -22,10 +23,12 @@ models/student/student.json saying so and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +59,8 @@ from qpr.quality.checks import Check, require
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from qpr.training.loop import TrainResult
 
 # How far below the probe's mean cosine at export a loaded bundle may measure it: ONNX
 # Runtime on another CPU rounds differently, a student of another encoder is far lower.
@@ -93,25 +98,12 @@ def run_student(
     data = _student_data(settings, index, questions, pairs, tokens, documents, log)
     student = _build(settings, teacher, vocab, documents.shape[1], log)
     del teacher
-    result = _train(settings, student, data, log)
+    result = _train(settings, paths, student, data, log)
     staging = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         metrics = _export(settings, paths, student, vocab, questions, tokens, max_len, staging)
-        checks = [
-            Check(
-                "val_mrr_not_worse",
-                result.best["val_mrr"] - result.initial["val_mrr"],
-                ">=",
-                0.0,
-                f"start {result.initial['val_mrr']:.4f}, best {result.best['val_mrr']:.4f}",
-            ),
-            Check(
-                "onnx_parity", metrics["parity_max_abs_diff"], "<", settings.export.parity_tolerance
-            ),
-            Check("probe_cosine", metrics["probe_cosine"], ">=", 0.5),
-        ]
-        require("student", checks, paths.gate_reports("student"))
+        require("student", _checks(settings, result, metrics), paths.gate_reports("student"))
     except Exception:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -238,22 +230,53 @@ def _build(
     return student
 
 
-def _train(settings: Settings, student: nn.Module, data: Any, log: Callable[[str], None]):
+def _train(
+    settings: Settings,
+    paths: ProjectPaths,
+    student: nn.Module,
+    data: Any,
+    log: Callable[[str], None],
+) -> TrainResult:
+    """student.* through the one loop (StudentConfig.from_settings); a checkpoint of
+    another run (other data or settings) is set aside and training starts afresh."""
     from qpr.model.losses.alignment import QueryAlignmentLoss
+    from qpr.training.checkpoint import TrainingStateError
     from qpr.training.distill import StudentConfig, train_student
+    from qpr.training.loop import epoch_line, progress_line
 
     cfg = settings.student
     loss = QueryAlignmentLoss(cfg.align_weight, cfg.contrastive_weight, cfg.temperature)
-    config = StudentConfig(
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        max_epochs=cfg.max_epochs,
-        patience=cfg.patience,
-        time_budget_s=cfg.time_budget_s,
-        seed=settings.seed,
-        threads=cfg.threads,
+    config = StudentConfig.from_settings(settings)
+    train = partial(
+        train_student,
+        student,
+        loss,
+        data,
+        out_dir=paths.student_train_dir,
+        on_epoch=lambda record: log(epoch_line(record, "questions")),
+        on_progress=lambda record: log(progress_line(record)),
     )
-    return train_student(student, loss, data, config, log=log)
+    try:
+        return train(config)
+    except TrainingStateError as err:
+        log(f"not resuming: {err}; training from scratch")
+        return train(dataclasses.replace(config, resume=False))
+
+
+def _checks(settings: Settings, result: TrainResult, metrics: dict[str, Any]) -> list[Check]:
+    """The student gate: validation MRR no worse than at the start, ONNX Runtime gives
+    torch's vectors, the probe questions' vectors near the document encoder's."""
+    return [
+        Check(
+            "val_mrr_not_worse",
+            result.best["val_mrr"] - result.initial["val_mrr"],
+            ">=",
+            0.0,
+            f"start {result.initial['val_mrr']:.4f}, best {result.best['val_mrr']:.4f}",
+        ),
+        Check("onnx_parity", metrics["parity_max_abs_diff"], "<", settings.export.parity_tolerance),
+        Check("probe_cosine", metrics["probe_cosine"], ">=", 0.5),
+    ]
 
 
 def _export(
@@ -269,6 +292,7 @@ def _export(
     """staging/query_encoder.onnx with its metadata; parity and probe measured."""
     from qpr.model.onnx import export_onnx, parity_check
     from qpr.retrieval.encoders import load_session, probe_cosine
+    from qpr.training.embed import torch_threads
 
     cfg = settings.student
     val = np.flatnonzero(questions["split"].to_numpy() == "val")
@@ -287,7 +311,9 @@ def _export(
     export_onnx(student, exported, opset=settings.export.opset, metadata=metadata)
     sample = rng.choice(val, size=min(settings.export.sample, val.size), replace=False)
     batches = [tokens[sample[s : s + 64]] for s in range(0, sample.size, 64)]
-    parity = parity_check(student, exported, batches)
+    # torch on student.threads, as in training.
+    with torch_threads(cfg.threads):
+        parity = parity_check(student, exported, batches)
     if int8:
         from qpr.model.quantize import quantize_query_encoder
 

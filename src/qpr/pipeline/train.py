@@ -125,7 +125,8 @@ def run_train(
 ) -> TrainStageResult:
     """The whole stage. Raises GateFailed when the pairs or the trained model fail a gate."""
     from qpr.training.checkpoint import TrainingStateError
-    from qpr.training.loop import progress_line, train_encoder
+    from qpr.training.encoder_step import train_encoder
+    from qpr.training.loop import progress_line
     from qpr.training.pairs import num_training_classes
 
     questions, pairs = read_cluster_outputs(paths)
@@ -186,7 +187,7 @@ def run_train(
         trained_model_checks(
             final_train_loss=float(history["train_loss"].iloc[-1]) if len(history) else 0.0,
             initial=result.initial,
-            best={"val_auc": result.best_val_auc, "val_mrr": result.best_val_mrr},
+            best=result.best,
             pretrained=settings.model.encoder == "transformer",
             monitor=train.monitor,
         ),
@@ -196,8 +197,8 @@ def run_train(
     metrics = _metrics(result, history, len(train_pairs), vocab, encoder)
     log(
         f"best epoch {result.best_epoch} of {result.last_epoch} (by {train.monitor}): val AUC "
-        f"{result.initial['val_auc']:.3f} → {result.best_val_auc:.3f}, val MRR "
-        f"{result.initial['val_mrr']:.3f} → {result.best_val_mrr:.3f}; "
+        f"{result.initial['val_auc']:.3f} → {result.best['val_auc']:.3f}, val MRR "
+        f"{result.initial['val_mrr']:.3f} → {result.best['val_mrr']:.3f}; "
         f"{metrics['pairs_per_s']:.0f} pairs/s"
     )
     return TrainStageResult(metrics=metrics, history=history, files=files)
@@ -212,14 +213,14 @@ def _metrics(
         "best_epoch": result.best_epoch,
         "epochs": result.last_epoch,
         "stopped_early": int(result.stopped_early),
-        "val_auc": result.best_val_auc,
-        "val_mrr": result.best_val_mrr,
+        "val_auc": result.best["val_auc"],
+        "val_mrr": result.best["val_mrr"],
         "untrained_val_auc": result.initial["val_auc"],
         "untrained_val_mrr": result.initial["val_mrr"],
         "stopped_by_budget": int(result.stopped_by_budget),
-        "train_pairs": result.train_pairs,
+        "train_pairs": result.counts["train_pairs"],
         "train_pairs_available": available,
-        "train_clusters": result.train_classes,
+        "train_clusters": result.counts["train_classes"],
         "vocab_words": vocab.num_words,
         "vocab_size": vocab.size,
         "pairs_per_s": float(np.median(history["pairs_per_s"])) if len(history) else 0.0,

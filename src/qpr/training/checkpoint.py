@@ -1,9 +1,11 @@
 """Checkpoints and random state: what lets a killed run resume to the same weights.
 
-- last.pt: model, optimizer, loss state, epoch, RNG states, history, early-stopping state,
-  the run's TrainConfig and its fingerprint; written after every epoch.
-- best.pt: model and metrics of the best epoch so far (no optimizer: it is what gets
-  exported).
+The one loop (qpr.training.loop) writes them for every model family:
+
+- last.pt: model, optimizer, the family's own state, epoch, RNG states, history,
+  early-stopping state, the run's config and its fingerprint; written after every epoch.
+- best.pt: model and validation measures of the best epoch so far, the model's
+  architecture and what the family adds (no optimizer: it is what gets exported).
 
 Both go through qpr.io.write_atomic (a synced temp file renamed over the old one), best.pt
 before last.pt, so a kill at any moment leaves a loadable and consistent pair.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,8 @@ from qpr.io import write_atomic
 from qpr.model.factory import build_encoder
 
 # 2: the data, teacher and negatives digests are qpr.io's (version 1's were hashlib's own).
-CHECKPOINT_VERSION = 2
+# 3: one loop for every family; last.pt's "step" holds the family's state (2's "loss").
+CHECKPOINT_VERSION = 3
 
 
 class TrainingStateError(QPRError, RuntimeError):
@@ -123,18 +127,22 @@ def check_resumable(path: Path, state: dict[str, Any], fingerprint: dict[str, An
 
 
 def save_best(
-    path: Path, epoch: int, encoder: nn.Module, metrics: dict[str, Any], *, vocab: str, max_len: int
+    path: Path,
+    epoch: int,
+    model: nn.Module,
+    metrics: Mapping[str, float],
+    extras: Mapping[str, Any] | None = None,
 ) -> None:
-    """best.pt: the epoch's weights and validation metrics, the tokenizer's checksum `vocab`."""
+    """best.pt: the epoch's weights and validation `metrics`, the model's architecture
+    (encoder_info) and `extras` (the encoder's: the tokenizer's checksum and max_len)."""
     save_checkpoint(
         path,
         {
             "version": CHECKPOINT_VERSION,
             "epoch": epoch,
-            "encoder": encoder_info(encoder),
-            "model": encoder.state_dict(),
-            "metrics": {k: metrics[k] for k in ("val_auc", "val_mrr")},
-            "vocab": vocab,
-            "max_len": max_len,
+            "encoder": encoder_info(model),
+            "model": model.state_dict(),
+            "metrics": dict(metrics),
+            **(extras or {}),
         },
     )

