@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from qpr.artifacts import SearchConfig
-from qpr.evaluation.no_answer import cluster_rows, held_out_mask, row_clusters, top1_without_cluster
+from qpr.evaluation.no_answer import cluster_rows, held_out_mask, row_clusters
 from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.hybrid import HybridSearch
 
@@ -45,7 +45,7 @@ def test_cluster_rows_lists_each_query_cluster_padded():
         cluster_rows(np.array([7]), row_cluster, 2)
 
 
-def test_the_served_top1_without_the_cluster_is_an_index_without_it():
+def test_excluding_the_cluster_rows_is_an_index_without_it():
     rng = np.random.default_rng(0)
     row_cluster = np.repeat(np.arange(12, dtype=np.int64), 5)
     centres = rng.standard_normal((12, 8)).astype(np.float32)
@@ -57,7 +57,8 @@ def test_the_served_top1_without_the_cluster_is_an_index_without_it():
     searcher = HybridSearch(index, config, bm25=BM25Index.build(texts), texts=texts)
     queries = np.arange(0, 60, 10)  # one member of every other cluster
     own = cluster_rows(row_cluster[queries], row_cluster, 5)
-    got = top1_without_cluster(searcher, [texts[q] for q in queries], x[queries], own)
+    ranking = searcher.rank([texts[q] for q in queries], lambda: x[queries], 1, exclude=own)
+    got = ranking.distances[:, 0]
     for i, q in enumerate(queries):
         # the reference: the cluster's rows never searched, the collection's weights kept
         allowed = row_cluster != row_cluster[q]

@@ -7,6 +7,7 @@ weight α and the served depth tuned on val (`qpr.evaluation.fusion_tuning`), th
 splits through the served ranking itself (`qpr.retrieval.hybrid.HybridSearch`, re-ranker
 included: "model") and BM25 alone ("lexical", α = 0). A seeded share of each split's
 clusters is then searched with the whole cluster left out (`qpr.evaluation.no_answer`).
+The baselines params ask for run on the test split (`qpr.evaluation.baselines`).
 
 Library code: the stage reads the files and writes the results; progress goes to ``log``.
 """
@@ -22,16 +23,20 @@ import numpy as np
 import pandas as pd
 
 from qpr.artifacts import SearchConfig
-from qpr.evaluation.fusion_tuning import choose_dense_weight, choose_served_depth
+from qpr.evaluation.baselines import run_baselines
+from qpr.evaluation.fusion_tuning import (
+    choose_dense_weight,
+    choose_served_depth,
+    plot_fusion_curve,
+)
 from qpr.evaluation.no_answer import (
     Unanswerable,
     cluster_rows,
     held_out_mask,
     query_clusters,
     row_clusters,
-    top1_without_cluster,
 )
-from qpr.evaluation.queries import QuerySet, SystemResult, query_set, score_system
+from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
 from qpr.retrieval.dense import exact_twin
 from qpr.retrieval.encoders import query_vectors
 from qpr.retrieval.hybrid import HybridSearch, Ranking, dense, fuse
@@ -110,41 +115,79 @@ def measure_served(
 ) -> Measured:
     """Val and test measured as served (module docstring). questions: those relevance is
     judged on (`qpr.evaluation.queries.judged_questions`); base: the search config without
-    fusion; plot: where the fusion curve goes."""
+    fusion; plot: where the fusion curve goes.
+
+    Searches first, scores after: each step asks retrieval for every ranking it needs,
+    then judges them."""
     k = settings.evaluate.k
-    splits = {name: search_split(served, query_set(questions, name), k) for name in SPLITS}
+    queries = {name: query_set(questions, name) for name in SPLITS}
+    held = held_out(queries, questions, served.ids, settings)
+    splits = dense_splits(served, queries, k)
     fusion = depth = None
     config = base
     if served.bm25 is not None:
         fusion, depth = tune_fusion(served, splits["val"], base, settings, plot, log)
         config = fused_config(base, settings, fusion["dense_weight"], depth)
     searcher = served.searcher(config)
+    rankings, seconds = served_rankings(searcher, splits, held, k)
     results = {name: {split.dense.name: split.dense} for name, split in splits.items()}
-    for name, measured in served_results(searcher, served.ids, splits, k).items():
-        results[name].update(measured)
+    for name, ranked in rankings.items():
+        for system in ("model", "lexical"):
+            if system in ranked:
+                result = ranked_result(system, splits[name].queries, ranked[system], served.ids)
+                results[name][system] = result
+        results[name]["model"] = replace(results[name]["model"], seconds=seconds[name])
     if fusion is not None:
         _log_fusion(fusion, results, log)
-    no_paraphrase = without_paraphrase(searcher, served.ids, questions, splits, settings)
+    else:
+        plot_fusion_curve({}, None, plot)
+    results["test"].update(baselines(served, splits["test"].queries, settings, log))
+    no_paraphrase = {
+        name: unanswerable(held[name][0], rankings[name]["no_paraphrase"]) for name in SPLITS
+    }
     return Measured(splits, results, config, fusion, depth, no_paraphrase)
 
 
-def search_split(served: Served, queries: QuerySet, k: int) -> Split:
-    """The split's query vectors and its dense top k (each query excluded from its own
-    results), scored."""
-    started = time.perf_counter()
-    query_rows = served.ids.to_rows(queries.query_ids)
-    vectors = query_vectors(served.session, served.vocab, queries.texts, max_len=served.max_len)
-    ranking = dense(served.index, vectors, k, exclude=query_rows)
-    result = score_system(
-        "dense" if served.bm25 is not None else "model",
-        queries,
-        ranking.rows,
-        ranking.distances,
-        served.ids.qids,
-        higher_is_better=False,
-        seconds=time.perf_counter() - started,
+def baselines(
+    served: Served, queries: QuerySet, settings: Settings, log: Callable[[str], None]
+) -> dict[str, SystemResult]:
+    """The baselines params ask for (evaluate.baselines), on the same queries and the same
+    index questions."""
+    task = SearchTask(
+        index_texts=served.texts,
+        row_to_qid=served.ids.qids,
+        queries=queries,
+        query_rows=served.ids.to_rows(queries.query_ids),
+        k=settings.evaluate.k,
     )
-    return Split(queries, vectors, query_rows, result)
+    return run_baselines(
+        settings.evaluate.baselines, task, settings, served.vocab, max_len=served.max_len, log=log
+    )
+
+
+def dense_splits(served: Served, queries: dict[str, QuerySet], k: int) -> dict[str, Split]:
+    """Each split's query vectors and its dense top k (each query excluded from its own
+    results), scored."""
+    found = {}
+    for name, split in queries.items():
+        started = time.perf_counter()
+        query_rows = served.ids.to_rows(split.query_ids)
+        vectors = query_vectors(served.session, served.vocab, split.texts, max_len=served.max_len)
+        ranking = dense(served.index, vectors, k, exclude=query_rows)
+        found[name] = (query_rows, vectors, ranking, time.perf_counter() - started)
+    out = {}
+    for name, (query_rows, vectors, ranking, seconds) in found.items():
+        result = score_system(
+            "dense" if served.bm25 is not None else "model",
+            queries[name],
+            ranking.rows,
+            ranking.distances,
+            served.ids.qids,
+            higher_is_better=False,
+            seconds=seconds,
+        )
+        out[name] = Split(queries[name], vectors, query_rows, result)
+    return out
 
 
 def fused_config(
@@ -223,58 +266,65 @@ def ranked_result(name: str, queries: QuerySet, ranking: Ranking, ids: IdMap) ->
     return replace(result, top1=top1.astype(np.float64))
 
 
-def served_results(
-    searcher: HybridSearch, ids: IdMap, splits: dict[str, Split], k: int
-) -> dict[str, dict[str, SystemResult]]:
-    """Per split, the served ranking ("model": `HybridSearch.rank`, each query's own row
-    excluded) and, when fused, the bundle's BM25 alone ("lexical", α = 0)."""
-    results: dict[str, dict[str, SystemResult]] = {}
+def served_rankings(
+    searcher: HybridSearch,
+    splits: dict[str, Split],
+    held: dict[str, tuple[np.ndarray, np.ndarray]],
+    k: int,
+) -> tuple[dict[str, dict[str, Ranking]], dict[str, float]]:
+    """Per split, the served ranking ("model": `HybridSearch.rank`'s steps, each query's
+    own row excluded), with BM25 the bundle's BM25 alone ("lexical", α = 0), and the
+    top 1 of the held-out queries with their whole cluster left out ("no_paraphrase");
+    and the seconds each split's served search took (both retrievers and the fusion)."""
+    out: dict[str, dict[str, Ranking]] = {}
+    seconds: dict[str, float] = {}
     for name, split in splits.items():
         started = time.perf_counter()
         texts = split.queries.texts
         if searcher.bm25 is None:
-            ranking = searcher.rank(texts, lambda s=split: s.vectors, k, exclude=split.rows)
-            model = ranked_result("model", split.queries, ranking, ids)
-            results[name] = {"model": replace(model, seconds=time.perf_counter() - started)}
-            continue
-        # rank() in its two steps, to keep the candidates for BM25 alone.
-        found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
-        first = fuse(found, searcher.config.dense_weight, searcher.depth(k))
-        model = ranked_result("model", split.queries, searcher.reranked(texts, first, k), ids)
-        seconds = split.dense.seconds + time.perf_counter() - started
-        # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
-        # for what the encoder adds.
-        lexical = ranked_result("lexical", split.queries, fuse(found, 0.0, k), ids)
-        results[name] = {"model": replace(model, seconds=seconds), "lexical": lexical}
-    return results
+            model = searcher.rank(texts, lambda s=split: s.vectors, k, exclude=split.rows)
+            out[name] = {"model": model}
+        else:
+            # rank() in its two steps, to keep the candidates for BM25 alone.
+            found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
+            first = fuse(found, searcher.config.dense_weight, searcher.depth(k))
+            # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
+            # for what the encoder adds.
+            lexical = fuse(found, 0.0, k)
+            out[name] = {"model": searcher.reranked(texts, first, k), "lexical": lexical}
+        seconds[name] = split.dense.seconds + time.perf_counter() - started
+        mask, own = held[name]
+        held_texts = [t for t, h in zip(texts, mask, strict=True) if h]
+        vectors = split.vectors[mask]
+        out[name]["no_paraphrase"] = searcher.rank(held_texts, lambda v=vectors: v, 1, exclude=own)
+    return out, seconds
 
 
-def without_paraphrase(
-    searcher: HybridSearch,
-    ids: IdMap,
-    questions: pd.DataFrame,
-    splits: dict[str, Split],
-    settings: Settings,
-) -> dict[str, Unanswerable]:
-    """Per split, the queries of a seeded share of its clusters, each searched as served
-    with its own cluster gone from the index (`qpr.evaluation.no_answer`): their rank-1
-    distances are what the threshold sees for a question with no paraphrase."""
+def held_out(
+    queries: dict[str, QuerySet], questions: pd.DataFrame, ids: IdMap, settings: Settings
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per split, (bool [Q] the queries of a seeded share of its clusters, int64 [H, E]
+    each held-out query's cluster rows): searched as served with the cluster gone from
+    the index (`qpr.evaluation.no_answer`), their rank-1 distances are what the threshold
+    sees for a question with no paraphrase."""
     row_cluster = row_clusters(ids.qids, questions)
     clustered = questions[questions["cluster_id"] >= 0]
     extra = int(clustered.groupby("cluster_id").size().max())  # the largest cluster
-    out: dict[str, Unanswerable] = {}
-    for position, (name, split) in enumerate(splits.items()):
-        clusters = query_clusters(split.queries, questions)
-        held = held_out_mask(
-            clusters, settings.evaluate.no_paraphrase_share, settings.seed + position
-        )
-        top1 = np.full(held.shape, np.inf)
-        if held.any():
-            texts = [t for t, h in zip(split.queries.texts, held, strict=True) if h]
-            own = cluster_rows(clusters[held], row_cluster, extra)
-            top1[held] = top1_without_cluster(searcher, texts, split.vectors[held], own)
-        out[name] = Unanswerable(held, top1)
+    share = settings.evaluate.no_paraphrase_share
+    out = {}
+    for position, (name, split) in enumerate(queries.items()):
+        clusters = query_clusters(split, questions)
+        mask = held_out_mask(clusters, share, settings.seed + position)
+        out[name] = (mask, cluster_rows(clusters[mask], row_cluster, extra))
     return out
+
+
+def unanswerable(mask: np.ndarray, ranking: Ranking) -> Unanswerable:
+    """The held-out queries' (bool [Q] mask) served rank-1 distances, inf where nothing
+    is left."""
+    top1 = np.full(mask.shape, np.inf)
+    top1[mask] = np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf)
+    return Unanswerable(mask, top1)
 
 
 def _log_fusion(

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from qpr.evaluation.queries import QuerySet
-from qpr.retrieval.hybrid import HybridSearch
 
 
 @dataclass(frozen=True)
@@ -86,17 +85,3 @@ def cluster_rows(own: np.ndarray, row_cluster: np.ndarray, width: int) -> np.nda
             raise ValueError(f"cluster {cluster} has {rows.size} rows, more than width {width}")
         out[i, : rows.size] = rows
     return out
-
-
-def top1_without_cluster(
-    searcher: HybridSearch,
-    texts: list[str],
-    vectors: np.ndarray,
-    own_rows: np.ndarray,
-) -> np.ndarray:
-    """float64 [Q] the served rank-1 distance of each query once its own cluster is gone
-    (own_rows int64 [Q, E], `cluster_rows`): BM25 and the index fetched E deeper, the
-    cluster's rows dropped, then fused, re-ranked and cut as `Bundle.search` serves; inf
-    where nothing is left."""
-    ranking = searcher.rank(texts, lambda: vectors, 1, exclude=own_rows)
-    return np.where(ranking.rows[:, 0] >= 0, ranking.distances[:, 0], np.inf).astype(np.float64)

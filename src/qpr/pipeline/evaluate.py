@@ -17,11 +17,9 @@ queries with no paraphrase, which it must refuse (`qpr.evaluation.no_answer`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import pandas as pd
 
 from qpr.artifacts import (
     RERANK_MODEL_FILE,
@@ -30,37 +28,19 @@ from qpr.artifacts import (
     served_query_encoder,
 )
 from qpr.config import Settings
-from qpr.evaluation.baselines import run_baselines, untrained_description
-from qpr.evaluation.fusion_tuning import plot_fusion_curve
-from qpr.evaluation.measure import Measured, Served, measure_served
+from qpr.evaluation.baselines import untrained_description
+from qpr.evaluation.measure import Measured, measure_served
 from qpr.evaluation.no_answer import Unanswerable
-from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, judged_questions
+from qpr.evaluation.queries import SystemResult, judged_questions
 from qpr.evaluation.threshold import threshold_report
 from qpr.evaluation.trec import MEASURE_LABELS, format_table, write_qrels, write_run
 from qpr.io import write_text_atomic
 from qpr.paths import ProjectPaths
-from qpr.pipeline.handoff import (
-    load_bm25,
-    load_index_bundle,
-    load_query_encoder,
-    load_reranker,
-    read_cluster_outputs,
-    require_exported_encoder,
-)
+from qpr.pipeline.handoff import load_served, read_cluster_outputs
 from qpr.quality.checks import Check, require
 
 if TYPE_CHECKING:
     from qpr.retrieval.bm25 import BM25Index
-
-
-@dataclass(frozen=True)
-class _Inputs:
-    """What the stage reads: what the service would search with, the index's question
-    table, and the questions relevance is judged on."""
-
-    served: Served
-    index_questions: pd.DataFrame
-    questions: pd.DataFrame
 
 
 def search_config(
@@ -111,52 +91,6 @@ def write_search_config(
 ) -> Path:
     """models/search.json: `search_config`, written for the service."""
     return search_config(paths, settings, threshold, val_share, fusion).write(paths.models_dir)
-
-
-def _read_inputs(settings: Settings, paths: ProjectPaths, log: Callable[[str], None]) -> _Inputs:
-    """Everything the stage reads, through the hand-off module; the index searched at
-    params' depth (index.nprobe / index.ef_search). Queries go through the encoder the
-    service runs (the int8 one or the query student when the bundle has it), and the
-    re-ranker when the rerank stage trained one and params enable it."""
-    require_exported_encoder(paths)
-    index, ids, index_questions = load_index_bundle(
-        paths, nprobe=settings.index.nprobe, ef_search=settings.index.ef_search
-    )
-    questions, _ = read_cluster_outputs(paths)
-    session, vocab, max_len = load_query_encoder(paths, threads=settings.index.threads)
-    if served_query_encoder(paths.models_dir) != paths.encoder_onnx:
-        log(f"queries encoded by {served_query_encoder(paths.models_dir)} against the index "
-            f"vectors of {paths.encoder_onnx}")  # fmt: skip
-    served = Served(
-        index,
-        ids,
-        index_questions["text"].tolist(),
-        session,
-        vocab,
-        max_len,
-        bm25=load_bm25(paths) if settings.index.lexical.enabled else None,
-        reranker=load_reranker(paths, threads=settings.index.threads)
-        if settings.rerank.enabled
-        else None,
-    )
-    return _Inputs(served, index_questions, judged_questions(questions, index_questions))
-
-
-def _baselines(
-    settings: Settings, inputs: _Inputs, queries: QuerySet, log: Callable[[str], None]
-) -> dict[str, SystemResult]:
-    """The baselines params ask for, on the same queries and the same index questions."""
-    served = inputs.served
-    task = SearchTask(
-        index_texts=served.texts,
-        row_to_qid=served.ids.qids,
-        queries=queries,
-        query_rows=served.ids.to_rows(queries.query_ids),
-        k=settings.evaluate.k,
-    )
-    return run_baselines(
-        settings.evaluate.baselines, task, settings, served.vocab, max_len=served.max_len, log=log
-    )
 
 
 def _metrics(
@@ -260,18 +194,21 @@ def run_evaluate(
 ) -> dict:
     """The whole stage. Raises GateFailed when the model is below the quality floor."""
     cfg, k = settings.evaluate, settings.evaluate.k
-    inputs = _read_inputs(settings, paths, log)
+    served, indexed = load_served(paths, settings)
+    questions, _ = read_cluster_outputs(paths)
+    if served_query_encoder(paths.models_dir) != paths.encoder_onnx:
+        log(f"queries encoded by {served_query_encoder(paths.models_dir)} against the index "
+            f"vectors of {paths.encoder_onnx}")  # fmt: skip
     out_dir = paths.evaluation_dir
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    # Val and test through the served ranking, the fusion with BM25 tuned on val.
+    # Val and test through the served ranking, the fusion with BM25 tuned on val, and the
+    # baselines on test.
     fusion_plot = paths.plots_dir / "evaluate" / "fusion.png"
     base = search_config(paths, settings, None, None)
-    measured = measure_served(inputs.served, inputs.questions, base, settings, fusion_plot, log)
-    if measured.fusion is None:
-        plot_fusion_curve({}, None, fusion_plot)
+    judged = judged_questions(questions, indexed)
+    measured = measure_served(served, judged, base, settings, fusion_plot, log)
     results = measured.results
-    results["test"].update(_baselines(settings, inputs, measured.splits["test"].queries, log))
     for name, split in measured.splits.items():
         write_qrels(out_dir / f"{name}.qrels", split.queries.qrels)
         for system, result in results[name].items():
@@ -287,9 +224,7 @@ def run_evaluate(
     metrics = _metrics(
         results,
         threshold,
-        None
-        if measured.fusion is None
-        else _fusion_metrics(measured, settings, inputs.served.bm25),
+        None if measured.fusion is None else _fusion_metrics(measured, settings, served.bm25),
     )
     _write_results_table(out_dir, results["test"], k, settings)
     log(

@@ -62,28 +62,6 @@ def load_bm25(paths: ProjectPaths):
     return BM25Index.load(path)
 
 
-def load_query_encoder(paths: ProjectPaths, *, threads: int):
-    """(ONNX Runtime session, tokenizer, max_len) of the encoder queries go through: the
-    query student's or the int8 one when the bundle has it (`qpr.artifacts.
-    served_query_encoder`), else models/encoder.onnx."""
-    from qpr.artifacts import served_query_encoder
-    from qpr.retrieval.encoders import load_session, onnx_max_len
-    from qpr.text import load_tokenizer
-
-    session = load_session(served_query_encoder(paths.models_dir), threads=threads)
-    return session, load_tokenizer(paths.vocab), onnx_max_len(session)
-
-
-def load_reranker(paths: ProjectPaths, *, threads: int):
-    """The rerank stage's cross-encoder (models/rerank/); None when it trained none."""
-    from qpr.artifacts import RERANK_MODEL_FILE
-    from qpr.retrieval.reranker import Reranker
-
-    if not (paths.models_dir / RERANK_MODEL_FILE).is_file():
-        return None
-    return Reranker.load(paths.models_dir, threads=threads)
-
-
 def load_dense_index(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
     """The FAISS index the index stage wrote, searched at nprobe / ef_search."""
     from qpr.retrieval.dense import load_index
@@ -95,6 +73,44 @@ def load_dense_index(paths: ProjectPaths, *, nprobe: int, ef_search: int | None 
 def read_indexed_questions(paths: ProjectPaths, columns: list[str] | None = None) -> pd.DataFrame:
     """The index stage's question table, row for row with the index (`columns`, or all)."""
     return pd.read_parquet(_require(paths.models_dir / QUESTIONS_FILE, "index"), columns=columns)
+
+
+def load_served(paths: ProjectPaths, settings):
+    """(`qpr.evaluation.measure.Served`, the index's question table): what the service
+    would search with, as the index, student and rerank stages left it. The index at
+    params' depth (index.nprobe / index.ef_search); queries through the encoder the service
+    runs (the query student's or the int8 one when the bundle has it); BM25 when
+    index.lexical.enabled; the re-ranker when rerank.enabled and the rerank stage trained
+    one."""
+    from qpr.artifacts import RERANK_MODEL_FILE, served_query_encoder
+    from qpr.evaluation.measure import Served
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.dense import IdMap, load_index
+    from qpr.retrieval.encoders import load_session, onnx_max_len
+    from qpr.retrieval.reranker import Reranker
+    from qpr.text import load_tokenizer
+
+    require_exported_encoder(paths)
+    index_path = _require(paths.models_dir / INDEX_FILE, "index")
+    bm25_path = paths.models_dir / BM25_FILE if settings.index.lexical.enabled else None
+    if bm25_path is not None and not bm25_path.is_file():
+        raise MissingInputError(
+            f"{bm25_path} not found: index.lexical.enabled is true but the index stage ran "
+            "without it; run the index stage again"
+        )
+    rerank = settings.rerank.enabled and (paths.models_dir / RERANK_MODEL_FILE).is_file()
+    query_encoder = served_query_encoder(paths.models_dir)
+    vocab = load_tokenizer(paths.vocab)
+    threads = settings.index.threads
+    index = load_index(index_path, nprobe=settings.index.nprobe, ef_search=settings.index.ef_search)
+    ids = IdMap.load(paths.models_dir / IDS_FILE)
+    session = load_session(query_encoder, threads=threads)
+    max_len = onnx_max_len(session)
+    bm25 = None if bm25_path is None else BM25Index.load(bm25_path)
+    reranker = Reranker.load(paths.models_dir, threads=threads) if rerank else None
+    questions = read_indexed_questions(paths)
+    texts = questions["text"].tolist()
+    return Served(index, ids, texts, session, vocab, max_len, bm25, reranker), questions
 
 
 def load_index_bundle(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
