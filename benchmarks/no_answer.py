@@ -41,11 +41,11 @@ from qpr.artifacts import SearchConfig
 from qpr.config import Settings, load_settings
 from qpr.evaluation import measure
 from qpr.evaluation.no_answer import Unanswerable, query_clusters
-from qpr.evaluation.queries import QuerySet, SystemResult, query_set
+from qpr.evaluation.queries import QuerySet, SystemResult, judged_questions, query_set
 from qpr.evaluation.threshold import choose_threshold, outcome, threshold_report
 from qpr.io import write_json_atomic, write_text_atomic
 from qpr.paths import ProjectPaths
-from qpr.pipeline import evaluate as stage
+from qpr.pipeline.handoff import load_served, read_cluster_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -118,29 +118,34 @@ def analyse(name: str, root: Path, settings: Settings, n: int | None, out: Path)
     config = SearchConfig.read(paths.models_dir)
     settings = served_settings(settings, config)
     started = time.perf_counter()
-    inputs = stage._read_inputs(settings, paths, lambda _: None)
+    served, indexed = load_served(paths, settings)
+    questions = judged_questions(read_cluster_outputs(paths)[0], indexed)
     k = settings.evaluate.k
-    splits = {}
-    for position, split in enumerate(measure.SPLITS):
-        queries = sample(
-            query_set(inputs.questions, split), inputs.questions, n, settings.seed + position
-        )
-        splits[split] = measure.search_split(inputs.served, queries, k)
+    queries = {
+        split: sample(query_set(questions, split), questions, n, settings.seed + position)
+        for position, split in enumerate(measure.SPLITS)
+    }
+    splits = measure.dense_splits(served, queries, k)
     weight = None
     if config.fusion is not None:
         weight = config.fusion["dense_weight"]
         # the fused searches' own depth, as Bundle.search sets it
         if config.fused_nprobe:
-            set_nprobe(inputs.served.index, config.fused_nprobe)
+            set_nprobe(served.index, config.fused_nprobe)
         if config.fused_ef_search:
-            set_ef_search(inputs.served.index, config.fused_ef_search)
+            set_ef_search(served.index, config.fused_ef_search)
     # The served ranking with the bundle's own search.json, as the service runs it.
-    searcher = inputs.served.searcher(config)
-    served = measure.served_results(searcher, inputs.served.ids, splits, k)
-    results = {split: served[split]["model"] for split in measure.SPLITS}
-    no_paraphrase = measure.without_paraphrase(
-        searcher, inputs.served.ids, inputs.questions, splits, settings
-    )
+    searcher = served.searcher(config)
+    held = measure.held_out(queries, questions, served.ids, settings)
+    rankings, _ = measure.served_rankings(searcher, splits, held, k)
+    results = {
+        split: measure.ranked_result("model", queries[split], rankings[split]["model"], served.ids)
+        for split in measure.SPLITS
+    }
+    no_paraphrase = {
+        split: measure.unanswerable(held[split][0], rankings[split]["no_paraphrase"])
+        for split in measure.SPLITS
+    }
     scratch = Path(tempfile.mkdtemp(prefix="no_answer_"))  # threshold.md: this page has it
     chosen, summary, curve = threshold_report(
         results["val"],
