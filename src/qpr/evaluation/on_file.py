@@ -131,7 +131,7 @@ class FileEvaluation:
 
 @dataclass(frozen=True)
 class EvaluateFileConfig:
-    """What to evaluate and how (`qpr evaluate --data` builds one from its options);
+    """What to evaluate and how (`qpr evaluate FILE` builds one from its options);
     params give the rest.
 
     data: a Quora pairs file, a QA-log file, or a folder of log files.

@@ -211,7 +211,7 @@ class Bundle:
         config fuses, their BM25).
 
         dense_only: the dense ranking alone (no BM25, no re-ranking), same threshold.
-        What `qpr evaluate --data` serves a file's questions with. The fingerprint stays
+        What `qpr evaluate FILE` serves a file's questions with. The fingerprint stays
         this bundle's: it names the model, not the questions it searches.
         """
         config = self._config
