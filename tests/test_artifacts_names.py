@@ -38,8 +38,6 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("text/wordpiece.py", "tokenizer.json"): "a file of a pretrained model package",
     ("training/loop.py", "last.pt"): "a trainer's checkpoint, read back only by the trainer",
     ("training/loop.py", "best.pt"): "a trainer's checkpoint, read back only by the trainer",
-    ("training/rerank_loop.py", "reranker.pt"): "a trainer's checkpoint, read back only by "
-    "the trainer",
 }
 
 
