@@ -26,6 +26,14 @@ def isolated_tracking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tests never write into the user's cache (the packaged encoder's ONNX export)."""
+    cache = tmp_path_factory.mktemp("qpr-cache")
+    os.environ["QPR_CACHE_DIR"] = str(cache)
+    return cache
+
+
 def tiny_overrides(tmp: Path, **sections: dict) -> dict:
     """A params tree for a run that takes seconds: a few days of a few hundred rows."""
     tree: dict = {

