@@ -101,6 +101,7 @@ __all__ = [
     "TAG_FINGERPRINT",
     "TAG_GIT_COMMIT",
     "VOCAB_FILE",
+    "WRITER_LOCK_FILE",
     "VOCAB_SHA256_KEY",
     "QueryEncoderEntry",
     "SearchConfig",
@@ -191,6 +192,9 @@ DELTA_IDS_FILE = Path("ids.npy")
 DELTA_QUESTIONS_FILE = Path("questions.parquet")
 DELTA_BM25_FILE = Path("bm25.npz")  # postings under the main index's BM25 statistics
 DELTA_FILES = (DELTA_VECTORS_FILE, DELTA_IDS_FILE, DELTA_QUESTIONS_FILE, DELTA_BM25_FILE)
+# The models folder's writer lock (`qpr.deltas.lock`): beside index/ and deltas/, outside
+# both DVC outputs, so taking it never changes what dvc.lock pins. It names its holder.
+WRITER_LOCK_FILE = Path(".writer.lock")
 
 
 # A registered model's artifacts (qpr.ops.pyfunc): the bundle's folder and this file,

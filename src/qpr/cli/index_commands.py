@@ -74,6 +74,7 @@ def index_add(
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError
     from qpr.deltas.add import add_files
+    from qpr.deltas.lock import WriterBusy
     from qpr.quality.gate import GateFailed
 
     settings = load_settings(params)
@@ -86,7 +87,7 @@ def index_add(
             batch_size=settings.index.encode_batch_size,
             threads=settings.index.threads,
         )
-    except (DataFormatError, GateFailed, ValueError) as err:
+    except (DataFormatError, GateFailed, ValueError, WriterBusy) as err:
         fail(str(err))
     if out["delta"] is not None:
         reason = f"index add: delta {out['delta']['number']}, {out['added']} questions"
@@ -108,11 +109,15 @@ def index_delete(
 ) -> None:
     """Stop serving questions: a tombstone each, applied at search time until compaction."""
     from qpr.deltas.add import delete_questions, read_ids
+    from qpr.deltas.lock import WriterBusy
 
     ids = read_ids(question_id or [], ids_file)
     if not ids:
         fail("give --question-id or --ids-file")
-    out = delete_questions(models_dir, ids)
+    try:
+        out = delete_questions(models_dir, ids)
+    except WriterBusy as err:
+        fail(str(err))
     if out["deleted"]:
         reason = f"index delete: {len(out['deleted'])} questions"
         out = _published(out, models_dir, params, local, reason)
@@ -177,10 +182,11 @@ def index_drop(
     never added again. A delta a full build or compaction absorbed cannot be dropped."""
     from qpr.deltas.add import drop_delta
     from qpr.deltas.format import DeltaError
+    from qpr.deltas.lock import WriterBusy
 
     try:
         out = drop_delta(models_dir, number, reason=reason)
-    except DeltaError as err:
+    except (DeltaError, WriterBusy) as err:
         fail(str(err))
     out = _published(out, models_dir, params, local, f"index drop {number}: {reason}")
     typer.echo(json.dumps(out))
@@ -196,15 +202,19 @@ def index_compact(
     BM25 statistics recomputed over every question."""
     from qpr.config import load_settings
     from qpr.deltas.add import compact
+    from qpr.deltas.lock import WriterBusy
     from qpr.retrieval.dense import IndexConfig, build_index
 
     settings = load_settings(params)
     config = IndexConfig.from_settings(settings.index)
-    out = compact(
-        models_dir,
-        lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
-        batch_size=settings.index.encode_batch_size,
-        threads=settings.index.threads,
-    )
+    try:
+        out = compact(
+            models_dir,
+            lambda vectors: build_index(vectors, config, seed=settings.seed, log=lambda _: None),
+            batch_size=settings.index.encode_batch_size,
+            threads=settings.index.threads,
+        )
+    except WriterBusy as err:
+        fail(str(err))
     reason = f"index compact: {out['deltas_merged']} deltas merged"
     typer.echo(json.dumps(_published(out, models_dir, params, local, reason)))

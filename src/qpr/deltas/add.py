@@ -10,7 +10,8 @@ cluster stage would give them (`stable_id` of the normalised text): a full build
 later finds them in the logs indexes them once.
 
 Every change runs inside `qpr.deltas.format.manifest_update`, whose write is its commit
-point.
+point, and under the models folder's writer lock (`qpr.deltas.lock`): two writers at once
+take turns, and one that waits too long stops with WriterBusy.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from qpr.deltas.format import (
     write_absorbed,
     write_delta,
 )
+from qpr.deltas.lock import writer_lock
 from qpr.io import file_sha256, replace_dir
 from qpr.retrieval.bm25 import BM25Index, count_terms
 from qpr.text.normalize import normalize
@@ -159,10 +161,25 @@ def add_files(
     report_dir: Path | None = None,
     batch_size: int = 256,
     threads: int = 1,
+    wait: float | None = None,
 ) -> dict[str, Any]:
     """Every file's new questions as one delta (none when nothing is new). Returns
     {"files", "questions_read", "added", "replaced", "delta"}; files already indexed
-    (same sha256, recorded in the manifest) are skipped."""
+    (same sha256, recorded in the manifest) are skipped. Holds the writer lock from the
+    first read of the manifest (`qpr.deltas.lock`; `wait`: how long to wait for it)."""
+    with writer_lock(models_dir, wait=wait):
+        return _add_files(models_dir, files, quality, report_dir, batch_size, threads)
+
+
+def _add_files(
+    models_dir: Path,
+    files: Sequence[Path],
+    quality: QualitySettings,
+    report_dir: Path | None,
+    batch_size: int,
+    threads: int,
+) -> dict[str, Any]:
+    # Under the lock: what is new is decided on the manifest the delta is added to.
     manifest = read_manifest(models_dir)
     # A dropped delta's files stay out: the schedule would offer them again.
     seen = {s for d in manifest.deltas + manifest.dropped for s in d.get("sources", [])}
@@ -251,14 +268,16 @@ def add_questions(
     batch_size: int = 256,
     threads: int = 1,
     sources: Sequence[str] = (),
+    wait: float | None = None,
 ) -> dict[str, Any]:
     """Make `questions` (question_id int64, text, cluster_id int64, answer_id) searchable
     as one new delta. An id the bundle already serves is replaced (its older row gets a
     tombstone). Returns the delta's manifest entry. The served state changes only when
     the new manifest is renamed into place: a failure before leaves it as it was.
-    sources: what the questions came from (files' sha256), recorded in the manifest."""
+    sources: what the questions came from (files' sha256), recorded in the manifest.
+    wait: how long to wait for the writer lock (`qpr.deltas.lock`)."""
     root = Path(models_dir)
-    with manifest_update(root) as manifest:
+    with manifest_update(root, wait=wait) as manifest:
         frame = _checked_questions(questions)
         version = manifest.version + 1
         # A dropped delta's number is never given again: logs and notes may name it.
@@ -339,11 +358,14 @@ def _checked_questions(questions: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------- undoing and merging
 
 
-def delete_questions(models_dir: str | os.PathLike[str], question_ids: Sequence[int]) -> dict:
+def delete_questions(
+    models_dir: str | os.PathLike[str], question_ids: Sequence[int], *, wait: float | None = None
+) -> dict:
     """Tombstone the served questions among `question_ids` (one new version). Returns
-    {"deleted": ids tombstoned, "unknown": ids the bundle does not serve, "version"}."""
+    {"deleted": ids tombstoned, "unknown": ids the bundle does not serve, "version"}.
+    wait: how long to wait for the writer lock (`qpr.deltas.lock`)."""
     root = Path(models_dir)
-    with manifest_update(root) as manifest:
+    with manifest_update(root, wait=wait) as manifest:
         wanted = sorted({int(q) for q in question_ids})
         live = set(live_questions(root)["question_id"].tolist())
         deleted = [q for q in wanted if q in live]
@@ -355,14 +377,35 @@ def delete_questions(models_dir: str | os.PathLike[str], question_ids: Sequence[
 
 
 def drop_delta(
-    models_dir: str | os.PathLike[str], number: int, *, reason: str = ""
+    models_dir: str | os.PathLike[str],
+    number: int,
+    *,
+    reason: str = "",
+    wait: float | None = None,
 ) -> dict[str, Any]:
     """Undo one `add`: delta `number` leaves the manifest with the tombstones it wrote (the
     rows it replaced come back), and its files go. Its sources are remembered, so a
     schedule does not add the same file again. DeltaError for an unknown delta or one the
     main index already holds (delete its questions instead). Returns {"dropped",
-    "questions", "tombstones_lifted", "version"}."""
+    "questions", "tombstones_lifted", "version"}. wait: how long to wait for the writer
+    lock (`qpr.deltas.lock`), held until the files are gone."""
     root = Path(models_dir)
+    with writer_lock(root, wait=wait):
+        entry, lifted, version = _drop_entry(root, number, reason)
+        shutil.rmtree(root / delta_dir(int(number)), ignore_errors=True)
+    return {
+        "dropped": int(number),
+        "questions": int(entry["rows"]),
+        "tombstones_lifted": len(lifted),
+        "version": version,
+    }
+
+
+def _drop_entry(
+    root: Path, number: int, reason: str
+) -> tuple[dict[str, Any], list[list[int]], int]:
+    """Delta `number` out of the manifest: (its entry, the tombstones lifted, the new
+    manifest version)."""
     with manifest_update(root) as manifest:
         entry = next((d for d in manifest.deltas if int(d["number"]) == int(number)), None)
         if entry is None:
@@ -381,13 +424,7 @@ def drop_delta(
         manifest.tombstones = [t for t in manifest.tombstones if int(t[1]) != version]
         manifest.version += 1
         manifest.dropped.append({**entry, "dropped_at_version": manifest.version, "reason": reason})
-    shutil.rmtree(root / delta_dir(int(number)), ignore_errors=True)
-    return {
-        "dropped": int(number),
-        "questions": int(entry["rows"]),
-        "tombstones_lifted": len(lifted),
-        "version": manifest.version,
-    }
+    return entry, lifted, manifest.version
 
 
 def compact(
@@ -396,6 +433,7 @@ def compact(
     *,
     batch_size: int = 256,
     threads: int = 1,
+    wait: float | None = None,
 ) -> dict[str, Any]:
     """Merge the deltas into a new main index: the live questions encoded again and
     indexed by `build` (vectors float32 [N, D] → a filled index: the index stage's
@@ -403,9 +441,10 @@ def compact(
     manifest version they hold recorded (index/absorbed.json: loads skip those deltas).
     The new index/ is swapped in by rename; other files there (the int8 query encoder)
     are kept. The manifest itself is unchanged. Returns {"questions", "deltas_merged",
-    "tombstones_applied", "version"}."""
+    "tombstones_applied", "version"}. The writer lock is held from the read to the swap
+    (`wait`: how long to wait for it)."""
     root = Path(models_dir)
-    with manifest_update(root) as manifest:
+    with manifest_update(root, wait=wait) as manifest:
         pending, tombstones = manifest.pending(absorbed_version(root))
         live = live_questions(root)
         vectors = _encode(root, live["text"].tolist(), batch_size, threads)

@@ -39,6 +39,7 @@ from qpr.artifacts import (
     IDS_FILE,
     QUESTIONS_FILE,
 )
+from qpr.deltas.lock import holds_lock, writer_lock
 from qpr.io import file_sha256, fsync_dir, json_sha256, replace_dir, write_json_atomic
 from qpr.retrieval.bm25 import BM25Index
 
@@ -132,7 +133,7 @@ def read_manifest(models_dir: str | os.PathLike[str]) -> Manifest:
 
 @contextmanager
 def manifest_update(
-    models_dir: str | os.PathLike[str], *, create: bool = False
+    models_dir: str | os.PathLike[str], *, create: bool = False, wait: float | None = None
 ) -> Iterator[Manifest]:
     """The one way a bundle's deltas change: the manifest as it is now, for the block to
     change in place. When the block ends without an error and the manifest changed (or,
@@ -140,14 +141,17 @@ def manifest_update(
     point. An error in the block writes nothing, so the served state stays as it was.
 
     Every add, delete, drop and compaction runs inside one, and so does the first build's
-    empty manifest: a writer lock belongs here, around the read and the write."""
+    empty manifest. The block holds the models folder's writer lock (`qpr.deltas.lock`)
+    from the read to the write: WriterBusy when another writer holds it past `wait`
+    seconds (None: QPR_WRITER_WAIT_SECONDS, default 60)."""
     root = Path(models_dir)
     path = root / DELTAS_MANIFEST_FILE
-    manifest = read_manifest(root)
-    before = manifest.sha256
-    yield manifest
-    if manifest.sha256 != before or (create and not path.is_file()):
-        write_json_atomic(path, manifest.as_dict())  # the commit point
+    with writer_lock(root, wait=wait):
+        manifest = read_manifest(root)
+        before = manifest.sha256
+        yield manifest
+        if manifest.sha256 != before or (create and not path.is_file()):
+            write_json_atomic(path, manifest.as_dict())  # the commit point
 
 
 def ensure_manifest(models_dir: str | os.PathLike[str]) -> Path:
@@ -211,10 +215,15 @@ def write_delta(
 ) -> Path:
     """deltas/<number>/ written in a hidden temporary folder, fsynced, then renamed.
     vectors float32 [n, D]; frame: QUESTION_COLUMNS in row order; postings: term, row,
-    weight (`qpr.deltas.add.delta_postings`)."""
+    weight (`qpr.deltas.add.delta_postings`). Only under the writer lock (inside
+    `manifest_update`): RuntimeError otherwise."""
+    if not holds_lock(root):
+        raise RuntimeError(f"write_delta without the writer lock of {root}")
     parent = root / DELTAS_DIR
     parent.mkdir(parents=True, exist_ok=True)
-    for stale in parent.glob(".tmp-*"):  # what a killed add left behind
+    # What a killed add left behind. Safe to remove: every writer holds the lock, so no
+    # other writer has a temporary folder here now.
+    for stale in parent.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     target = root / delta_dir(number)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))

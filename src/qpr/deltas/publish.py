@@ -3,8 +3,10 @@ pinned in dvc.lock by `dvc commit`, and, with registry.follow_deltas, registered
 promoted as a version that `qpr model rollback` undoes.
 
 The change is already served from the folder; publishing it undoes nothing when it fails.
-MLflow is reached only through the registry adapter (`qpr.ops.registry`), imported when a
-change is registered, so a change that is not registered never loads MLflow.
+Publishing holds the writer lock (`qpr.deltas.lock`): no add changes the folder while
+`dvc commit` hashes it or the registry copies it. MLflow is reached only through the
+registry adapter (`qpr.ops.registry`), imported when a change is registered, so a change
+that is not registered never loads MLflow.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qpr.artifacts import DELTAS_DIR, INDEX_DIR
 from qpr.config import Settings
+from qpr.deltas.lock import WriterBusy, writer_lock
 from qpr.ops.processes import run_tool, tool_env
 
 if TYPE_CHECKING:
@@ -30,7 +33,16 @@ _INDEX_OUTS = {(Path("models") / folder).as_posix() for folder in (INDEX_DIR, DE
 def publish(models_dir: Path, settings: Settings, *, actor: str, reason: str) -> dict[str, str]:
     """Pin the change in dvc.lock (`pin_deltas`) and, with registry.follow_deltas, register
     and promote it (`register_deltas`). A failure here undoes nothing and is said in the
-    result ({"dvc": ..., "registry": ...})."""
+    result ({"dvc": ..., "registry": ...}). Both run under the models folder's writer lock
+    (`qpr.deltas.lock`), so what is pinned and registered is one state of the folder."""
+    try:
+        with writer_lock(models_dir):
+            return _publish(models_dir, settings, actor=actor, reason=reason)
+    except WriterBusy as err:
+        return {"dvc": f"not pinned: {err}"}
+
+
+def _publish(models_dir: Path, settings: Settings, *, actor: str, reason: str) -> dict[str, str]:
     from qpr.ops.layout import RetrainError
 
     try:

@@ -41,6 +41,7 @@ import pandas as pd
 from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
 from qpr.config import IndexSettings, Settings
 from qpr.deltas import format as deltas
+from qpr.deltas.lock import writer_lock
 from qpr.io import replace_dir
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
@@ -68,7 +69,16 @@ def run_index(
     log: Callable[[str], None] = print,
 ) -> dict[str, float | int | str]:
     """The whole stage; the index directory is swapped in only after the gate passed.
-    engine: runs the shard tasks (`qpr.retrieval.indexer.local_map`, or Ray's)."""
+    engine: runs the shard tasks (`qpr.retrieval.indexer.local_map`, or Ray's).
+    The models folder's writer lock (`qpr.deltas.lock`) is held throughout: from reading
+    the deltas it absorbs to the swap, no add, drop or compaction changes them."""
+    with writer_lock(paths.models_dir):
+        return _run_index(settings, paths, engine, log)
+
+
+def _run_index(
+    settings: Settings, paths: ProjectPaths, engine: Mapper, log: Callable[[str], None]
+) -> dict[str, float | int | str]:
     from qpr.retrieval.dense import ef_search_of, nlist_of, self_retrieval_rate
 
     require_exported_encoder(paths)
