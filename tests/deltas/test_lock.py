@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from qpr.artifacts import DELTAS_DIR, WRITER_LOCK_FILE
-from qpr.deltas.add import add_questions, delete_questions
+from qpr.deltas.add import add_questions
 from qpr.deltas.format import live_questions, read_manifest, write_delta
 from qpr.deltas.lock import WAIT_ENV, WriterBusy, holds_lock, wait_seconds, writer_lock
 
@@ -76,8 +76,17 @@ def test_the_busy_error_is_one_line_from_the_command(models: Path, holder, tmp_p
     questions = tmp_path / "new.txt"
     questions.write_text("\n".join(_texts("paint", 3)) + "\n")
     done = subprocess.run(
-        [sys.executable, "-m", "qpr.cli", "index", "add", "--local", "--models-dir", models]
-        + [str(questions)],
+        [
+            sys.executable,
+            "-m",
+            "qpr.cli",
+            "index",
+            "add",
+            "--local",
+            "--models-dir",
+            models,
+            str(questions),
+        ],
         cwd=ROOT,
         env=CHILD_ENV | {WAIT_ENV: "0.2"},
         capture_output=True,
@@ -161,8 +170,17 @@ def test_writer_processes_through_the_command_lose_nothing(models: Path, tmp_pat
         files[-1].write_text("\n".join(_texts(f"c{w}", 20)) + "\n")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "qpr.cli", "index", "add", "--local", "--models-dir"]
-            + [str(models), str(f)],
+            [
+                sys.executable,
+                "-m",
+                "qpr.cli",
+                "index",
+                "add",
+                "--local",
+                "--models-dir",
+                str(models),
+                str(f),
+            ],
             cwd=ROOT,
             env=CHILD_ENV,
             stdout=subprocess.PIPE,
