@@ -35,6 +35,7 @@ CHILD_ENV = os.environ | {
     "OMP_NUM_THREADS": "1",
     "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
 }
+ADD = [sys.executable, "-m", "qpr.cli", "index", "add", "--local", "--models-dir"]
 HOLDER = """
 import sys, time
 from qpr.deltas.lock import writer_lock
