@@ -3,10 +3,14 @@ same encoder reuses the vectors; another encoder or other questions encode again
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 
 def test_index_settings_change_reuses_the_encoding(tmp_path: Path, tiny_settings) -> None:
@@ -186,12 +190,38 @@ def test_filter_fields_reach_the_bundle(tmp_path: Path, tiny_settings) -> None:
     assert hits and all(locale_of(h.text) in ("de", "fr") for h in hits)
 
 
-def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
+@contextmanager
+def _held_elsewhere(models_dir: Path) -> Iterator[None]:
+    """The writer lock of `models_dir` held by another thread for the block."""
+    from qpr.deltas.lock import writer_lock
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writer_lock(models_dir):
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_full_build_absorbs_the_deltas(
+    tmp_path: Path, tiny_settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The index stage indexes the deltas' questions less the tombstoned ones, records the
-    manifest version it holds, and serves the same questions and answers as before."""
+    manifest version it holds, and serves the same questions and answers as before. It
+    holds the writer lock: while another writer does, it stops with WriterBusy."""
     from qpr.artifacts import SearchConfig
     from qpr.deltas.add import add_questions, delete_questions
     from qpr.deltas.format import absorbed_version, live_questions, read_manifest
+    from qpr.deltas.lock import WAIT_ENV, WriterBusy
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
     from qpr.pipeline.export import run_export
@@ -225,6 +255,12 @@ def test_a_full_build_absorbs_the_deltas(tmp_path: Path, tiny_settings) -> None:
     add_questions(paths.models_dir, new)
     delete_questions(paths.models_dir, [gone])
     before = live_questions(paths.models_dir).set_index("question_id")
+    # Another writer holds the models folder: the stage waits, then stops with nothing done.
+    with _held_elsewhere(paths.models_dir), pytest.raises(WriterBusy, match=r"^busy: "):
+        monkeypatch.setenv(WAIT_ENV, "0.1")
+        run_index(tiny_settings, paths, log=quiet)
+    monkeypatch.delenv(WAIT_ENV)
+    assert absorbed_version(paths.models_dir) == 0
 
     second = run_index(tiny_settings, paths, log=quiet)
     assert second["deltas_version"] == absorbed_version(paths.models_dir) == 2
