@@ -14,6 +14,10 @@ fsynced, renamed to deltas/<NNNN>, and only then named in a new manifest (writte
 atomically). A crash before that rename or that manifest leaves the served state as it was:
 a folder the manifest does not name is never read (and is removed by the next `add`).
 
+One writer at a time: every add, delete, drop, compaction, publish and full build holds the
+models folder's writer lock (`lock.py`) from its read of the manifest to its last write.
+Readers (a load, the service) take no lock.
+
 Versions: every `add`, `delete` and `drop` raises the counter by one. A delta carries the
 version it was added at (the main index is version 0). A tombstone (question id, version v)
 hides that id's rows in every part older than v. So a changed answer is one `add` of the
@@ -35,7 +39,8 @@ of the main index and the delta postings appended to the main BM25 postings, so 
 sees every row (the files on disk never change). Tombstoned rows are a row mask applied
 inside the dense search and BM25, as a filter is (`qpr.retrieval.bundle.Bundle`).
 
-Modules (add.py imports format.py; publish.py reaches the registry, which imports format.py):
+Modules (add.py imports format.py, both import lock.py; publish.py reaches the registry,
+which imports format.py):
 
     format.py    the manifest (read, and `manifest_update`: its one writer), a delta
                  folder's files, the parts a load adds, what a full build indexes. What
@@ -43,6 +48,7 @@ Modules (add.py imports format.py; publish.py reaches the registry, which import
     add.py       `qpr index add | delete | drop | compact`: files or frames into a new
                  delta, tombstones, undoing a delta, merging the deltas into the index.
     publish.py   after a change: pinned in dvc.lock, registered and promoted.
+    lock.py      the writer lock (flock on models/.writer.lock), its wait and busy error.
 
 No framework code: the CLI and flows/refresh.py call these functions.
 """
