@@ -188,6 +188,7 @@ def payload_of(args: argparse.Namespace, rows: list[dict]) -> dict:
         "date": pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC"),
         "machine": describe(ROOT, {"numpy": np.__version__}, load_avg=list(os.getloadavg())),
         "params": {"queries": args.queries, "share": args.share, "seed": args.seed},
+        "about": args.about,
         "rows": rows,
     }
 
@@ -202,6 +203,7 @@ def markdown(payload: dict) -> str:
         f"({machine['cpu_model']}, {machine['cpus_usable']} cores, load average "
         f"{machine['load_avg'][0]:.1f} at the end); never edited by hand.",
         "",
+        *([payload["about"], ""] if payload.get("about") else []),
         "## Protocol",
         "",
         f"- queries: a seeded sample (seed {params['seed']}) of at most "
@@ -268,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=38)
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--about", default="", help="what the rows show, in words")
     parser.add_argument("--fresh", action="store_true", help="measure every row again")
     args = parser.parse_args(argv)
     projects, extra = parse_specs(args)
@@ -280,8 +283,14 @@ def main(argv: list[str] | None = None) -> None:
         if old["params"] != wanted:
             raise SystemExit(f"{previous} has {old['params']}, not {wanted}: pass --fresh")
         done = {f"{row['project']}/{row['path']}": row for row in old["rows"]}
-    for name, root in projects.items():
-        project_rows(name, root, extra[name], args, done)
+    measured = [
+        row
+        for name, root in projects.items()
+        for row in project_rows(name, root, extra[name], args, done)
+    ]
+    # The table in the order asked for; rows of projects not named this time stay after.
+    ordered = {f"{row['project']}/{row['path']}": row for row in measured}
+    done = {**ordered, **{key: row for key, row in done.items() if key not in ordered}}
     save_rows(args, done)
     print(markdown(payload_of(args, list(done.values()))))
 
