@@ -11,7 +11,8 @@ words given one character edit each (`qpr.text.noise.typos`), by:
 - "dense alone": the same encoder and index without BM25 (`Bundle.with_questions`,
   dense_only), at the index's own depth;
 - "bm25 alone": the bundle's BM25 (its k1, b, stemmer), else params' index.lexical;
-- each --bundle: another bundle over the same index questions (its own qids), served.
+- each --bundle: another bundle over the same index questions (its own qids), served,
+  and its dense ranking alone.
 
 Each query leaves its own question out (``exclude``), and relevance is the evaluate
 stage's: the other questions of its cluster, absorbed questions included
@@ -106,7 +107,7 @@ def measure_row(
     path: str, models: Path, queries: QuerySet, noisy: list[str], k: int, bm25_params: dict
 ) -> dict[str, Any]:
     """One path's measures on the clean and the noisy queries."""
-    dense_only = path == "dense alone"
+    dense_only = path.endswith("dense alone")
     bundle, indexed = load(models, dense_only=dense_only)
     row_to_qid = np.asarray(indexed.qids, np.int64)
     if path == "bm25 alone":
@@ -155,7 +156,9 @@ def project_rows(
     bm25_params = {"stemmer": lexical.stemmer, "k1": lexical.k1, "b": lexical.b}
     paths_of = {"served": paths.models_dir, "dense alone": paths.models_dir}
     paths_of["bm25 alone"] = paths.models_dir
-    paths_of.update(extra)
+    for extra_name, models in extra.items():
+        paths_of[extra_name] = models
+        paths_of[f"{extra_name} dense alone"] = models
     rows = []
     for path, models in paths_of.items():
         key = f"{name}/{path}"
