@@ -296,3 +296,23 @@ def test_trains_on_the_gpu_and_the_checkpoint_resumes_and_encodes_on_the_cpu(
     # A run started on the GPU goes on from its last epoch on the CPU.
     resumed = _train(data, tmp_path, max_epochs=4, device="cpu")
     assert resumed.resumed_from_epoch == 3 and resumed.last_epoch == 4
+
+
+def test_train_or_restart_sets_another_runs_checkpoint_aside() -> None:
+    """A checkpoint of another run is not continued: the run starts afresh, and says so."""
+    from qpr.training.checkpoint import TrainingStateError
+    from qpr.training.distill import StudentConfig
+    from qpr.training.loop import train_or_restart
+
+    tried: list[bool] = []
+
+    def train(config: StudentConfig) -> str:
+        tried.append(config.resume)
+        if config.resume:
+            raise TrainingStateError("last.pt belongs to another run")
+        return "trained afresh"
+
+    said: list[str] = []
+    assert train_or_restart(train, StudentConfig(), said.append) == "trained afresh"
+    assert tried == [True, False]
+    assert said == ["not resuming: last.pt belongs to another run; training from scratch"]

@@ -13,7 +13,6 @@ The search config's ``rerank_top`` (written by the evaluate stage) turns it on a
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -98,8 +97,7 @@ def _train(
     """rerank.* through the one loop (RerankConfig.from_settings) on (training groups,
     validation groups); a checkpoint of another run is set aside and training starts
     afresh."""
-    from qpr.training.checkpoint import TrainingStateError
-    from qpr.training.loop import epoch_line, progress_line
+    from qpr.training.loop import epoch_line, progress_line, train_or_restart
     from qpr.training.rerank_step import RerankConfig, train_reranker
 
     config = RerankConfig.from_settings(settings)
@@ -112,11 +110,7 @@ def _train(
         on_epoch=lambda record: log(epoch_line(record, "pairs")),
         on_progress=lambda record: log(progress_line(record)),
     )
-    try:
-        return train(config)
-    except TrainingStateError as err:
-        log(f"not resuming: {err}; training from scratch")
-        return train(dataclasses.replace(config, resume=False))
+    return train_or_restart(train, config, log)
 
 
 def export_reranker(

@@ -23,7 +23,6 @@ models/student/student.json saying so and nothing else.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -240,9 +239,8 @@ def _train(
     """student.* through the one loop (StudentConfig.from_settings); a checkpoint of
     another run (other data or settings) is set aside and training starts afresh."""
     from qpr.model.losses.alignment import QueryAlignmentLoss
-    from qpr.training.checkpoint import TrainingStateError
     from qpr.training.distill import StudentConfig, train_student
-    from qpr.training.loop import epoch_line, progress_line
+    from qpr.training.loop import epoch_line, progress_line, train_or_restart
 
     cfg = settings.student
     loss = QueryAlignmentLoss(cfg.align_weight, cfg.contrastive_weight, cfg.temperature)
@@ -256,11 +254,7 @@ def _train(
         on_epoch=lambda record: log(epoch_line(record, "questions")),
         on_progress=lambda record: log(progress_line(record)),
     )
-    try:
-        return train(config)
-    except TrainingStateError as err:
-        log(f"not resuming: {err}; training from scratch")
-        return train(dataclasses.replace(config, resume=False))
+    return train_or_restart(train, config, log)
 
 
 def _checks(settings: Settings, result: TrainResult, metrics: dict[str, Any]) -> list[Check]:

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -240,6 +240,20 @@ def fit(
         while _goes_on(run, state):
             _run_epoch(run, state, on_epoch, on_progress)
         return _finish(run, state, started)
+
+
+C = TypeVar("C", bound="LoopConfig")
+R = TypeVar("R")
+
+
+def train_or_restart(train: Callable[[C], R], config: C, log: Callable[[str], None] = print) -> R:
+    """train(config), resuming its last.pt when config.resume; a checkpoint of another run
+    (TrainingStateError) is logged and training starts afresh (resume=False)."""
+    try:
+        return train(config)
+    except TrainingStateError as err:
+        log(f"not resuming: {err}; training from scratch")
+        return train(dataclasses.replace(config, resume=False))
 
 
 @dataclass
