@@ -24,8 +24,10 @@ day's cycle. It stands aside while a cycle holds the lock (that cycle recovers i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,7 +48,7 @@ from qpr.io import write_json_atomic
 from qpr.ops import cycle as ops
 from qpr.ops.journal import Journal
 from qpr.ops.layout import RetrainBusy, RetrainError, RetrainLayout, RetrainLock, utc_stamp
-from qpr.ops.processes import tool_env
+from qpr.ops.processes import stops_with_its_group, tool_env
 from qpr.ops.summary import describe, exit_code, new_summary, record_failure
 from qpr.redact import redact, redact_tree
 
@@ -195,6 +197,30 @@ def _tracked_cycle(
             record_summary(summary, cycle.summary_file, cycle.repro_log)
 
 
+# The lock `main` took before the flow started (None under a deployment or `--serve`).
+_HELD_LOCK: RetrainLock | None = None
+
+
+def _cycle_lock(layout: RetrainLayout) -> contextlib.AbstractContextManager:
+    """The cycle's lock: the one `main` already holds for this project, else taken here."""
+    if _HELD_LOCK is not None and _HELD_LOCK.path == layout.lock:
+        return contextlib.nullcontext()
+    return RetrainLock(layout.lock)
+
+
+def _refuse_when_busy(params: str | None) -> RetrainLock:
+    """Take the cycle's lock before Prefect starts, so a refused run is one line on stderr
+    (who holds it, since when) and exit 1: raised inside the flow, Prefect's engine would
+    log the error with its traceback first."""
+    settings, paths = settings_and_paths(params)
+    lock = RetrainLock(RetrainLayout.from_settings(settings, paths.root).lock)
+    try:
+        return lock.__enter__()
+    except RetrainBusy as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 @flow(name="retrain", log_prints=True)
 def retrain_flow(params: str | None = None, recover_only: bool = False) -> dict[str, Any]:
     """One retraining cycle on the log files waiting in retrain.incoming; returns (and
@@ -206,7 +232,7 @@ def retrain_flow(params: str | None = None, recover_only: bool = False) -> dict[
     )
     started = time.monotonic()
     summary = new_summary(cycle.run)
-    with RetrainLock(layout.lock):
+    with _cycle_lock(layout):
         summary["recovered"] = recover_task(cycle)
         if recover_only:
             summary["outcome"] = "recovered" if summary["recovered"] else "nothing-to-recover"
@@ -272,10 +298,17 @@ def main(argv: list[str] | None = None) -> None:
         "--recover-only", action="store_true", help="roll back or finish a crashed run, then stop"
     )
     args = parser.parse_args(argv)
-    if args.serve:
-        run_cli(serve, args.params)
-    else:
-        summary = run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+    with stops_with_its_group():
+        if args.serve:
+            run_cli(serve, args.params)
+            return
+        global _HELD_LOCK
+        _HELD_LOCK = run_cli(_refuse_when_busy, args.params)
+        try:
+            summary = run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
+        finally:
+            _HELD_LOCK.__exit__(None, None, None)
+            _HELD_LOCK = None
         raise SystemExit(exit_code(summary))
 
 

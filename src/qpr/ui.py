@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qpr.environment import MLFLOW_UI_PORT, PREFECT_UI_PORT, UI_HOST
+from qpr.ops.processes import stop_on_sigterm
 
 # Seconds a server gets to stop on SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10
@@ -125,7 +126,7 @@ def serve(
     """Start the local servers, print every address, wait. Ctrl-C stops them all (exit 0);
     one that stops by itself (a port in use, a bad store) stops the others (exit 1)."""
     running: list[tuple[UiServer, subprocess.Popen]] = []
-    previous = _stop_on_sigterm()
+    previous = stop_on_sigterm()
     try:
         for server in servers:
             if server.local:
@@ -151,17 +152,3 @@ def serve(
         _stop([process for _, process in running])
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _stop_on_sigterm() -> signal.Handlers | Callable | int | None:
-    """SIGTERM (docker stop, systemd, a process manager) stops the servers as Ctrl-C does:
-    its default ends Python at once, leaving them running in their own groups. Returns the
-    handler it replaced (None off the main thread, where none can be set)."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread
-        return None

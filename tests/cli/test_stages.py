@@ -1,10 +1,21 @@
 """The pipeline's commands: the stages, retraining, the metrics tables, the UIs."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from qpr.cli import app
+from qpr.config import load_settings, settings_from_dict
+from qpr.ops.layout import RetrainLayout, RetrainLock
+from tests.conftest import tiny_overrides
 
 runner = CliRunner()
 
@@ -114,3 +125,98 @@ def test_every_dvc_stage_is_a_command_that_runs_its_flow(monkeypatch, tmp_path):
 
     monkeypatch.setattr(common, "run_flow", lambda *args: 1)
     assert runner.invoke(app, ["student", "--params", str(params)]).exit_code == 1
+
+
+# ------------------------------------------- `qpr retrain` owns its cycle (real processes)
+
+# A stand-in for flows/retrain.py: the same guard as its `main`, the cycle's lock, a
+# stage process in its group, then a wait long enough to be killed in.
+FAKE_CYCLE = """
+import os, subprocess, sys, time
+from pathlib import Path
+from qpr.ops.layout import RetrainLock
+from qpr.ops.processes import stops_with_its_group
+
+with stops_with_its_group():
+    home = Path(sys.argv[sys.argv.index("--params") + 1]).parent
+    with RetrainLock(home / "lock"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        (home / "ready").write_text(str(os.getpid()))
+        time.sleep(120)
+"""
+
+
+def _group(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _retrain_project(root: Path) -> Path:
+    """A retraining project's params.yaml: data/logs versioned by a data.dvc."""
+    tree = tiny_overrides(root)
+    tree["data"]["path"] = "data/logs"
+    (root / "data" / "logs").mkdir(parents=True)
+    (root / "data.dvc").write_text("outs:\n- md5: aaa.dir\n  path: data\n")
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump(settings_from_dict(tree).model_dump(mode="json")))
+    return params
+
+
+def _command_env(*first: Path) -> dict[str, str]:
+    root = Path(__file__).resolve().parents[2]
+    path = [*map(str, first), str(root / "src"), str(root)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_killing_qpr_retrain_stops_its_cycle_and_frees_the_lock(tmp_path, sig):
+    _retrain_project(tmp_path)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "__init__.py").write_text("")
+    (tmp_path / "flows" / "retrain.py").write_text(FAKE_CYCLE)
+    command = subprocess.Popen(
+        [sys.executable, "-m", "qpr.cli", "retrain", "--params", str(tmp_path / "params.yaml")],
+        cwd=tmp_path,  # first on its sys.path: the stand-in flows/ shadows the real one
+        env=_command_env(tmp_path),
+        start_new_session=True,  # its own group, so the test can look for what it leaves
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").is_file():
+        assert command.poll() is None and time.monotonic() < deadline, "the cycle never began"
+        time.sleep(0.1)
+    cycle = int((tmp_path / "ready").read_text())
+    assert len(_group(cycle)) == 2  # the cycle and its stage, in their own group
+
+    os.kill(command.pid, sig)
+    command.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while _group(cycle) or _group(command.pid):
+        assert time.monotonic() < deadline, f"left running: {_group(cycle)}"
+        time.sleep(0.1)
+    with RetrainLock(tmp_path / "lock"):  # free: the next run is not refused as busy
+        pass
+
+
+def test_a_refused_retrain_is_one_line_who_holds_the_lock_since_when(tmp_path):
+    params = _retrain_project(tmp_path)
+    layout = RetrainLayout.from_settings(load_settings(params), tmp_path)
+
+    with RetrainLock(layout.lock):
+        result = subprocess.run(
+            [sys.executable, "-m", "qpr.cli", "retrain", "--params", str(params)],
+            env=_command_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"pid {os.getpid()}" in lines[0] and "since " in lines[0]

@@ -4,7 +4,6 @@ option, running a flow of flows/ as a child process, and the metrics tables."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -31,9 +30,13 @@ def fail(message: str) -> NoReturn:
 
 def run_flow(module: str, *args: str) -> int:
     """Run `python -m module args` (a Prefect flow of flows/) in the project's environment;
-    the library never imports flows/. Returns the exit code; the flow prints its errors."""
+    the library never imports flows/. Returns the exit code; the flow prints its errors.
+    The flow is ours: killing this command (SIGTERM, Ctrl-C, SIGKILL) stops it and all it
+    started (qpr.ops.processes.run_owned)."""
+    from qpr.ops.processes import run_owned
+
     environment.apply()
-    return subprocess.run([sys.executable, "-m", module, *args], check=False).returncode
+    return run_owned([sys.executable, "-m", module, *args])
 
 
 def run_stage(stage: str, params: Path) -> dict:

@@ -172,7 +172,8 @@ class RetrainLock:
                 f"another retraining run holds {self.path} ({holder}); try again later"
             ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
         self._fd = fd
         return self
 

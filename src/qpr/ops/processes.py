@@ -3,6 +3,8 @@
 `dvc repro` runs in its own process group and dies with the run (Linux parent-death
 signal), so a killed run never goes on registering a model; a successor recognises a
 recorded process by its pid *and* start time, never a later process reusing the pid.
+The same holds one level up: `qpr retrain` runs its cycle with `run_owned`, and the cycle's
+process stops its whole group with `stops_with_its_group` (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from qpr.ops.layout import RetrainError
@@ -53,13 +55,20 @@ def process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _set_parent_death_signal() -> None:
-    # Linux: the child gets SIGKILL when the thread that started it dies, so a killed
-    # retraining run does not leave `dvc repro` going on to register a model on its own.
-    with contextlib.suppress(Exception):
-        import ctypes
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when the thread that started it dies (Linux;
+    elsewhere nothing), so a killed parent never leaves its child working on alone."""
+    parent = os.getpid()
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    def preexec() -> None:
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: act as if after
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def run_pipeline(
@@ -89,7 +98,7 @@ def run_pipeline(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # own group: killing it stops every stage process
-            preexec_fn=_set_parent_death_signal,
+            preexec_fn=set_parent_death_signal(signal.SIGKILL),
         )
         try:
             on_start(process.pid, process_start_time(process.pid))
@@ -180,3 +189,78 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+# Seconds a stopped child gets to clean up (roll back, kill its stages) before SIGKILL.
+STOP_TIMEOUT_S = 30.0
+
+
+def stop_on_sigterm() -> signal.Handlers | Callable | int | None:
+    """SIGTERM (docker stop, systemd, a process manager, a parent stopping us) unwinds as
+    Ctrl-C does, so `finally` blocks stop what we started: its default ends Python at once.
+    Returns the handler it replaced (None off the main thread, where none can be set)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        return None
+
+
+def run_owned(args: Sequence[str], *, stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Run `args` as a child we own and return its exit code: it leads its own process
+    group, gets SIGTERM when we die (even by SIGKILL), and SIGTERM or Ctrl-C here is passed
+    to its whole group, which gets `stop_timeout_s` before SIGKILL. Interrupted, the code
+    is 130 (SIGINT) or 143 (SIGTERM) once the group has stopped."""
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+
+    process = subprocess.Popen(
+        list(args), start_new_session=True, preexec_fn=set_parent_death_signal(signal.SIGTERM)
+    )
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=stop_timeout_s if received else None)
+                break
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                received.append(signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _kill_group_members(process.pid)  # a member that outlived the leader
+    return 128 + received[0] if received else code
+
+
+def _kill_group_members(pgid: int) -> None:
+    for member in _group_members(pgid):
+        if member != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def stops_with_its_group() -> Iterator[None]:
+    """Around a command's whole work (the retraining cycle's `main`): SIGTERM unwinds it
+    like Ctrl-C, and then, when this process leads its group (`run_owned` started it), the
+    rest of the group (a Prefect API server, a stage) is killed before exit 130."""
+    previous = stop_on_sigterm()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if os.getpgrp() == os.getpid():
+            _kill_group_members(os.getpid())
+        print("interrupted: stopped; the next run recovers", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
