@@ -468,6 +468,9 @@ def _tolerated(per_frame: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]
 # --------------------------------------------------------------------------- reports
 
 
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def _write_reports(
     report_dir: Path,
     name: str,
@@ -489,7 +492,10 @@ def _write_reports(
     }
     # ensure_ascii=False keeps questions readable; a lone surrogate (undecodable bytes read
     # with surrogateescape) is then written as a \udcXX escape, which is still valid JSON.
-    _atomic_write(json_path, json.dumps(report, indent=2, ensure_ascii=False, default=str))
+    text = json.dumps(report, indent=2, ensure_ascii=False, default=str)
+    # JSON escapes C0 controls but not DEL, C1 (\x9b is a terminal's CSI) or bidi overrides:
+    # \uXXXX them too, so a person who cats the report sees the data, never runs it.
+    _atomic_write(json_path, _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
     _atomic_write(report_dir / f"{name}.md", _markdown(name, success, statistics, failures))
     return json_path
 
