@@ -1,6 +1,8 @@
 """`qpr search`: the service's field names, explanations and metadata filters."""
 
+import io
 import json
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
@@ -55,3 +57,15 @@ def test_search_filter_flag(tmp_path):
     for bad in (["locale"], ["=en"], ["locale=en", "locale=de"]):
         refused = runner.invoke(app, [*args, *(f"--filter={b}" for b in bad)])
         assert refused.exit_code != 0, bad
+
+
+def test_indexed_text_in_the_hits_table_is_not_markup() -> None:
+    from rich.console import Console
+
+    from qpr.cli.serving import _hits_table
+
+    hit = SimpleNamespace(text="[/] \x1b[2J", answer_id="a1", distance=0.1, score=0.9, explain=None)
+    out = Console(width=200, record=True, file=io.StringIO())
+    out.print(_hits_table("[bold]x", [hit], explain=False))
+    text = out.export_text()
+    assert "[/] \\x1b[2J" in text and "'[bold]x'" in text and "\x1b" not in text

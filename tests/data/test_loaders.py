@@ -1,6 +1,7 @@
 """Loaders on crafted good and bad inputs: a clear error for an unusable file, a counted
 drop for a bad row, never silent loss."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -101,9 +102,26 @@ def test_file_that_is_not_a_log_gets_a_clear_error(tmp_path):
         read_log_file(path)
 
 
+def test_compressed_logs_are_named_not_quoted(tmp_path):
+    packed = tmp_path / "day.csv"
+    packed.write_bytes(gzip.compress(b"timestamp,question,answer_id\n"))
+    with pytest.raises(DataFormatError, match=r"1f 8b 08 00 \(gzip-compressed: decompress"):
+        read_log_file(packed)
+
+
+def test_one_odd_byte_is_a_row_not_a_binary_file(tmp_path):
+    path = tmp_path / "day.csv"
+    rows = [f"2026-01-01T00:00:{i:02d}Z,question {i},a1" for i in range(20)]
+    path.write_text("timestamp,question,answer_id\n" + "\n".join(rows) + "\nx,bad\x00row,a1\n")
+    assert len(read_log_file(path)) == 21
+
+
 def test_binary_garbage_and_unknown_types(tmp_path):
     junk = tmp_path / "x.jsonl"
     junk.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00garbage\n")
+    with pytest.raises(DataFormatError, match=r"not a text file: starts with bytes 89 50 4e 47"):
+        read_log_file(junk)
+    junk.write_bytes(b"{not json}\n" * 20)
     with pytest.raises(DataFormatError, match="not JSON Lines"):
         read_log_file(junk)
     parquet = tmp_path / "x.parquet"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 from pathlib import Path
 
 from qpr.config import QualitySettings
@@ -74,3 +76,55 @@ def test_names_that_resolve_outside_the_inbox_are_refused_not_read(tmp_path: Pat
     assert not (inbox / "leak.jsonl").is_symlink() and (where / "leak.jsonl").is_symlink()
     assert "outside the inbox" in (where / "REASON.txt").read_text()
     assert secret.read_text().startswith('{"question"')  # the target is never touched
+
+
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _reports_are_clean(folder: Path, arrived: str) -> None:
+    """Every report in a quarantine folder (not the file as it arrived) is free of control
+    characters: `cat REASON.txt` cannot set a terminal's title or clear its screen."""
+    reports = [p for p in folder.iterdir() if p.name != arrived]
+    assert {p.name for p in reports} >= {"REASON.txt", "raw_logs.json"}
+    for report in reports:
+        assert not CONTROL.search(report.read_text(encoding="utf-8")), report.name
+
+
+def test_a_hostile_header_and_name_are_escaped_in_the_quarantine(tmp_path: Path):
+    name = "day\x1b[2J.csv"
+    path = tmp_path / "in" / name
+    path.parent.mkdir()
+    path.write_bytes(b"timestamp,question,\x1b]0;title\x07\x1b[2J\n2026-01-01T00:00:00Z,hi,x\n")
+    bad = validate(incoming_file(path), QualitySettings(), tmp_path / "reports")
+    assert not bad.ok and "\\x1b]0;title\\x07\\x1b[2J" in bad.reason
+
+    folder = quarantine(bad, tmp_path / "quarantine", "20261015T030000Z")
+    _reports_are_clean(folder, name)
+    reason = (folder / "REASON.txt").read_text(encoding="utf-8")
+    assert "file: day\\x1b[2J.csv" in reason and "\\x1b]0;title" in reason
+
+
+def test_a_gzip_file_is_named_not_quoted_in_the_quarantine(tmp_path: Path):
+    path = tmp_path / "in" / "day.csv"
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(write_log_day(tmp_path / "src").read_bytes()))
+    bad = validate(incoming_file(path), QualitySettings(), tmp_path / "reports")
+    assert bad.reason.endswith(
+        "starts with bytes 1f 8b 08 00 (gzip-compressed: decompress it first)"
+    )
+    _reports_are_clean(quarantine(bad, tmp_path / "quarantine", "20261015T030000Z"), "day.csv")
+
+
+def test_values_a_failed_gate_quotes_are_escaped(tmp_path: Path):
+    good = write_log_day(tmp_path / "src")
+    rows = [json.loads(line) for line in good.read_text().splitlines()]
+    for row in rows[::2]:
+        row["answer_id"] = "\x1b[31mred\x9b2J"
+    path = tmp_path / "in" / "day.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = validate(incoming_file(path), QualitySettings(), tmp_path / "reports")
+    assert not bad.ok and "answer_id" in bad.reason
+    folder = quarantine(bad, tmp_path / "quarantine", "20261015T030000Z")
+    _reports_are_clean(folder, "day.jsonl")
+    assert not CONTROL.search((folder / "raw_logs.md").read_text(encoding="utf-8"))

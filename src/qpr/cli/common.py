@@ -10,9 +10,11 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qpr import environment
+from qpr.errors import printable
 
 console = Console()
 errors = Console(stderr=True)
@@ -22,9 +24,17 @@ ParamsOption = Annotated[
 ]
 
 
+def shown(text: object) -> str:
+    """Text a file or a person controls (a path, a column name, a question), ready to put
+    into a Rich markup string: control characters escaped, ``[`` never read as a tag."""
+    return escape(printable(text, multiline=True))
+
+
 def fail(message: str) -> NoReturn:
-    """One red line on stderr, exit 1: how a command reports an error a person can fix."""
-    errors.print(f"[bold red]error:[/] {message}")
+    """One red line on stderr, exit 1: how a command reports an error a person can fix.
+
+    The message often quotes a file (a header, a path): it is never read as markup."""
+    errors.print(f"[bold red]error:[/] {shown(message)}", soft_wrap=True)
     raise typer.Exit(1)
 
 

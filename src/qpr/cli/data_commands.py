@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from qpr import environment
-from qpr.cli.common import ParamsOption, console, fail
+from qpr.cli.common import ParamsOption, console, fail, shown
 
 data_app = typer.Typer(
     help="Make, check and version the raw question-answer logs.", no_args_is_help=True
@@ -115,7 +115,8 @@ def data_check(
     )
     console.print(f"[green]gate passed[/] ({result.evaluated} expectations); {drops.summary()}")
     for reason, examples in drops.examples.items():
-        console.print(f"  {reason}: e.g. {', '.join(examples)}")
+        # The examples are the file's own questions: escaped, never read as markup.
+        console.print(f"  {reason}: e.g. {shown(', '.join(map(str, examples)))}")
 
 
 @data_app.command("ensure")

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from qpr import environment
-from qpr.cli.common import console, fail
+from qpr.cli.common import console, fail, shown
 
 if TYPE_CHECKING:
     from qpr.retrieval.bundle import Hit
@@ -86,14 +86,21 @@ def parse_filters(options: list[str]) -> dict[str, str | list[str]]:
 
 def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:
     """The hits as `qpr search` prints them; with explain, the parts of each score."""
-    table = Table(title=f"paraphrases of: {question!r}")
+    # Questions come from people and indexed files: shown escaped, never read as markup.
+    table = Table(title=f"paraphrases of: {shown(repr(question))}")
     columns = ["#", "question", "answer", "distance", "score"]
     if explain:
         columns += ["dense", "bm25", "matched", "alpha"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("question", "matched") else "right")
     for rank, hit in enumerate(hits, 1):
-        cells = [str(rank), hit.text, str(hit.answer_id), f"{hit.distance:.4f}", f"{hit.score:.3f}"]
+        cells = [
+            str(rank),
+            shown(hit.text),
+            shown(hit.answer_id),
+            f"{hit.distance:.4f}",
+            f"{hit.score:.3f}",
+        ]
         if explain and hit.explain is not None:
             part = hit.explain
             bm25 = (
@@ -104,7 +111,7 @@ def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:
             cells += [
                 f"{part.dense_scaled:.3f}",
                 bm25,
-                " ".join(part.matched_words),
+                shown(" ".join(part.matched_words)),
                 f"{part.dense_weight:.2f}",
             ]
         table.add_row(*cells)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from qpr.errors import QPRError
+from qpr.errors import QPRError, printable
 
 LOG_REQUIRED_COLUMNS: tuple[str, ...] = ("timestamp", "question", "answer_id")
 LOG_SUFFIXES: tuple[str, ...] = (".csv", ".jsonl", ".json", ".parquet")
@@ -26,6 +26,19 @@ QUORA_COLUMNS: tuple[str, ...] = ("id", "qid1", "qid2", "question1", "question2"
 _ANSWER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACES = re.compile(r"\s+")
+# A text log that starts like this is a compressed or binary file: say so, rather than
+# parse its bytes as a header and quote them back.
+_BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip-compressed: decompress it first"),
+    (b"PK\x03\x04", "a zip archive: unpack it first"),
+    (b"BZh", "bzip2-compressed: decompress it first"),
+    (b"\xfd7zXZ\x00", "xz-compressed: decompress it first"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed: decompress it first"),
+    (b"PAR1", "a Parquet file: name it .parquet"),
+)
+_BINARY_BYTES = frozenset(range(0x20)) - frozenset(b"\t\n\r\x0c\x1b")
+_TEXT_SUFFIXES = (".csv", ".jsonl", ".json")
+_QUOTED_MAX = 60  # characters of one column name a message quotes
 
 
 class DataFormatError(QPRError, ValueError):
@@ -106,14 +119,32 @@ def _read_csv(path: Path) -> pd.DataFrame:
             path, dtype=str, keep_default_na=False, na_values=[], encoding_errors="replace"
         )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError) as err:
-        raise DataFormatError(f"{path} is not a readable CSV file: {err}") from None
+        raise DataFormatError(
+            f"{path} is not a readable CSV file: {printable(err, limit=200)}"
+        ) from None
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several unrelated types for non-parquet bytes
-        raise DataFormatError(f"{path} is not a readable Parquet file: {err}") from None
+        raise DataFormatError(
+            f"{path} is not a readable Parquet file: {printable(err, limit=200)}"
+        ) from None
+
+
+def check_text_file(path: Path) -> None:
+    """Raise DataFormatError, naming its first bytes, when `path` is compressed or binary:
+    it starts with an archive's magic number, or a tenth of its first bytes are controls."""
+    with Path(path).open("rb") as handle:
+        head = handle.read(4096)
+    what = next((why for magic, why in _BINARY_MAGIC if head.startswith(magic)), None)
+    # One odd byte is a bad row (dropped and counted); a tenth of them is not text at all.
+    if what is None and sum(byte in _BINARY_BYTES for byte in head) * 10 > len(head):
+        what = "binary"
+    if what is not None:
+        first = " ".join(f"{byte:02x}" for byte in head[:4])
+        raise DataFormatError(f"{path} is not a text file: starts with bytes {first} ({what})")
 
 
 _READERS = {
@@ -150,11 +181,14 @@ def read_log_file(path: Path) -> pd.DataFrame:
         raise DataFormatError(
             f"unknown log file type {path.suffix!r} for {path}; expected one of {LOG_SUFFIXES}"
         )
+    if path.suffix.lower() in _TEXT_SUFFIXES:
+        check_text_file(path)
     frame = reader(path)
     malformed = frame.pop("_malformed") if "_malformed" in frame.columns else None
     missing = [col for col in LOG_REQUIRED_COLUMNS if col not in frame.columns]
     if missing:
-        found = ", ".join(map(str, frame.columns[:10])) or "none"
+        # Column names are the file's words: shown escaped and cut, never run by a terminal.
+        found = ", ".join(printable(c, limit=_QUOTED_MAX) for c in frame.columns[:10]) or "none"
         raise DataFormatError(
             f"{path} is not a QA log: missing column(s) {', '.join(missing)} "
             f"(found: {found}). A log needs {', '.join(LOG_REQUIRED_COLUMNS)}."
@@ -239,7 +273,9 @@ def read_quora(path: Path) -> tuple[pd.DataFrame, DropReport]:
     try:
         frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError) as err:
-        raise DataFormatError(f"{path} is not a readable Quora pairs file: {err}") from None
+        raise DataFormatError(
+            f"{path} is not a readable Quora pairs file: {printable(err, limit=200)}"
+        ) from None
     missing = [col for col in QUORA_COLUMNS if col not in frame.columns]
     if missing:
         raise DataFormatError(

@@ -20,6 +20,7 @@ from typing import Any
 
 from qpr.config import QualitySettings
 from qpr.data.loaders import LOG_SUFFIXES, DataFormatError, read_log_file
+from qpr.errors import printable
 from qpr.io import file_sha256, write_json_atomic
 
 # What a file being written must look like to be left alone: write under a dot-name or a
@@ -146,7 +147,9 @@ def quarantine_refused(path: Path, reason: str, quarantine_dir: Path, stamp: str
     target = Path(quarantine_dir) / f"{stamp}_{path.name}"
     target.mkdir(parents=True, exist_ok=True)
     (target / "REASON.txt").write_text(
-        f"file: {path.name}\nquarantined: {stamp}\n\n{reason}\n", encoding="utf-8"
+        f"file: {printable(path.name)}\nquarantined: {stamp}\n\n"
+        f"{printable(reason, multiline=True)}\n",
+        encoding="utf-8",
     )
     os.replace(path, target / path.name)
     return target
@@ -190,14 +193,16 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
             raise DataFormatError(f"{file.path} holds no rows")
         result = gate_raw_logs(raw, quality, report_dir)
     except DataFormatError as err:
+        # The message quotes the file (its header, its name): escaped before anyone reads it.
+        reason = printable(err, multiline=True)
         write_json_atomic(
             report_dir / "raw_logs.json",
-            {"success": False, "gate": "raw_logs", "error": "DataFormatError", "message": str(err)},
+            {"success": False, "gate": "raw_logs", "error": "DataFormatError", "message": reason},
         )
-        return Validation(file, ok=False, reason=str(err), report_dir=report_dir)
+        return Validation(file, ok=False, reason=reason, report_dir=report_dir)
     except GateFailed as err:
-        rows = len(raw)
-        return Validation(file, ok=False, rows=rows, reason=str(err), report_dir=report_dir)
+        rows, reason = len(raw), printable(err, multiline=True)
+        return Validation(file, ok=False, rows=rows, reason=reason, report_dir=report_dir)
     tolerated = result.statistics.get("tolerated", {}).get("logs", {})
     return Validation(file, ok=True, rows=len(raw), report_dir=report_dir, tolerated=tolerated)
 
@@ -215,8 +220,8 @@ def quarantine(validation: Validation, quarantine_dir: Path, stamp: str) -> Path
             if report.is_file():
                 shutil.copy2(report, target / report.name)
     (target / "REASON.txt").write_text(
-        f"file: {validation.file.name}\nsha256: {validation.file.sha256}\n"
-        f"quarantined: {stamp}\n\n{validation.reason}\n",
+        f"file: {printable(validation.file.name)}\nsha256: {validation.file.sha256}\n"
+        f"quarantined: {stamp}\n\n{printable(validation.reason, multiline=True)}\n",
         encoding="utf-8",
     )
     shutil.move(str(validation.file.path), str(target / validation.file.name))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from qpr.errors import QPRError
+from qpr.errors import QPRError, printable
 from qpr.io import write_bytes_atomic
 
 if TYPE_CHECKING:  # imported for type hints only: the real import is lazy (about 3-5 s)
@@ -408,7 +408,7 @@ def _summary_line(failure: dict[str, Any], df: pd.DataFrame) -> str:
 
 
 def _column_list(df: pd.DataFrame, limit: int = 12) -> str:
-    names = [str(c) for c in df.columns]
+    names = [printable(c, limit=60) for c in df.columns]  # the file's header, not ours
     if not names:
         return "no columns"
     shown = ", ".join(names[:limit]) + (f", … ({len(names)} in all)" if len(names) > limit else "")
@@ -430,7 +430,8 @@ def _failure_message(
     if len(failures) > MAX_MESSAGE_FAILURES:
         lines.append(f"  … and {len(failures) - MAX_MESSAGE_FAILURES} more (see the report)")
     lines.append(f"  full report: {report_path}" if report_path else "  (no report written)")
-    return "\n".join(lines)
+    # A message quotes the data (values, an exception about them): no control character in it.
+    return printable("\n".join(lines), multiline=True)
 
 
 def _statistics(per_frame: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -467,6 +468,9 @@ def _tolerated(per_frame: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]
 # --------------------------------------------------------------------------- reports
 
 
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def _write_reports(
     report_dir: Path,
     name: str,
@@ -488,7 +492,10 @@ def _write_reports(
     }
     # ensure_ascii=False keeps questions readable; a lone surrogate (undecodable bytes read
     # with surrogateescape) is then written as a \udcXX escape, which is still valid JSON.
-    _atomic_write(json_path, json.dumps(report, indent=2, ensure_ascii=False, default=str))
+    text = json.dumps(report, indent=2, ensure_ascii=False, default=str)
+    # JSON escapes C0 controls but not DEL, C1 (\x9b is a terminal's CSI) or bidi overrides:
+    # \uXXXX them too, so a person who cats the report sees the data, never runs it.
+    _atomic_write(json_path, _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
     _atomic_write(report_dir / f"{name}.md", _markdown(name, success, statistics, failures))
     return json_path
 
@@ -520,7 +527,7 @@ def _markdown(
             lines.append(f"- **{failure['frame']}**: `{failure['summary']}`")
             if failure.get("description"):
                 lines.append(f"  - why it matters: {failure['description']}")
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), multiline=True) + "\n"
 
 
 def _atomic_write(path: Path, text: str) -> None:
