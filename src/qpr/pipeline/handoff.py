@@ -84,43 +84,22 @@ def load_served(paths: ProjectPaths, settings):
     one."""
     from qpr.artifacts import RERANK_MODEL_FILE, served_query_encoder
     from qpr.evaluation.measure import Served
-    from qpr.retrieval.bm25 import BM25Index
-    from qpr.retrieval.dense import IdMap, load_index
+    from qpr.retrieval.dense import IdMap
     from qpr.retrieval.encoders import load_session, onnx_max_len
     from qpr.retrieval.reranker import Reranker
-    from qpr.text import load_tokenizer
 
     require_exported_encoder(paths)
-    index_path = _require(paths.models_dir / INDEX_FILE, "index")
-    bm25_path = paths.models_dir / BM25_FILE if settings.index.lexical.enabled else None
-    if bm25_path is not None and not bm25_path.is_file():
-        raise MissingInputError(
-            f"{bm25_path} not found: index.lexical.enabled is true but the index stage ran "
-            "without it; run the index stage again"
-        )
-    rerank = settings.rerank.enabled and (paths.models_dir / RERANK_MODEL_FILE).is_file()
-    query_encoder = served_query_encoder(paths.models_dir)
-    vocab = load_tokenizer(paths.vocab)
-    threads = settings.index.threads
-    index = load_index(index_path, nprobe=settings.index.nprobe, ef_search=settings.index.ef_search)
+    cfg, threads = settings.index, settings.index.threads
+    index = load_dense_index(paths, nprobe=cfg.nprobe, ef_search=cfg.ef_search)
     ids = IdMap.load(paths.models_dir / IDS_FILE)
-    session = load_session(query_encoder, threads=threads)
-    max_len = onnx_max_len(session)
-    bm25 = None if bm25_path is None else BM25Index.load(bm25_path)
+    session = load_session(served_query_encoder(paths.models_dir), threads=threads)
+    bm25 = load_bm25(paths) if cfg.lexical.enabled else None
+    rerank = settings.rerank.enabled and (paths.models_dir / RERANK_MODEL_FILE).is_file()
     reranker = Reranker.load(paths.models_dir, threads=threads) if rerank else None
     questions = read_indexed_questions(paths)
     texts = questions["text"].tolist()
+    vocab, max_len = load_vocab(paths), onnx_max_len(session)
     return Served(index, ids, texts, session, vocab, max_len, bm25, reranker), questions
-
-
-def load_index_bundle(paths: ProjectPaths, *, nprobe: int, ef_search: int | None = None):
-    """(faiss index searched at nprobe / ef_search, IdMap, questions frame) as the index
-    stage wrote them."""
-    from qpr.retrieval.dense import IdMap
-
-    index = load_dense_index(paths, nprobe=nprobe, ef_search=ef_search)
-    ids = IdMap.load(paths.models_dir / IDS_FILE)
-    return index, ids, read_indexed_questions(paths)
 
 
 def read_evaluate_metrics(paths: ProjectPaths) -> dict[str, Any]:
