@@ -16,6 +16,7 @@ from qpr.model.cnn import CNNEncoder
 from qpr.model.losses.alignment import QueryAlignmentLoss
 from qpr.training.checkpoint import TrainingStateError, load_checkpoint
 from qpr.training.distill import StudentConfig, StudentData, pick_negatives, train_student
+from tests.training.kills import Killed, kill_after
 
 
 def _data(rows: int = 240, vocab: int = 60, dim: int = 8) -> StudentData:
@@ -88,13 +89,6 @@ def test_a_killed_student_resumes_to_the_same_weights(tmp_path: Path) -> None:
     straight = _student()
     train_student(straight, loss, data, config, out_dir=tmp_path / "straight")
 
-    class Killed(RuntimeError):
-        pass
-
-    def kill_after_epoch_2(record: dict[str, Any]) -> None:
-        if record["epoch"] == 2:
-            raise Killed
-
     with pytest.raises(Killed):
         train_student(
             _student(),
@@ -102,7 +96,7 @@ def test_a_killed_student_resumes_to_the_same_weights(tmp_path: Path) -> None:
             data,
             config,
             out_dir=tmp_path / "resumed",
-            on_epoch=kill_after_epoch_2,
+            on_epoch=kill_after(2),
         )
     resumed = _student()
     result = train_student(resumed, loss, data, config, out_dir=tmp_path / "resumed")

@@ -17,6 +17,7 @@ from qpr.training.embed import encode_texts
 from qpr.training.loop import TrainResult
 from qpr.training.pairs import num_training_classes
 from tests.paraphrases import train_tiny
+from tests.training.kills import Killed, kill_after
 
 MAX_LEN = 16
 DIM = 32
@@ -71,15 +72,8 @@ def test_killed_amsoftmax_run_resumes_to_the_same_weights(tiny_paraphrases, tmp_
     data = tiny_paraphrases
     straight = _train(data, tmp_path / "straight", max_epochs=3)
 
-    class Killed(RuntimeError):
-        pass
-
-    def kill_after_epoch_1(record: dict[str, Any]) -> None:
-        if record["epoch"] == 1:
-            raise Killed
-
     with pytest.raises(Killed):
-        _train(data, tmp_path / "resumed", max_epochs=3, on_epoch=kill_after_epoch_1)
+        _train(data, tmp_path / "resumed", max_epochs=3, on_epoch=kill_after(1))
     # A fresh loss has fresh class vectors; resume must bring back the trained ones.
     resumed = _train(data, tmp_path / "resumed", max_epochs=3)
     assert resumed.resumed_from_epoch == 1

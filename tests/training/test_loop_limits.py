@@ -15,6 +15,7 @@ from qpr.training.checkpoint import TrainingStateError, load_checkpoint, seed_ev
 from qpr.training.loop import TrainResult
 from qpr.training.pairs import num_training_classes, select_training_pairs
 from tests.paraphrases import train_tiny
+from tests.training.kills import Killed, kill_after
 
 # Far below one batch's time: the first epoch is cut after its first batch.
 TINY_BUDGET_S = 1e-6
@@ -116,20 +117,13 @@ def test_generous_budget_changes_nothing_and_survives_a_kill(
     assert not straight.stopped_by_budget
     assert _metrics(straight.history) == _metrics(plain.history)
 
-    class Killed(RuntimeError):
-        pass
-
-    def kill_after_epoch_1(record: dict[str, Any]) -> None:
-        if record["epoch"] == 1:
-            raise Killed
-
     with pytest.raises(Killed):
         _train(
             data,
             tmp_path / "resumed",
             max_epochs=3,
             time_budget_s=3600.0,
-            on_epoch=kill_after_epoch_1,
+            on_epoch=kill_after(1),
         )
     resumed = _train(data, tmp_path / "resumed", max_epochs=3, time_budget_s=3600.0)
     assert resumed.resumed_from_epoch == 1 and not resumed.stopped_by_budget

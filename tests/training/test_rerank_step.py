@@ -14,6 +14,7 @@ import torch
 from qpr.config import settings_from_dict
 from qpr.training.rerank_data import RerankGroups
 from qpr.training.rerank_step import RerankConfig, group_measures
+from tests.training.kills import Killed, kill_after
 
 GROUPS = RerankGroups(
     ["how do i reset my router", "why is the sky blue", "how to learn python fast"],
@@ -83,16 +84,9 @@ def test_a_few_epochs_learn_and_a_killed_run_resumes(tokenizer, tmp_path: Path) 
     assert result.best["val_accuracy"] == 1.0 and not model.training
     assert result.best["val_mrr"] >= result.initial["val_mrr"]
 
-    class Killed(RuntimeError):
-        pass
-
-    def kill_after_epoch_2(record: dict[str, Any]) -> None:
-        if record["epoch"] == 2:
-            raise Killed
-
     with pytest.raises(Killed):
         train_reranker(
-            config, GROUPS, GROUPS, tokenizer, out_dir=tmp_path / "b", on_epoch=kill_after_epoch_2
+            config, GROUPS, GROUPS, tokenizer, out_dir=tmp_path / "b", on_epoch=kill_after(2)
         )
     again, resumed = train_reranker(config, GROUPS, GROUPS, tokenizer, out_dir=tmp_path / "b")
     assert resumed.resumed_from_epoch == 2 and resumed.best_epoch == result.best_epoch
