@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,28 +28,10 @@ from tests.retrieval.cnn_bundle import (
     QUESTIONS,
     STORED_THRESHOLD,
     UNSEEN,
-    build_bundle,
     make_hybrid,
     write_config,
     write_index,
 )
-
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_bundle(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def bundle(bundle_dir: Path) -> Bundle:
-    return Bundle.load(bundle_dir)
-
-
-@pytest.fixture
-def copy_dir(bundle_dir: Path, tmp_path: Path) -> Path:
-    """A private copy to break."""
-    return Path(shutil.copytree(bundle_dir, tmp_path / "models"))
-
 
 # ---------------------------------------------------------------- properties
 

@@ -8,7 +8,6 @@ The fixture is a real bundle built with the library itself (`tests.retrieval.cnn
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,6 @@ from tests.retrieval.cnn_bundle import (
     QUESTIONS,
     STORED_THRESHOLD,
     UNSEEN,
-    build_bundle,
     make_hybrid,
     write_config,
     write_index,
@@ -53,22 +51,6 @@ from tests.retrieval.cnn_bundle import (
 
 ONNX = QueryEncoderEntry("onnx", (ENCODER_FILE,))
 INT8 = QueryEncoderEntry("onnx-int8", (QUERY_ENCODER_FILE,))
-
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_bundle(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def bundle(bundle_dir: Path) -> Bundle:
-    return Bundle.load(bundle_dir)
-
-
-@pytest.fixture
-def copy_dir(bundle_dir: Path, tmp_path: Path) -> Path:
-    """A private copy to break."""
-    return Path(shutil.copytree(bundle_dir, tmp_path / "models"))
 
 
 def _rewrite(models: Path, drop: tuple[str, ...] = (), **values: object) -> None:
