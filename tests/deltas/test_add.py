@@ -23,10 +23,12 @@ from qpr.artifacts import (
     DELTAS_DIR,
     DELTAS_MANIFEST_FILE,
     QUESTIONS_FILE,
+    WRITER_LOCK_FILE,
 )
 from qpr.config import QualitySettings
 from qpr.deltas import format as delta_format
 from qpr.deltas.add import (
+    add_files,
     add_questions,
     compact,
     delete_questions,
@@ -37,6 +39,7 @@ from qpr.deltas.add import (
 from qpr.deltas.format import (
     DeltaError,
     absorbed_version,
+    check_deltas,
     delta_dir,
     delta_files,
     live_questions,
@@ -246,6 +249,56 @@ def test_dropping_a_delta_undoes_its_add(models: Path) -> None:
     assert read_manifest(models).dropped[0]["reason"] == "wrong answers"
     with pytest.raises(DeltaError, match="no delta 1"):
         drop_delta(models, 1)
+
+
+def _files(models: Path) -> dict[str, tuple[int, int]]:
+    """Every file of the bundle but the writer lock: (size, mtime) by relative path."""
+    return {
+        p.relative_to(models).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(models.rglob("*"))
+        if p.is_file() and p.name != WRITER_LOCK_FILE.name
+    }
+
+
+def test_writers_refuse_to_build_on_a_delta_that_fails_its_check(
+    models: Path, tmp_path: Path
+) -> None:
+    """add, delete and compact write nothing on a broken delta and say, in one line, to
+    drop it; drop is the repair, and then they work again."""
+    add_questions(models, frame(LATER[:2], [1, 2]))
+    table = models / delta_dir(1) / DELTA_QUESTIONS_FILE
+    table.write_bytes(table.read_bytes()[:-10])
+    listed = tmp_path / "new.txt"
+    listed.write_text(f"{LATER[3]}\n")
+    before = _files(models)
+    attempts = {
+        "add": lambda: add_questions(models, frame(LATER[2:3], [3])),
+        "add files": lambda: add_files(models, [listed], QualitySettings()),
+        "delete": lambda: delete_questions(models, [MAIN_IDS[0]]),
+        "compact": lambda: compact(models, flat),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(DeltaError) as refused:
+            attempt()
+        said = str(refused.value)
+        assert "delta 1 fails its check" in said and "`qpr index drop 1`" in said, name
+        assert "nothing written" in said and "\n" not in said
+        assert _files(models) == before, name
+
+    drop_delta(models, 1, reason="corrupt")
+    assert check_deltas(models) == {}
+    assert add_files(models, [listed], QualitySettings())["added"] == 1
+    bundle = Bundle.load(models)
+    assert bundle.search(LATER[3], k=1).hits[0].text == LATER[3] and not bundle.failed_deltas
+
+
+def test_an_add_on_a_corrupt_manifest_writes_nothing(models: Path) -> None:
+    add_questions(models, frame(LATER[:2], [1, 2]))
+    (models / DELTAS_MANIFEST_FILE).write_text('{"format": "qpr-deltas/1", "version": ')
+    before = _files(models)
+    with pytest.raises(DeltaError, match="not a readable deltas manifest"):
+        add_questions(models, frame(LATER[2:3], [3]))
+    assert _files(models) == before
 
 
 def test_a_compacted_delta_cannot_be_dropped_and_later_ones_still_load(models: Path) -> None:

@@ -29,6 +29,7 @@ from qpr.retrieval.dense import (
     set_ef_search,
     set_nprobe,
     set_refine_k_factor,
+    stored_dim,
     use_per_query_scan,
 )
 
@@ -322,6 +323,17 @@ def test_save_load_round_trip_sets_nprobe(tmp_path):
     faiss.extract_index_ivf(index).nprobe = 6
     np.testing.assert_array_equal(search(loaded, x[:40], 5)[1], search(index, x[:40], 5)[1])
     assert not list(path.parent.glob(".*tmp"))  # no temp file left behind
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW8", "OPQ4,IVF16,PQ4", "PCA8,Flat"])
+def test_stored_dim_reads_the_width_without_reading_the_index(tmp_path, factory):
+    path = save_index(
+        build_index(_vectors(1_000), IndexConfig(factory, nprobe=1), seed=0, log=_quiet),
+        tmp_path / "index.faiss",
+    )
+    assert stored_dim(path) == _vectors(1).shape[1] == load_index(path, nprobe=None).d
+    path.write_bytes(path.read_bytes()[:6])
+    assert stored_dim(path) is None and stored_dim(tmp_path / "missing.faiss") is None
 
 
 def test_id_map_round_trip_and_lookups(tmp_path):

@@ -364,3 +364,31 @@ def test_a_bundle_without_answer_ids_loads_with_null_answers(
     hits = loaded.search(QUESTIONS[3], k=3).hits
     assert hits and all(hit.answer_id is None for hit in hits)
     assert all(hit.as_dict()["answer_id"] is None for hit in hits)
+
+
+# ---------------------------------------------------------------- deltas
+
+
+def test_a_delta_with_a_missing_file_is_left_out_and_named(copy_dir: Path) -> None:
+    """The bundle loads the main index and the other deltas; the fingerprint hashes the
+    files that are there, so a repair changes it."""
+    import pandas as pd
+
+    from qpr.artifacts import DELTA_VECTORS_FILE
+    from qpr.deltas.add import add_questions
+    from qpr.deltas.format import delta_dir
+
+    for number, text in enumerate([UNSEEN, "where can i rent a tent for my trip"], start=1):
+        frame = pd.DataFrame({"question_id": [number], "text": [text], "cluster_id": [-1]})
+        add_questions(copy_dir, frame)
+    whole = load_bundle_parts(copy_dir)
+    vectors = copy_dir / delta_dir(1) / DELTA_VECTORS_FILE
+    kept = vectors.read_bytes()
+    vectors.unlink()
+
+    parts = load_bundle_parts(copy_dir)
+    assert dict(parts.failed_deltas) == {1: "deltas/0001: vectors.faiss missing"}
+    assert parts.questions.index.ntotal == len(QUESTIONS) + 1 and 2 in parts.questions.qids
+    assert whole.failed_deltas == {} and parts.fingerprint != whole.fingerprint
+    vectors.write_bytes(kept)
+    assert load_bundle_parts(copy_dir).fingerprint == whole.fingerprint

@@ -12,6 +12,10 @@ later finds them in the logs indexes them once.
 Every change runs inside `qpr.deltas.format.manifest_update`, whose write is its commit
 point, and under the models folder's writer lock (`qpr.deltas.lock`): two writers at once
 take turns, and one that waits too long stops with WriterBusy.
+
+Add, delete and compact first check the deltas a load adds (`qpr.deltas.format.require_sound`):
+on a delta that fails its check they write nothing and say to drop it. `drop` is the repair,
+so it does not check.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from qpr.deltas.format import (
     main_questions,
     manifest_update,
     read_manifest,
+    require_sound,
     write_absorbed,
     write_delta,
 )
@@ -166,7 +171,9 @@ def add_files(
     """Every file's new questions as one delta (none when nothing is new). Returns
     {"files", "questions_read", "added", "replaced", "delta"}; files already indexed
     (same sha256, recorded in the manifest) are skipped. Holds the writer lock from the
-    first read of the manifest (`qpr.deltas.lock`; `wait`: how long to wait for it)."""
+    first read of the manifest (`qpr.deltas.lock`; `wait`: how long to wait for it).
+    DeltaError, nothing written, for an unreadable manifest or a delta that fails its
+    check (`require_sound`)."""
     with writer_lock(models_dir, wait=wait):
         return _add_files(models_dir, files, quality, report_dir, batch_size, threads)
 
@@ -181,6 +188,7 @@ def _add_files(
 ) -> dict[str, Any]:
     # Under the lock: what is new is decided on the manifest the delta is added to.
     manifest = read_manifest(models_dir)
+    require_sound(models_dir)
     # A dropped delta's files stay out: the schedule would offer them again.
     seen = {s for d in manifest.deltas + manifest.dropped for s in d.get("sources", [])}
     todo = [(Path(f), file_sha256(f)) for f in files]
@@ -275,9 +283,11 @@ def add_questions(
     tombstone). Returns the delta's manifest entry. The served state changes only when
     the new manifest is renamed into place: a failure before leaves it as it was.
     sources: what the questions came from (files' sha256), recorded in the manifest.
-    wait: how long to wait for the writer lock (`qpr.deltas.lock`)."""
+    wait: how long to wait for the writer lock (`qpr.deltas.lock`). DeltaError, nothing
+    written, for an unreadable manifest or a delta that fails its check."""
     root = Path(models_dir)
     with manifest_update(root, wait=wait) as manifest:
+        require_sound(root)
         frame = _checked_questions(questions)
         version = manifest.version + 1
         # A dropped delta's number is never given again: logs and notes may name it.
@@ -363,9 +373,11 @@ def delete_questions(
 ) -> dict:
     """Tombstone the served questions among `question_ids` (one new version). Returns
     {"deleted": ids tombstoned, "unknown": ids the bundle does not serve, "version"}.
-    wait: how long to wait for the writer lock (`qpr.deltas.lock`)."""
+    wait: how long to wait for the writer lock (`qpr.deltas.lock`). DeltaError, nothing
+    written, on a delta that fails its check."""
     root = Path(models_dir)
     with manifest_update(root, wait=wait) as manifest:
+        require_sound(root)
         wanted = sorted({int(q) for q in question_ids})
         live = set(live_questions(root)["question_id"].tolist())
         deleted = [q for q in wanted if q in live]
@@ -442,9 +454,11 @@ def compact(
     The new index/ is swapped in by rename; other files there (the int8 query encoder)
     are kept. The manifest itself is unchanged. Returns {"questions", "deltas_merged",
     "tombstones_applied", "version"}. The writer lock is held from the read to the swap
-    (`wait`: how long to wait for it)."""
+    (`wait`: how long to wait for it). DeltaError, nothing written, on a delta that fails
+    its check: compaction would otherwise absorb its questions unchecked."""
     root = Path(models_dir)
     with manifest_update(root, wait=wait) as manifest:
+        require_sound(root)
         pending, tombstones = manifest.pending(absorbed_version(root))
         live = live_questions(root)
         vectors = _encode(root, live["text"].tolist(), batch_size, threads)

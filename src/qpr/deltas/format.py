@@ -7,6 +7,11 @@ above it: no framework, no torch, no import of the bundle or of ops/.
 The manifest is written in one place only, `manifest_update`: every add, delete, drop and
 compaction runs inside it.
 
+A delta that fails its check (a file missing, altered or unreadable, rows that disagree,
+vectors of another width or not finite) fails alone: a load serves the main index and the
+other deltas without it, and names it (`Parts.failed`, `check_deltas`). Writers other
+than `drop` refuse to build on it (`require_sound`).
+
 Arrays: float32 vectors [N, D], int64 question ids [N], bool dead mask [N].
 """
 
@@ -37,11 +42,13 @@ from qpr.artifacts import (
     DELTAS_DIR,
     DELTAS_MANIFEST_FILE,
     IDS_FILE,
+    INDEX_FILE,
     QUESTIONS_FILE,
 )
 from qpr.deltas.lock import holds_lock, writer_lock
 from qpr.io import file_sha256, fsync_dir, json_sha256, replace_dir, write_json_atomic
 from qpr.retrieval.bm25 import BM25Index
+from qpr.retrieval.dense import stored_dim
 
 __all__ = [
     "FORMAT",
@@ -50,6 +57,7 @@ __all__ = [
     "Manifest",
     "Parts",
     "absorbed_version",
+    "check_deltas",
     "dead_rows",
     "delta_dir",
     "delta_files",
@@ -62,6 +70,7 @@ __all__ = [
     "manifest_update",
     "merge_bm25",
     "read_manifest",
+    "require_sound",
     "write_absorbed",
     "write_delta",
 ]
@@ -120,15 +129,33 @@ def read_manifest(models_dir: str | os.PathLike[str]) -> Manifest:
         raw = json.loads(path.read_text())
         if raw.get("format") != FORMAT:
             raise DeltaError(f"{path}: format {raw.get('format')!r}, expected {FORMAT!r}")
-        return Manifest(
+        manifest = Manifest(
             int(raw["version"]),
             list(raw["deltas"]),
             list(raw["tombstones"]),
             raw["main_avgdl"],
             list(raw.get("dropped", [])),
         )
+        _check_entries(manifest)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DeltaError(f"{path}: not a readable deltas manifest ({exc})") from exc
+    return manifest
+
+
+def _check_entries(manifest: Manifest) -> None:
+    """KeyError, TypeError or ValueError unless every delta entry has the integer number,
+    version and rows and the sha256 a load reads, and every tombstone is [id, version]:
+    a manifest edited by hand fails here, once, not in each reader."""
+    for delta in manifest.deltas:
+        if not isinstance(delta["sha256"], str):
+            raise TypeError(f"delta {delta.get('number')!r}: sha256 is not a string")
+        for key in ("number", "version", "rows"):
+            int(delta[key])
+    for stone in manifest.tombstones:
+        if len(stone) != 2:
+            raise ValueError(f"tombstone {stone!r} is not [question_id, version]")
+        for value in stone:
+            int(value)
 
 
 @contextmanager
@@ -197,7 +224,9 @@ def delta_files(models_dir: Path) -> list[Path]:
     pending, _ = read_manifest(root).pending(absorbed_version(root))
     out.append(DELTAS_MANIFEST_FILE)
     for delta in pending:
-        out += [delta_dir(int(delta["number"])) / name for name in DELTA_FILES]
+        files = [delta_dir(int(delta["number"])) / name for name in DELTA_FILES]
+        # A missing file fails that delta's check (`load_parts`), not the listing.
+        out += [rel for rel in files if (root / rel).is_file()]
     return out
 
 
@@ -249,7 +278,8 @@ def write_delta(
 class Parts:
     """Main + deltas as one set of rows (main rows first, then each delta's).
     dead: bool [N], rows hidden by a tombstone; qids of dead rows are replaced by unique
-    negative ids (-2 - row) so that an id map of the live ones stays one-to-one."""
+    negative ids (-2 - row) so that an id map of the live ones stays one-to-one.
+    failed: {delta number: why it failed its check}, the deltas left out."""
 
     index: faiss.Index
     qids: np.ndarray
@@ -259,6 +289,7 @@ class Parts:
     bm25: BM25Index | None
     dead: np.ndarray
     manifest_sha256: str | None
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 def load_parts(
@@ -271,8 +302,9 @@ def load_parts(
     bm25: BM25Index | None,
 ) -> Parts:
     """The main parts extended by the manifest's deltas (the index in place: it must be a
-    private, freshly loaded copy). DeltaError for a delta that is missing, altered
-    (sha256), of another width or whose files disagree."""
+    private, freshly loaded copy). A delta that fails its check (`check_deltas`) is left
+    out with the tombstones its add wrote, as `drop` would lift them, and named in
+    `Parts.failed`. DeltaError for an unreadable manifest, or an id live twice."""
     root = Path(models_dir)
     manifest = read_manifest(root)
     pending, tombstones = manifest.pending(absorbed_version(root))
@@ -280,10 +312,13 @@ def load_parts(
     versions = [np.zeros(qids.size, np.int64)]
     all_qids, all_clusters = [qids], [np.asarray(cluster_ids, np.int64)]
     texts, answers = list(texts), list(answer_ids or [None] * qids.size)
-    postings = []
+    postings, failed = [], {}
     for delta in pending:
-        folder = root / delta_dir(int(delta["number"]))
-        vectors, frame, weights = _read_delta(folder, delta, index.d)
+        try:
+            vectors, frame, weights = _read_delta(root, delta, index.d)
+        except DeltaError as exc:
+            failed[int(delta["number"])] = str(exc)
+            continue
         index.add(vectors)
         versions.append(np.full(len(frame), int(delta["version"]), np.int64))
         all_qids.append(frame["question_id"].to_numpy(np.int64))
@@ -292,8 +327,11 @@ def load_parts(
         # A question list has no answers: pandas reads its nulls back as NaN.
         answers += [a if isinstance(a, str) else None for a in frame[ANSWER_ID].tolist()]
         postings.append({**weights, "docs": np.int64(len(frame))})
+    # One version is one add: the tombstones at a failed delta's version are its own.
+    left_out = {int(d["version"]) for d in pending if int(d["number"]) in failed}
+    applied = [t for t in tombstones if int(t[1]) not in left_out]
     merged_qids = np.concatenate(all_qids)
-    dead = dead_rows(merged_qids, np.concatenate(versions), tombstones)
+    dead = dead_rows(merged_qids, np.concatenate(versions), applied)
     if bm25 is not None and postings:
         bm25 = merge_bm25(bm25, postings)
     shown = np.where(dead, -2 - np.arange(merged_qids.size, dtype=np.int64), merged_qids)
@@ -308,6 +346,45 @@ def load_parts(
         bm25,
         dead,
         manifest.sha256 if pending or tombstones else None,
+        failed,
+    )
+
+
+def check_deltas(models_dir: str | os.PathLike[str]) -> dict[int, str]:
+    """{delta number: why it fails its check} over the deltas a load adds (those the main
+    index does not hold yet); empty when all pass. The check is the one a load makes: every
+    file present and as the manifest's sha256 records, readable, of the main index's width
+    (read from its header), rows agreeing with the manifest and each other, vectors finite.
+    DeltaError for an unreadable manifest."""
+    root = Path(models_dir)
+    pending, _ = read_manifest(root).pending(absorbed_version(root))
+    dim = stored_dim(root / INDEX_FILE) if pending else None
+    failed = {}
+    for delta in pending:
+        try:
+            _read_delta(root, delta, dim)
+        except DeltaError as exc:
+            failed[int(delta["number"])] = str(exc)
+    return failed
+
+
+def require_sound(models_dir: str | os.PathLike[str]) -> None:
+    """DeltaError, one line naming each delta that fails its check and how to remove it,
+    unless all pass (`check_deltas`). Every writer but `drop` calls it before it writes:
+    an add on top of a broken delta would hide the breakage behind a newer version."""
+    failed = check_deltas(models_dir)
+    if not failed:
+        return
+    numbers = sorted(failed)
+    reasons = "; ".join(failed[n] for n in numbers)
+    drops = " and ".join(f"`qpr index drop {n}`" for n in numbers)
+    if len(numbers) == 1:
+        which, fix = f"delta {numbers[0]} fails its check", f"remove it with {drops}"
+    else:
+        which = f"deltas {', '.join(map(str, numbers))} fail their check"
+        fix = f"remove them with {drops}"
+    raise DeltaError(
+        f"{which} ({reasons}): nothing written; {fix} (or restore the files), then try again"
     )
 
 
@@ -330,28 +407,47 @@ def dead_rows(
 
 
 def _read_delta(
-    folder: Path, delta: dict[str, Any], dim: int
+    root: Path, delta: dict[str, Any], dim: int | None
 ) -> tuple[np.ndarray, pd.DataFrame, dict[str, np.ndarray]]:
-    """(vectors float32 [n, D], questions in row order, BM25 postings) of one delta."""
+    """(vectors float32 [n, D], questions in row order, BM25 postings) of one delta, or
+    DeltaError saying why it fails its check (its folder named relative to `root`).
+    dim: the main index's width; None: not checked."""
+    rel = delta_dir(int(delta["number"])).as_posix()
+    folder = root / rel
+    missing = [name.as_posix() for name in DELTA_FILES if not (folder / name).is_file()]
+    if missing:
+        raise DeltaError(f"{rel}: {', '.join(missing)} missing")
     try:
-        if delta_sha256(folder) != delta["sha256"]:
-            raise DeltaError(f"{folder}: files differ from the sha256 the manifest records")
+        altered = delta_sha256(folder) != delta["sha256"]
+    except OSError as exc:
+        raise DeltaError(f"{rel}: unreadable ({exc.strerror or exc})") from exc
+    if altered:
+        raise DeltaError(f"{rel}: its files differ from the sha256 the manifest records")
+    try:
         flat = faiss.read_index(str(folder / DELTA_VECTORS_FILE))
-        vectors = flat.reconstruct_n(0, flat.ntotal) if flat.ntotal else np.zeros((0, dim))
+        vectors = flat.reconstruct_n(0, flat.ntotal) if flat.ntotal else np.zeros((0, flat.d))
         ids = np.load(folder / DELTA_IDS_FILE, allow_pickle=False).astype(np.int64)
         frame = pd.read_parquet(folder / DELTA_QUESTIONS_FILE)
         with np.load(folder / DELTA_BM25_FILE, allow_pickle=False) as data:
             weights = {name: data[name] for name in ("term", "row", "weight")}
-    except (OSError, RuntimeError, ValueError, KeyError) as exc:
-        raise DeltaError(f"{folder}: unreadable delta ({exc})") from exc
-    if flat.d != dim:
-        raise DeltaError(f"{folder}: {flat.d}-d vectors, the main index holds {dim}-d")
-    if not (len(ids) == len(frame) == flat.ntotal == int(delta["rows"])):
-        raise DeltaError(f"{folder}: its files disagree on the number of questions")
-    if not np.array_equal(frame["question_id"].to_numpy(np.int64), ids):
+    except Exception as exc:  # each reader has its own errors (faiss, arrow, zipfile)
+        said = " ".join(str(exc).split())  # one line: it is shown in a table and a log
+        raise DeltaError(f"{rel}: unreadable ({type(exc).__name__}: {said})") from exc
+    absent = [c for c in QUESTION_COLUMNS if c not in frame.columns]
+    if absent:
+        raise DeltaError(f"{rel}: {DELTA_QUESTIONS_FILE} has no column {', '.join(absent)}")
+    if dim is not None and flat.d != dim:
+        raise DeltaError(f"{rel}: {flat.d}-d vectors, the main index holds {dim}-d")
+    counts = {len(ids), len(frame), int(flat.ntotal)}
+    if counts != {int(delta["rows"])}:
         raise DeltaError(
-            f"{folder}: {DELTA_QUESTIONS_FILE} is not in the order of {DELTA_IDS_FILE}"
+            f"{rel}: its files hold {sorted(counts)} questions, the manifest records "
+            f"{delta['rows']}"
         )
+    if not np.array_equal(frame["question_id"].to_numpy(np.int64), ids):
+        raise DeltaError(f"{rel}: {DELTA_QUESTIONS_FILE} is not in the order of {DELTA_IDS_FILE}")
+    if not np.isfinite(vectors).all():
+        raise DeltaError(f"{rel}: {DELTA_VECTORS_FILE} holds non-finite vectors")
     return np.ascontiguousarray(vectors, np.float32), frame, weights
 
 

@@ -23,7 +23,8 @@ Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between e
 
 Deltas (`qpr.deltas`): questions added since the main index was built, in
 ``deltas/``, are appended to the loaded index and BM25 at load; tombstoned rows are a row
-mask applied inside the dense search and BM25, as a filter is (no over-fetch).
+mask applied inside the dense search and BM25, as a filter is (no over-fetch). A delta
+that fails its check is left out and named (`Bundle.failed_deltas`).
 
 A loaded bundle is immutable; `search` may be called from several threads at once
 (ONNX Runtime sessions and FAISS CPU searches are safe for concurrent reads).
@@ -34,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,10 @@ class Bundle:
         config: SearchConfig,
         fingerprint: str,
         reranker: Reranker | None = None,
+        failed_deltas: Mapping[int, str] | None = None,
     ) -> None:
         self._models_dir = models_dir
+        self._failed_deltas = dict(failed_deltas or {})
         self._encoder = encoder
         self._reranker = reranker
         self._config = config
@@ -230,6 +233,7 @@ class Bundle:
             config=config,
             fingerprint=self._fingerprint,
             reranker=None if dense_only else self._reranker,
+            failed_deltas=self._failed_deltas,
         )
 
     @property
@@ -315,6 +319,7 @@ class Bundle:
             config=parts.config,
             fingerprint=parts.fingerprint,
             reranker=parts.reranker,
+            failed_deltas=parts.failed_deltas,
         )
 
     # -- properties -----------------------------------------------------------------------
@@ -382,6 +387,12 @@ class Bundle:
         """True when queries go through a query student (student/query_encoder.onnx) and
         the index holds the document encoder's (encoder.onnx's) vectors."""
         return self._student
+
+    @property
+    def failed_deltas(self) -> dict[int, str]:
+        """{delta number: why it failed its check}: the deltas left out of this load
+        (`qpr.deltas.format`); empty when every delta serves."""
+        return dict(self._failed_deltas)
 
     @property
     def fingerprint(self) -> str:

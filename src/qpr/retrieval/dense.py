@@ -59,6 +59,7 @@ __all__ = [
     "set_ef_search",
     "set_nprobe",
     "set_refine_k_factor",
+    "stored_dim",
     "training_points",
     "use_per_query_scan",
 ]
@@ -637,6 +638,21 @@ def load_index(
     if ef_search is not None:
         set_ef_search(index, ef_search)
     return index
+
+
+def stored_dim(path: str | os.PathLike[str]) -> int | None:
+    """The vector width a FAISS index file holds, from its first 8 bytes, without reading
+    the index (which may be gigabytes): every float index FAISS writes starts with its
+    4-byte type code, then the width as int32. None when the file is missing or too short."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return None
+    if len(head) < 8:
+        return None
+    dim = int(np.frombuffer(head[4:], "<i4")[0])
+    return dim if dim > 0 else None
 
 
 @dataclass(frozen=True, eq=False)

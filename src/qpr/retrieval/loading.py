@@ -11,7 +11,9 @@ Which encoder queries go through is what ``search.json`` declares (``query_encod
 and files); a declared file that is missing is refused. Older bundles are read through
 `qpr.artifacts.migrate`, the one place that knows their formats; their question tables
 may lack answer ids (hits then carry none, logged). Deltas (`qpr.deltas`) are
-appended to the loaded index and BM25; the fingerprint hashes every file loaded.
+appended to the loaded index and BM25; the fingerprint hashes every file loaded. A delta
+that fails its check fails alone: the bundle loads without it and names it
+(`BundleParts.failed_deltas`, logged).
 
 No torch: numpy, onnxruntime, faiss and pyarrow (and tokenizers for word pieces).
 """
@@ -22,7 +24,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,7 +131,8 @@ class BundleParts:
     """A bundle's files, loaded and checked together (`load_bundle_parts`): what a `Bundle`
     is built from. root: the models directory; config: its search config, in the current
     format (`qpr.artifacts.migrate`); fingerprint: sha256 over the files loaded (see
-    `Bundle.fingerprint`); reranker: None unless the config re-ranks."""
+    `Bundle.fingerprint`); reranker: None unless the config re-ranks; failed_deltas:
+    {delta number: why it failed its check}, the deltas left out (`qpr.deltas.format`)."""
 
     root: Path
     encoder: QueryEncoder
@@ -137,6 +140,7 @@ class BundleParts:
     config: SearchConfig
     fingerprint: str
     reranker: Reranker | None = None
+    failed_deltas: Mapping[int, str] = field(default_factory=dict)
 
 
 def load_bundle_parts(
@@ -169,7 +173,7 @@ def load_bundle_parts(
         nprobe=served_nprobe if nprobe is None else nprobe,
         ef_search=served_ef_search if ef_search is None else ef_search,
     )
-    questions = _with_deltas(root, _load_questions(paths, index, config))
+    questions, failed_deltas = _with_deltas(root, _load_questions(paths, index, config))
     reranker = _load_reranker(root, config, threads)
     if fold_encoder and not encoder.int8:
         encoder = replace(
@@ -177,7 +181,9 @@ def load_bundle_parts(
         )
     if _signatures(paths.values()) != before:
         raise BundleError(f"files in {root} changed while loading; load again")
-    return BundleParts(root, encoder, questions, config, _fingerprint(digests), reranker)
+    return BundleParts(
+        root, encoder, questions, config, _fingerprint(digests), reranker, failed_deltas
+    )
 
 
 # ---------------------------------------------------------------- loading helpers
@@ -254,11 +260,15 @@ def _delta_paths(root: Path) -> dict[Path, Path]:
         raise BundleError(str(exc)) from exc
 
 
-def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
+def _with_deltas(
+    root: Path, questions: IndexedQuestions
+) -> tuple[IndexedQuestions, dict[int, str]]:
     """`questions` with the manifest's deltas appended and its tombstones as the dead
-    mask; BundleError for a broken delta (the reloader then keeps the state it serves)."""
+    mask, and {number: reason} of the deltas that failed their check and were left out
+    (each logged). BundleError for an unreadable manifest (the reloader then keeps the
+    state it serves: without it, deleted questions would come back)."""
     if not (root / DELTAS_MANIFEST_FILE).is_file():
-        return questions
+        return questions, {}
     try:
         parts = load_parts(
             root,
@@ -271,7 +281,16 @@ def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
         )
     except DeltaError as exc:
         raise BundleError(str(exc)) from exc
-    return IndexedQuestions(
+    for number, reason in sorted(parts.failed.items()):
+        log.warning(
+            "delta %d of %s fails its check and is left out (%s); the main index and the "
+            "other deltas serve: `qpr index drop %d` removes it",
+            number,
+            root,
+            reason,
+            number,
+        )
+    extended = IndexedQuestions(
         parts.index,
         parts.qids,
         parts.texts,
@@ -281,6 +300,7 @@ def _with_deltas(root: Path, questions: IndexedQuestions) -> IndexedQuestions:
         _extended_fields(questions.fields, parts.answer_ids, int(parts.index.ntotal)),
         parts.dead,
     )
+    return extended, parts.failed
 
 
 def _extended_fields(
@@ -289,13 +309,13 @@ def _extended_fields(
     """The main index's filter fields over all `n` rows, the deltas' appended: their
     answer ids, and null (no filter matches it) for metadata a delta does not keep."""
     out: dict[str, FieldValues] = {}
-    for name, field in (fields or {}).items():
+    for name, main in (fields or {}).items():
         if name == ANSWER_ID and answer_ids is not None:
             out[name] = FieldValues.of(answer_ids)
             continue
         codes = np.full(n, -1, np.int32)
-        codes[: field.codes.size] = field.codes
-        out[name] = FieldValues(field.values, codes)
+        codes[: main.codes.size] = main.codes
+        out[name] = FieldValues(main.values, codes)
     return out
 
 
