@@ -78,3 +78,47 @@ def test_index_params_before_a_sub_command_is_refused(tmp_path, monkeypatch):
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "give it after the sub-command" in said
     assert runner.invoke(app, ["index", "--params", params]).exit_code == 1  # the stage ran
+
+
+def test_index_list_names_a_failed_delta_and_add_refuses_in_one_line(tmp_path):
+    from qpr.artifacts import DELTA_IDS_FILE, DELTAS_MANIFEST_FILE
+    from qpr.deltas.format import delta_dir
+    from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, QIDS)
+    listed = tmp_path / "new.txt"
+    listed.write_text("how do i descale my espresso machine\n")
+    add = ["index", "add", str(listed), "--models-dir", str(models), "--local"]
+    assert runner.invoke(app, add).exit_code == 0
+    (models / delta_dir(1) / DELTA_IDS_FILE).unlink()
+    manifest = (models / DELTAS_MANIFEST_FILE).read_bytes()
+
+    shown = runner.invoke(app, ["index", "list", "--models-dir", str(models)])
+    assert shown.exit_code == 0 and "failed:" in shown.output  # the cell wraps at 80 columns
+    assert "delta 1 fails its check and is not served" in " ".join(shown.output.split())
+    as_json = runner.invoke(app, ["index", "list", "--json", "--models-dir", str(models)])
+    assert (
+        json.loads(as_json.output)["deltas"][0]["state"] == "failed: deltas/0001: ids.npy missing"
+    )
+
+    other = tmp_path / "other.txt"
+    other.write_text("how do i clean my espresso machine\n")
+    refused = runner.invoke(app, ["index", "add", str(other), "--models-dir", str(models)])
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1
+    assert "delta 1 fails its check" in refused.output and "Traceback" not in refused.output
+    assert (models / DELTAS_MANIFEST_FILE).read_bytes() == manifest
+    for command in (["delete", "--question-id", str(QIDS[0])], ["compact"]):
+        out = runner.invoke(app, ["index", *command, "--models-dir", str(models), "--local"])
+        assert out.exit_code == 1 and "qpr index drop 1" in " ".join(out.output.split())
+    assert (models / DELTAS_MANIFEST_FILE).read_bytes() == manifest
+
+    drop = ["index", "drop", "1", "--models-dir", str(models), "--local"]
+    assert runner.invoke(app, drop).exit_code == 0
+    again = runner.invoke(app, ["index", "list", "--json", "--models-dir", str(models)])
+    assert json.loads(again.output)["deltas"] == []
+    assert (
+        runner.invoke(
+            app, ["index", "add", str(other), "--models-dir", str(models), "--local"]
+        ).exit_code
+        == 0
+    )

@@ -14,7 +14,15 @@ import typer
 from rich.table import Table
 
 from qpr import environment
-from qpr.cli.common import ParamsOption, actor_name, console, fail, print_metrics, run_stage
+from qpr.cli.common import (
+    ParamsOption,
+    actor_name,
+    console,
+    fail,
+    print_metrics,
+    run_stage,
+    shown,
+)
 
 index_app = typer.Typer(
     help="Stage 4 without a sub-command: the full build, as `dvc repro` runs it. With one: "
@@ -70,7 +78,8 @@ def index_add(
     local: LocalOption = False,
 ) -> None:
     """Make the files' new questions searchable now, as one delta beside the index: logs
-    pass the raw-log gate first. A running service picks the delta up at its next poll."""
+    pass the raw-log gate first. A running service picks the delta up at its next poll.
+    Refused, nothing written, while a delta fails its check (`qpr index list` shows it)."""
     from qpr.config import load_settings
     from qpr.data.loaders import DataFormatError
     from qpr.deltas.add import add_files
@@ -109,6 +118,7 @@ def index_delete(
 ) -> None:
     """Stop serving questions: a tombstone each, applied at search time until compaction."""
     from qpr.deltas.add import delete_questions, read_ids
+    from qpr.deltas.format import DeltaError
     from qpr.deltas.lock import WriterBusy
 
     ids = read_ids(question_id or [], ids_file)
@@ -116,7 +126,7 @@ def index_delete(
         fail("give --question-id or --ids-file")
     try:
         out = delete_questions(models_dir, ids)
-    except WriterBusy as err:
+    except (DeltaError, WriterBusy) as err:
         fail(str(err))
     if out["deleted"]:
         reason = f"index delete: {len(out['deleted'])} questions"
@@ -130,27 +140,36 @@ def index_list(
     as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
 ) -> None:
     """The bundle's deltas: number, version, questions, BM25 words unknown to the main
-    index, and whether the main index already holds them (absorbed) or a load adds them."""
-    from qpr.deltas.format import DeltaError, absorbed_version, read_manifest
+    index, and their state: absorbed (the main index holds them), served as a delta, or
+    failed (its check, as a load makes it: a load leaves it out; `qpr index drop N`)."""
+    from qpr.deltas.format import DeltaError, absorbed_version, check_deltas, read_manifest
 
     try:
         manifest, absorbed = read_manifest(models_dir), absorbed_version(models_dir)
+        failed = check_deltas(models_dir)
     except DeltaError as err:
         fail(str(err))
+
+    def state(delta: dict[str, Any]) -> str:
+        if int(delta["number"]) in failed:
+            return f"failed: {failed[int(delta['number'])]}"
+        return "absorbed" if int(delta["version"]) <= absorbed else "served as a delta"
+
     if as_json:
-        typer.echo(json.dumps(manifest.as_dict() | {"absorbed_version": absorbed}, indent=2))
+        out = manifest.as_dict() | {"absorbed_version": absorbed}
+        out["deltas"] = [{**delta, "state": state(delta)} for delta in manifest.deltas]
+        typer.echo(json.dumps(out, indent=2))
         return
     table = Table("delta", "version", "questions", "unknown BM25 words", "state", "sources")
     for delta in manifest.deltas:
         share = delta.get("unknown_tokens", 0) / max(delta.get("tokens", 0), 1)
-        state = "absorbed" if int(delta["version"]) <= absorbed else "served as a delta"
         sources = ", ".join(s[:12] for s in delta.get("sources", [])) or "-"
         table.add_row(
             str(delta["number"]),
             str(delta["version"]),
             f"{delta['rows']:,}",
             f"{share:.1%}",
-            state,
+            shown(state(delta)),
             sources,
         )
     for delta in manifest.dropped:
@@ -159,7 +178,7 @@ def index_list(
             str(delta["version"]),
             f"{delta['rows']:,}",
             "",
-            f"dropped: {delta.get('reason', '')}",
+            shown(f"dropped: {delta.get('reason', '')}"),
             "",
         )
     console.print(table)
@@ -168,6 +187,16 @@ def index_list(
         f"manifest version {manifest.version}; the main index holds version {absorbed}; "
         f"{pending} tombstones applied at search time"
     )
+    if failed:
+        numbers = sorted(failed)
+        drops = " and ".join(f"`qpr index drop {n}`" for n in numbers)
+        said = (
+            f"delta {numbers[0]} fails its check and is not served: {drops} removes it"
+            if len(numbers) == 1
+            else f"deltas {', '.join(map(str, numbers))} fail their check and are not "
+            f"served: {drops} remove them"
+        )
+        console.print(shown(said), style="bold red")
 
 
 @index_app.command("drop")
@@ -202,6 +231,7 @@ def index_compact(
     BM25 statistics recomputed over every question."""
     from qpr.config import load_settings
     from qpr.deltas.add import compact
+    from qpr.deltas.format import DeltaError
     from qpr.deltas.lock import WriterBusy
     from qpr.retrieval.dense import IndexConfig, build_index
 
@@ -214,7 +244,7 @@ def index_compact(
             batch_size=settings.index.encode_batch_size,
             threads=settings.index.threads,
         )
-    except WriterBusy as err:
+    except (DeltaError, WriterBusy) as err:
         fail(str(err))
     reason = f"index compact: {out['deltas_merged']} deltas merged"
     typer.echo(json.dumps(_published(out, models_dir, params, local, reason)))
