@@ -18,7 +18,7 @@ def _samples(telemetry: Telemetry) -> dict[tuple[str, tuple[tuple[str, str], ...
     }
 
 
-def _served(version: str) -> SimpleNamespace:
+def _served(version: str, failed_deltas: dict[int, str] | None = None) -> SimpleNamespace:
     info = SimpleNamespace(
         name="qpr",
         version=version,
@@ -26,6 +26,7 @@ def _served(version: str) -> SimpleNamespace:
         fingerprint=f"f{version}",
         loaded_at=5.0,
         questions=12,
+        failed_deltas=failed_deltas or {},
     )
     return SimpleNamespace(info=info)
 
@@ -62,5 +63,8 @@ def test_model_info_follows_the_serving_model() -> None:
     assert [dict(labels)["version"] for labels in info] == ["2"]  # the old model is gone
     assert samples[("qpr_ready", ())] == 1
     assert samples[("qpr_model_index_questions", ())] == 12
+    assert samples[("qpr_model_failed_deltas", ())] == 0
+    serving[0] = _served("3", {2: "deltas/0002: ids.npy missing", 5: "deltas/0005: ..."})
+    assert _samples(telemetry)[("qpr_model_failed_deltas", ())] == 2
     serving[0] = None
     assert not [name for name, _ in _samples(telemetry) if name == "qpr_model_info"]

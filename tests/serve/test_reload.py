@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -563,3 +564,110 @@ def test_backoff_doubles_up_to_the_cap(bundles: dict[str, Path]) -> None:
         reloader._failures = failures
         waits.append(reloader.next_wait())
     assert waits == [1, 2, 4, 8, 10, 10]
+
+
+def test_a_local_folder_is_checked_at_its_poll_interval_while_it_fails(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """A local check is a few stats: no backoff, so a repair is seen at the next poll.
+    A remote source still backs off (test_backoff_doubles_up_to_the_cap)."""
+    models = Path(shutil.copytree(bundles["v1"], tmp_path / "models"))
+    (models / INDEX_FILE).unlink()
+    reloader = Reloader(
+        LocalSource(models), ModelHolder(), load=_load, poll_seconds=0.5, retry_max_seconds=60
+    )
+    remote = Reloader(
+        SwitchSource(bundles["garbage"], "1"),
+        ModelHolder(),
+        load=_load,
+        poll_seconds=0.5,
+        retry_max_seconds=60,
+    )
+    for _ in range(5):
+        reloader._check_and_count()
+        remote._check_and_count()
+    assert reloader.holder.current is None and reloader._failures == 5
+    assert reloader.next_wait() == 0.5 and remote.next_wait() == 16
+    # poll_seconds 0 (no polling once served): backed off until a model serves
+    reloader.poll_seconds = 0
+    assert reloader.next_wait() == 16
+    shutil.copy2(bundles["v1"] / INDEX_FILE, models / INDEX_FILE)
+    reloader._check_and_count()
+    assert reloader.holder.current is not None and reloader.next_wait() == 0
+
+
+@pytest.mark.slow
+def test_a_service_over_a_corrupt_delta_serves_the_rest_and_sees_the_drop(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """`qpr serve` on a real port: it starts over a bundle whose delta fails its check,
+    /readyz is 200 and names the delta, `qpr index add` refuses, and after `qpr index drop`
+    the local reloader serves the repaired state at its next polls."""
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from qpr.artifacts import DELTA_VECTORS_FILE
+    from qpr.cli import app as cli
+    from qpr.deltas.add import add_questions
+    from qpr.deltas.format import delta_dir
+
+    models = Path(shutil.copytree(bundles["v1"], tmp_path / "models"))
+    for ids, texts in (([1], [Q2[0]]), ([2], [Q2[1]])):
+        add_questions(models, pd.DataFrame({"question_id": ids, "text": texts, "cluster_id": -1}))
+    (models / delta_dir(1) / DELTA_VECTORS_FILE).write_bytes(b"not an index")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QPR_SERVE_")}
+    command = [sys.executable, "-m", "qpr.cli", "serve", "--models-dir", str(models)]
+    server = subprocess.Popen(
+        [*command, "--port", str(port), "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, "QPR_SERVE_POLL_SECONDS": "0.2"},
+    )
+
+    def ready() -> dict:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                response = httpx.get(f"{url}/readyz", timeout=2)
+                if response.status_code == 200:
+                    return response.json()
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            time.sleep(0.2)
+        raise AssertionError("not ready in 60 s")
+
+    try:
+        first = ready()
+        assert [d["delta"] for d in first["failed_deltas"]] == [1]
+        assert "qpr index drop 1" in first["degraded"] and str(tmp_path) not in json.dumps(first)
+        hit = httpx.post(f"{url}/search", json={"question": Q2[1], "k": 1}).json()["hits"][0]
+        assert hit["question_id"] == 2  # the good delta serves
+        runner = CliRunner()
+        listed = tmp_path / "more.txt"
+        listed.write_text(f"{Q2[5]}\n")
+        add = ["index", "add", str(listed), "--models-dir", str(models), "--local"]
+        refused = runner.invoke(cli, add)
+        said = " ".join(refused.output.split())
+        assert refused.exit_code == 1 and "delta 1 fails its check" in said
+        assert "qpr index drop 1" in said and "Traceback" not in refused.output
+        dropped = runner.invoke(cli, ["index", "drop", "1", "--models-dir", str(models), "--local"])
+        assert dropped.exit_code == 0, dropped.output
+
+        deadline = time.monotonic() + 30
+        while "failed_deltas" in ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "failed_deltas" not in ready()  # the repaired state serves
+        assert runner.invoke(cli, add).exit_code == 0
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=30)
+    assert "delta 1" in output and "Traceback" not in output

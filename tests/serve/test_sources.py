@@ -1,8 +1,10 @@
-"""Bundle sources: the registry during an outage (bounded polls, the kept bundles), and
-only versions whose run committed (the qpr.committed mark)."""
+"""Bundle sources: the registry during an outage (bounded polls, the kept bundles), only
+versions whose run committed (the qpr.committed mark), and a local folder whose delta
+files are watched."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -11,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
+from qpr.retrieval.bundle import Bundle
 from qpr.serve.app import create_app
 from qpr.serve.reload import Reloader
 from qpr.serve.settings import ServeSettings
-from qpr.serve.sources import Candidate, RegistrySource, SourceError
+from qpr.serve.sources import Candidate, LocalSource, RegistrySource, SourceError
 from tests.serve.test_reload import IDS1, Q1, build_bundle
 
 SETTINGS = ServeSettings(poll_seconds=0, canaries=4, default_k=3)
@@ -107,3 +110,36 @@ def test_a_version_without_the_committed_mark_is_not_served():
 def test_a_committed_version_is_served():
     source = RegistrySource("qpr", client=_Client({"qpr.committed": "retrain-cycle run"}))
     assert source.poll().version == "7"
+
+
+def test_a_delta_file_changed_in_place_is_noticed_and_its_repair_served(
+    bundle_dir: Path, tmp_path: Path
+) -> None:
+    """The manifest does not change when a delta's file is damaged or restored: the
+    local source watches each delta file too, so both reach the service at the next poll."""
+    import pandas as pd
+
+    from qpr.artifacts import DELTA_QUESTIONS_FILE
+    from qpr.deltas.add import add_questions
+    from qpr.deltas.format import delta_dir
+    from qpr.serve.reload import SWAPPED, UNCHANGED, ModelHolder
+
+    models = Path(shutil.copytree(bundle_dir, tmp_path / "models"))
+    frame = pd.DataFrame({"question_id": [1, 2], "text": ["fix my kite", "rent a tent"]})
+    add_questions(models, frame.assign(cluster_id=-1))
+    source = LocalSource(models)
+    assert source.backoff is False and RegistrySource.backoff is True
+    holder = ModelHolder()
+    reloader = Reloader(source, holder, load=lambda path: Bundle.load(path), canaries=3)
+    assert reloader.check() == SWAPPED and holder.current is not None
+    assert holder.current.info.failed_deltas == {}
+
+    table = models / delta_dir(1) / DELTA_QUESTIONS_FILE
+    kept = table.read_bytes()
+    table.write_bytes(kept[:-10])  # damaged in place: the manifest is as it was
+    assert reloader.check() == SWAPPED
+    assert list(holder.current.info.failed_deltas) == [1] and holder.current.bundle.size == len(Q1)
+    table.write_bytes(kept)  # restored in place (dvc checkout, a backup)
+    assert reloader.check() == SWAPPED
+    assert holder.current.info.failed_deltas == {} and holder.current.bundle.size == len(Q1) + 2
+    assert reloader.check() == UNCHANGED

@@ -418,6 +418,16 @@ def _hits(result: SearchResult) -> list[dict[str, Any]]:
     return [h.as_dict() for h in result.hits]
 
 
+def _degraded(failed: dict[int, str]) -> str:
+    """One line for a person: which deltas are left out and how to remove them."""
+    numbers = sorted(failed)
+    drops = " and ".join(f"`qpr index drop {n}`" for n in numbers)
+    if len(numbers) == 1:
+        return f"serving without delta {numbers[0]}, which fails its check: {drops} removes it"
+    listed = ", ".join(map(str, numbers))
+    return f"serving without deltas {listed}, which fail their check: {drops} remove them"
+
+
 def _model_brief(served: Served) -> dict[str, Any]:
     info = served.info
     return {"name": info.name, "version": info.version, "fingerprint": info.fingerprint}
@@ -715,7 +725,9 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
 
     @app.get("/readyz", responses=docs.READY_RESPONSES)
     async def readyz(request: Request) -> Response:
-        """Readiness: 200 when a model serves, 503 (with the reason) when none does."""
+        """Readiness: 200 when a model serves, 503 (with the reason) when none does. A
+        bundle served without a delta that fails its check is ready: `degraded` and
+        `failed_deltas` say which."""
         served = holder.current
         if not request.scope.get("state", {}).get("authenticated", True):
             # Open to probes; the model and the reason are for callers with the key.
@@ -729,6 +741,10 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
             )
             return _respond({"status": "not ready", "reason": _public(reason)}, status=503)
         ready: dict[str, Any] = {"status": "ready", "model": _model_brief(served)}
+        if served.info.failed_deltas:
+            # Serving without a delta that fails its check: still ready, but say which.
+            ready["degraded"] = _degraded(served.info.failed_deltas)
+            ready["failed_deltas"] = _public(served.info.failed_deltas_list())
         if reloader.source_down is not None:
             # Serving a kept copy while the source is unreachable: still ready, but say so.
             ready["source_unreachable"] = _public(reloader.source_down)

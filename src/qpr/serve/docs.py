@@ -159,6 +159,12 @@ class Ready(_Doc):
     status: str = Field(description='"ready" or "not ready"')
     model: ModelBrief | None = None
     reason: str | None = Field(default=None, description="why not ready")
+    degraded: str | None = Field(
+        default=None, description="ready, but without the deltas that fail their check"
+    )
+    failed_deltas: list[dict[str, Any]] | None = Field(
+        default=None, description='[{"delta": number, "reason": why}]: the deltas left out'
+    )
 
 
 class Version(_Doc):

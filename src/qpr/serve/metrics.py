@@ -93,6 +93,11 @@ class Telemetry:
             "qpr_model_index_questions", "Questions in the serving model's index.", registry=into
         )
         self.ready = Gauge("qpr_ready", "1 when a model serves, else 0.", registry=into)
+        self.failed_deltas = Gauge(
+            "qpr_model_failed_deltas",
+            "Deltas the serving model leaves out because they fail their check.",
+            registry=into,
+        )
         self.reloads = Counter(
             "qpr_model_reloads_total",
             "Reload attempts by outcome (swapped, refused, error).",
@@ -121,6 +126,7 @@ class Telemetry:
         self.model_info.clear()  # an info gauge must not keep the old model's series
         if served is None:
             self.ready.set(0)
+            self.failed_deltas.set(0)
             return
         info = served.info
         self.model_info.labels(
@@ -128,4 +134,5 @@ class Telemetry:
         ).set(1)
         self.model_loaded.set(info.loaded_at)
         self.model_questions.set(info.questions)
+        self.failed_deltas.set(len(info.failed_deltas))
         self.ready.set(1)

@@ -21,6 +21,10 @@ The sequence for every change the source reports (`Reloader.check`):
    requests finish on the bundle they started with; the old bundle is freed when the last
    of them drops it.
 
+A delta that fails its check does not refuse the bundle: `Bundle.load` leaves it out, the
+bundle serves the main index and the other deltas, and `ModelInfo.failed_deltas` names it
+(/readyz, /version, the log).
+
 A candidate that fails 2-4 is *refused*: logged with the reason, counted, shown by
 /version, and the serving model stays. A refused token is not retried until the source
 reports another one (a broken upload does not cost a full load every poll). Errors that
@@ -28,8 +32,10 @@ may be transient (download failed, registry unreachable) are retried at the next
 up to `MAX_ATTEMPTS` for one token, then refused too.
 
 Starting: the first check runs in the polling thread, so the port opens while it loads.
-While the source fails, checks are retried after 1, 2, 4, ... seconds, at most
-``retry_max_seconds`` apart. When nothing serves and the source cannot say what to serve
+While a remote source fails, checks are retried after 1, 2, 4, ... seconds, at most
+``retry_max_seconds`` apart. A source whose ``backoff`` is False (a local folder: a check
+is a few stats) is checked at ``poll_seconds`` whatever happens, so a repair is seen at
+the next poll. When nothing serves and the source cannot say what to serve
 (registry down), a source with a ``fallback()`` (the registry's local cache of versions
 that served before) offers its newest kept bundle; a source with ``keep(candidate,
 path)`` is handed every bundle that passed its checks, to keep.
@@ -110,6 +116,8 @@ class ModelInfo:
     )
     query_student: bool = False  # queries through a student of the document encoder
     details: dict[str, str] = field(default_factory=dict)
+    # {delta number: why it failed its check}: the deltas this bundle serves without
+    failed_deltas: dict[int, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -127,8 +135,13 @@ class ModelInfo:
             "fusion": self.fusion,
             "encoder_kernel": self.encoder_kernel,
             "query_student": self.query_student,
+            "failed_deltas": self.failed_deltas_list(),
             **self.details,
         }
+
+    def failed_deltas_list(self) -> list[dict[str, Any]]:
+        """[{"delta": number, "reason": why}] in number order: what /readyz and /version say."""
+        return [{"delta": n, "reason": r} for n, r in sorted(self.failed_deltas.items())]
 
 
 @dataclass(frozen=True)
@@ -378,6 +391,7 @@ class Reloader:
             encoder_kernel=bundle.encoder_kernel,
             query_student=bundle.asymmetric,
             details=dict(candidate.details),
+            failed_deltas=bundle.failed_deltas,
         )
         self._settled_token = candidate.token
         self._attempts = {}
@@ -395,7 +409,12 @@ class Reloader:
             f"questions, dim {info.dim}; {checked} canaries passed; loaded in {seconds:.2f} s), "
             f"replacing {previous}"
         )
-        log.info(message)
+        if info.failed_deltas:
+            left_out = ", ".join(str(n) for n in sorted(info.failed_deltas))
+            message += f"; without delta(s) {left_out}, which fail their check"
+            log.warning(message)
+        else:
+            log.info(message)
         self._on_event(SWAPPED, message)
         return SWAPPED
 
@@ -473,8 +492,12 @@ class Reloader:
 
     def next_wait(self) -> float:
         """Seconds to the next check: `poll_seconds`, or while failing 1, 2, 4, ... up to
-        `retry_max_seconds` (a source that is down is not hammered, nor given up on)."""
+        `retry_max_seconds` (a source that is down is not hammered, nor given up on). A
+        source without backoff (a local folder) keeps `poll_seconds` while it fails; with
+        poll_seconds 0 (no polling once served) it backs off until a model serves."""
         if self._failures == 0:
+            return self.poll_seconds
+        if not getattr(self.source, "backoff", True) and self.poll_seconds > 0:
             return self.poll_seconds
         return min(self.retry_max_seconds, 2.0 ** min(self._failures - 1, 30))
 

@@ -7,11 +7,14 @@ answer changed). The reloader (`qpr.serve.reload`) drives both.
 - `LocalSource`: a ``models/`` directory as the pipeline writes it, or a symlink to one
   (resolved at every poll: pointing it at another bundle directory is a deploy). The
   cheap check is the resolved path and a stat signature (inode, size, mtime of the
-  bundle's files, `qpr.artifacts`): the pipeline replaces files by rename, so any rewrite
-  changes it. Content identity is then the bundle fingerprint (sha256 of the files),
-  computed by `Bundle.load`. Meant for development and for images that bake a bundle in;
-  while a `dvc repro` rewrites the directory stage by stage, the intermediate mixes are
-  refused by the load checks and the canaries (see docs/serving.md).
+  bundle's files, `qpr.artifacts`, and of each file of the deltas a load adds): the
+  pipeline replaces files by rename, so any rewrite changes it, and so does a delta file
+  changed or restored in place. A local folder is checked at the poll interval even
+  while it fails (``backoff`` False): a check is a few stats. Content identity is then
+  the bundle fingerprint (sha256 of the files), computed by `Bundle.load`. Meant for
+  development and for images that bake a bundle in; while a `dvc repro` rewrites the
+  directory stage by stage, the intermediate mixes are refused by the load checks and the
+  canaries (see docs/serving.md).
 - `RegistrySource`: the MLflow registry's alias (default ``champion``) of a registered
   model, only a version with the committed mark (``qpr.committed``). The cheap check is
   the version number the alias points at; the files are the
@@ -20,7 +23,7 @@ answer changed). The reloader (`qpr.serve.reload`) drives both.
   local cache (``keep``); when the registry cannot be reached and nothing serves yet (a
   start during an outage), the newest kept version serves (``fallback``). A poll makes one
   quick attempt (MLflow's own retries would hold it for minutes): the reloader retries
-  with its own backoff.
+  with its own backoff (``backoff`` True).
 
 Neither imports torch; `RegistrySource` imports MLflow only when it is constructed.
 """
@@ -49,6 +52,7 @@ from qpr.artifacts import (
     TAG_FINGERPRINT,
     TAG_GIT_COMMIT,
 )
+from qpr.deltas.format import DeltaError, delta_files
 from qpr.errors import QPRError
 from qpr.retrieval.bundle import BundleError
 
@@ -73,8 +77,9 @@ BUNDLE_SUBDIR = Path("artifacts") / "bundle"
 # crashed run's orphan is never served, whatever alias points at it).
 # The files whose stat signature tells a local bundle changed (all that Bundle.load may
 # read: an older bundle's search config is its threshold.json). The deltas' manifest is
-# renamed into place last, after their folders, which never change once named in it: its
-# signature tells a new delta or tombstone arrived.
+# renamed into place last, after their folders: its signature tells a new delta or
+# tombstone arrived. A delta's own files are watched too (`LocalSource.poll`): one
+# corrupted or restored in place changes what a load serves.
 _WATCHED = (
     *REQUIRED_FILES,
     LEGACY_SEARCH_FILE,
@@ -118,7 +123,9 @@ class Candidate:
 
 
 class BundleSource(Protocol):
-    """What the reloader needs from a source (see the module docstring)."""
+    """What the reloader needs from a source (see the module docstring). Optional too:
+    ``backoff`` (False: checked at the poll interval while failing; default True),
+    ``fallback()`` and ``keep(candidate, path)`` (`qpr.serve.reload`)."""
 
     @property
     def description(self) -> str:
@@ -138,6 +145,9 @@ class BundleSource(Protocol):
 class LocalSource:
     """A models/ directory on disk (see the module docstring)."""
 
+    # Checked at the poll interval while it fails, not backed off (`Reloader.next_wait`).
+    backoff = False
+
     def __init__(self, models_dir: str | os.PathLike[str]) -> None:
         # Absolute but not resolved: a symlink is followed anew at every poll.
         self.models_dir = Path(os.path.abspath(models_dir))
@@ -149,7 +159,7 @@ class LocalSource:
     def poll(self) -> Candidate:
         real = self.models_dir.resolve()
         parts = [str(real)]
-        for rel in _WATCHED:
+        for rel in (*_WATCHED, *_delta_parts(real)):
             try:
                 st = os.stat(real / rel)
             except OSError:
@@ -167,6 +177,16 @@ class LocalSource:
         # load must not mix two bundles. Loaded in place: Bundle.load stats the files
         # before and after reading them and refuses a directory that changed underneath.
         yield Path(candidate.details.get("resolved_dir", self.models_dir))
+
+
+def _delta_parts(root: Path) -> list[Path]:
+    """The files of the deltas a load of `root` adds, relative to it (the manifest read
+    once more); none when the manifest cannot be read (its own stat is watched)."""
+    try:
+        files = delta_files(root)
+    except (DeltaError, OSError):
+        return []
+    return [rel for rel in files if rel not in (ABSORBED_FILE, DELTAS_MANIFEST_FILE)]
 
 
 class RegistrySource:
@@ -205,6 +225,9 @@ class RegistrySource:
         self._client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri)
         # run id → its git commit: looked up once per run, not at every poll
         self._commits: dict[str, str | None] = {}
+
+    # A remote registry that fails is retried with backoff (`Reloader.next_wait`).
+    backoff = True
 
     @property
     def description(self) -> str:
