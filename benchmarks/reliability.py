@@ -23,6 +23,10 @@ thousand requests a second on 2 cores, and able to send what no HTTP library wou
 3. swaps: the models dir is a symlink flipped between two valid bundles (different
    search configs, so different fingerprints) ``--swaps`` times while 4 connections
    hammer /search. Target: no failed request.
+4. corrupt: two deltas added, the first one's vectors file overwritten, `qpr serve`
+   started on it (poll 0.5 s). Targets: /readyz 200 naming that delta, the base and the
+   good delta served, `qpr index add` refused in one line with nothing written, and the
+   state after `qpr index drop` served within 5 s (the reloader's backoff once reached 60 s).
 
 Resumable: each finished section is stored in the JSON at once; a later run skips the
 sections already there (``--fresh`` or ``--only`` to redo them).
@@ -56,7 +60,7 @@ from machine_info import describe
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "results"
 NAME = "reliability"
-SECTIONS = ("fuzz", "held", "swaps")
+SECTIONS = ("fuzz", "held", "swaps", "corrupt")
 SEED = 27
 CLIENT_TIMEOUT = 5.0  # a normal request slower than this counts as timed out
 NORMAL_CONNECTIONS = 4
@@ -780,6 +784,114 @@ def section_swaps(models: Path, work: Path, args: argparse.Namespace) -> dict[st
 
 
 # --------------------------------------------------------------------------------------
+# 4. a corrupt delta
+# --------------------------------------------------------------------------------------
+
+# Questions no bundle serves yet: the two deltas' (the first one is then corrupted).
+DELTA_QUESTIONS = (
+    ("how do i descale my espresso machine", "can i freeze fresh basil leaves"),
+    ("how do i clean a cast iron skillet", "why does my sourdough not rise"),
+)
+REPAIR_BOUND_S = 5.0
+
+
+def search_top(port: int, question: str) -> tuple[int, str | None]:
+    """(status, text of the top hit) of one POST /search."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(
+        "POST",
+        "/search",
+        json.dumps({"question": question, "k": 1}),
+        {"Content-Type": "application/json"},
+    )
+    response = conn.getresponse()
+    status, body = response.status, json.loads(response.read())
+    conn.close()
+    hits = body.get("hits") or [{}]
+    return status, hits[0].get("text")
+
+
+def qpr_command(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-m", "qpr.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def section_corrupt(models: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "src"))
+    import pandas as pd
+
+    from qpr.artifacts import DELTA_VECTORS_FILE, DELTAS_MANIFEST_FILE
+    from qpr.deltas.add import add_questions
+    from qpr.deltas.format import delta_dir
+    from qpr.io import file_sha256
+
+    bundle = Path(shutil.copytree(models, work / "corrupt", ignore=shutil.ignore_patterns(".*")))
+    numbers = []
+    for i, texts in enumerate(DELTA_QUESTIONS):
+        ids = [9_000_000_000 + 10 * i + j for j in range(len(texts))]
+        frame = pd.DataFrame({"question_id": ids, "text": list(texts), "cluster_id": -1})
+        numbers.append(int(add_questions(bundle, frame)["number"]))
+    bad, good = numbers
+    (bundle / delta_dir(bad) / DELTA_VECTORS_FILE).write_bytes(b"not an index")
+
+    started = time.perf_counter()
+    server = Server(bundle, work / "corrupt.log", QPR_SERVE_POLL_SECONDS="0.5")
+    try:
+        out: dict[str, Any] = {
+            "poll_seconds": 0.5,
+            "seconds_to_ready": round(time.perf_counter() - started, 2),
+        }
+        status, body = get(server.port, "/readyz")
+        ready = json.loads(body)
+        out["readyz_status"] = status
+        out["readyz_failed_deltas"] = [d["delta"] for d in ready.get("failed_deltas", [])]
+        out["bad_delta"], out["good_delta"] = bad, good
+        base = questions(models, 1)[0]
+        served = {
+            "base question": search_top(server.port, base)[1] == base,
+            "good delta's question": search_top(server.port, DELTA_QUESTIONS[1][0])[1]
+            == DELTA_QUESTIONS[1][0],
+            "bad delta's question": search_top(server.port, DELTA_QUESTIONS[0][0])[1]
+            == DELTA_QUESTIONS[0][0],
+        }
+        out["found_at_top"] = served
+
+        more = work / "more.txt"
+        more.write_text("how do i sharpen a kitchen knife\n")
+        manifest = file_sha256(bundle / DELTAS_MANIFEST_FILE)
+        refused = qpr_command("index", "add", str(more), "--models-dir", str(bundle), "--local")
+        out["add_exit_code"] = refused.returncode
+        out["add_output_lines"] = len((refused.stdout + refused.stderr).strip().splitlines())
+        out["add_said"] = " ".join((refused.stdout + refused.stderr).split())[:300]
+        out["add_wrote_nothing"] = file_sha256(bundle / DELTAS_MANIFEST_FILE) == manifest
+
+        dropped = qpr_command("index", "drop", str(bad), "--models-dir", str(bundle), "--local")
+        out["drop_exit_code"] = dropped.returncode
+        repaired_at = time.perf_counter()
+        deadline = repaired_at + 90
+        while time.perf_counter() < deadline:
+            status, body = get(server.port, "/readyz")
+            if status == 200 and "failed_deltas" not in json.loads(body):
+                break
+            time.sleep(0.05)
+        out["seconds_to_repaired_state"] = round(time.perf_counter() - repaired_at, 2)
+        out["repaired_readyz"] = json.loads(get(server.port, "/readyz")[1])
+        out["good_delta_after_drop"] = (
+            search_top(server.port, DELTA_QUESTIONS[1][1])[1] == DELTA_QUESTIONS[1][1]
+        )
+        out["tracebacks_in_log"] = server.log_path.read_text(errors="replace").count("Traceback")
+    finally:
+        server.stop()
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------
 
@@ -840,6 +952,40 @@ def targets(sections: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
                 s["failed"] == 0 and s["swaps_seen"] >= 5,
             )
         )
+    if "corrupt" in sections:
+        c = sections["corrupt"]
+        found = c["found_at_top"]
+        served = found["base question"] and found["good delta's question"]
+        served = served and not found["bad delta's question"]
+        refused = c["add_exit_code"] == 1 and c["add_output_lines"] == 1
+        wrote = "nothing" if c["add_wrote_nothing"] else "something"
+        rows += [
+            (
+                "corrupt delta: /readyz status, deltas named",
+                f"200, [{c['bad_delta']}]",
+                f"{c['readyz_status']}, {c['readyz_failed_deltas']}",
+                c["readyz_status"] == 200 and c["readyz_failed_deltas"] == [c["bad_delta"]],
+            ),
+            (
+                "corrupt delta: base and good delta served, bad one not",
+                "yes",
+                "yes" if served else "no",
+                served,
+            ),
+            (
+                "corrupt delta: `qpr index add` on top (exit code, lines, wrote)",
+                "1, 1, nothing",
+                f"{c['add_exit_code']}, {c['add_output_lines']}, {wrote}",
+                refused and c["add_wrote_nothing"],
+            ),
+            (
+                "corrupt delta: seconds from `qpr index drop` to the repaired state "
+                f"(poll {c['poll_seconds']} s)",
+                f"<= {REPAIR_BOUND_S:g}",
+                f"{c['seconds_to_repaired_state']}",
+                c["seconds_to_repaired_state"] <= REPAIR_BOUND_S and c["good_delta_after_drop"],
+            ),
+        ]
     return rows
 
 
@@ -950,6 +1096,25 @@ def render(report: dict[str, Any]) -> str:
             f"{s['seconds_to_swap']}). Requests {s['requests']:,}: {s['outcomes']}; answered "
             f"by model {s['answered_by_model']}; p50 {s['p50']} ms, p99 {s['p99']} ms.",
         ]
+    if "corrupt" in sections:
+        c = sections["corrupt"]
+        lines += [
+            "",
+            "## A corrupt delta",
+            "",
+            when(c),
+            "",
+            f"Two deltas added to a copy of the bundle ({c['bad_delta']} and {c['good_delta']}); "
+            f"delta {c['bad_delta']}'s vectors file overwritten; `qpr serve` started on it "
+            f"(poll {c['poll_seconds']} s), ready in {c['seconds_to_ready']} s. /readyz "
+            f"{c['readyz_status']}, failed deltas {c['readyz_failed_deltas']}; found at the top: "
+            f"{c['found_at_top']}. `qpr index add` on top: exit {c['add_exit_code']}, "
+            f'{c["add_output_lines"]} line: "{c["add_said"]}". After `qpr index drop '
+            f"{c['bad_delta']}` (exit {c['drop_exit_code']}), /readyz showed no failed delta "
+            f"{c['seconds_to_repaired_state']} s later; the good delta still served: "
+            f"{c['good_delta_after_drop']}. Tracebacks in the server log: "
+            f"{c['tracebacks_in_log']}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -1006,7 +1171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path.is_file() and not args.fresh:
         report = json.loads(path.read_text())
     report["machine"] = machine()
-    run = {"fuzz": section_fuzz, "held": section_held, "swaps": section_swaps}
+    run = {
+        "fuzz": section_fuzz,
+        "held": section_held,
+        "swaps": section_swaps,
+        "corrupt": section_corrupt,
+    }
     with tempfile.TemporaryDirectory(prefix="qpr-reliability-") as tmp:
         work = Path(tmp)
         copy = Path(shutil.copytree(models, work / "models", ignore=shutil.ignore_patterns(".*")))
