@@ -39,6 +39,11 @@ of the main index and the delta postings appended to the main BM25 postings, so 
 sees every row (the files on disk never change). Tombstoned rows are a row mask applied
 inside the dense search and BM25, as a filter is (`qpr.retrieval.bundle.Bundle`).
 
+A delta that fails its check (a file missing, altered or unreadable, rows that disagree,
+vectors of another width or not finite) fails alone: a load leaves it out with the
+tombstones its add wrote and names it; add, delete and compact refuse to build on it
+until `drop` removes it (`format.check_deltas`, `format.require_sound`).
+
 Modules (add.py imports format.py, both import lock.py; publish.py reaches the registry,
 which imports format.py):
 
