@@ -2,7 +2,7 @@
 """Held connections under a low open-files limit: `qpr serve` with ``ulimit -n 256``.
 
     python benchmarks/held_connections.py                  # writes docs/results/
-    python benchmarks/held_connections.py --before /path/to/old/src   # and the old code
+    python benchmarks/held_connections.py --before e0f10ab   # and the code at a commit
     python benchmarks/held_connections.py --quick --out /tmp/held     # smoke run, ~1 min
 
 The server runs under an open-files limit of ``--fd-limit`` (256), soft and hard, as
@@ -17,12 +17,14 @@ limit minus `qpr.serve.connections.FD_RESERVE`. Against it, in one run:
 
 Recorded: failed normal requests (timeout 5 s), p50/p99 of each kind held against idle
 as a ratio, the accept() failures for lack of descriptors in the server log (EMFILE,
-"Too many open files"; the log throttle's suppressed counts added), the server's most
+"Too many open files"; the log throttle's window is set to 1 s so that its counts of
+suppressed records reach the log, and they are added), the server's most
 open descriptors (sampled from /proc every 50 ms), the machine and its load average.
 Targets: 0 failed, no EMFILE, keep-alive p99 held within 2x of idle.
 
-``--before SRC`` runs the same first against another checkout's ``src`` (the code
-before a change), so that both lie in one file, measured on one machine minutes apart.
+``--before REV`` runs the same first against this repository's ``src/`` at a git
+revision (the code before a change), so that both lie in one file, measured on one
+machine minutes apart.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ NAME = "held_connections"
 FRESH_WORKERS = 2
 EMFILE_TEXT = re.compile(r"Too many open files|EMFILE|out of system resource")
 SUPPRESSED = re.compile(r"suppressed (\d+) similar")
+# A log record's first line: "2026-11-27 15:39:50,123 ERROR asyncio: ..." or uvicorn's
+# "INFO:     ..."; its message and traceback lines follow.
+RECORD_START = re.compile(r"^(?=\d{4}-\d\d-\d\d |[A-Z]+: )", re.MULTILINE)
 
 
 class LimitedServer:
@@ -82,6 +87,8 @@ class LimitedServer:
             **os.environ,
             "QPR_SERVE_POLL_SECONDS": "0",
             "QPR_SERVE_ACCESS_LOG": "false",
+            # The log throttle's window: each second's suppressed count reaches the log.
+            "QPR_SERVE_LOG_INTERVAL": "1",
             "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
         }
         command = [sys.executable, "-m", "qpr.cli", "serve", "--models-dir", str(models)]
@@ -164,11 +171,12 @@ async def fresh_traffic(port: int, texts: list[str], seconds: float) -> dict[str
 
 
 def emfile_count(log_text: str) -> int:
-    """accept() failures for lack of descriptors, suppressed ones included."""
+    """accept() failures for lack of descriptors: the log records that name one, and the
+    throttle's counts of those it suppressed (noted at the end of the next record)."""
     count = 0
-    for line in log_text.splitlines():
-        if EMFILE_TEXT.search(line):
-            count += 1 + sum(int(n) for n in SUPPRESSED.findall(line))
+    for record in RECORD_START.split(log_text):
+        if EMFILE_TEXT.search(record):
+            count += 1 + sum(int(n) for n in SUPPRESSED.findall(record))
     return count
 
 
@@ -231,8 +239,7 @@ def scenario(models: Path, src: Path, log_path: Path, args: argparse.Namespace) 
         for kind in ("keep_alive", "fresh")
     }
     return {
-        "src": str(src),
-        "git_commit": _commit(src),
+        "src": str(src.relative_to(ROOT)) if src.is_relative_to(ROOT) else "src",
         "measured_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "load_average_before": load_before,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -253,13 +260,27 @@ def _ratio(held: float, idle: float) -> float | None:
     return round(held / idle, 2) if idle and idle == idle and held == held else None
 
 
-def _commit(src: Path) -> str | None:
+def _commit(root: Path, rev: str = "HEAD") -> str | None:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, check=True
+            ["git", "rev-parse", rev], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def export_src(rev: str, work: Path) -> tuple[Path, str]:
+    """This repository's src/ at `rev`, written under `work`; and the full commit."""
+    commit = _commit(ROOT, f"{rev}^{{commit}}")
+    if commit is None:
+        raise SystemExit(f"--before: no commit {rev!r} in {ROOT}")
+    target = work / "before"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, "src"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target / "src", commit
 
 
 # --------------------------------------------------------------------------------------
@@ -303,7 +324,7 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"## {label}",
             "",
-            f"_{run['src']} at commit {str(run['git_commit'])[:12]}, measured "
+            f"_`{run['src']}` at commit {str(run['git_commit'])[:12]}, measured "
             f"{run['measured_at']} in {run['wall_seconds']} s; load average before "
             f"{run['load_average_before']}, after {run['load_average_after']}._",
             "",
@@ -354,9 +375,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--fd-limit", type=int, default=256)
     parser.add_argument("--held", type=int, default=1000)
-    parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--phase-seconds", type=float, default=15.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
-    parser.add_argument("--before", type=Path, help="another checkout's src/, run first")
+    parser.add_argument("--before", help="a git revision whose src/ runs first")
     parser.add_argument("--quick", action="store_true", help="300 held, 6 s phases")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the JSON")
     args = parser.parse_args(argv)
@@ -378,16 +399,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "runs": {},
     }
-    sources = [("before", args.before.resolve())] if args.before else []
-    sources.append(("this tree", ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="qpr-held-") as tmp:
         work = Path(tmp)
+        sources = [("this tree", ROOT / "src", _commit(ROOT))]
+        if args.before:
+            sources.insert(0, (f"before ({args.before})", *export_src(args.before, work)))
         ignore = shutil.ignore_patterns(".*")
         models = Path(shutil.copytree(args.models.resolve(), work / "models", ignore=ignore))
-        for label, src in sources:
+        for label, src, commit in sources:
             say(f"{label}: {src}")
             log_path = work / f"server-{len(report['runs'])}.log"
-            report["runs"][label] = scenario(models, src, log_path, args)
+            report["runs"][label] = {**scenario(models, src, log_path, args), "git_commit": commit}
             write(args.out, report)
     for label, run in report["runs"].items():
         for what, bound, got, met in targets(run):
