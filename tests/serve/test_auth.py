@@ -292,14 +292,14 @@ def test_exposed_with_a_key_or_auth_off_is_allowed() -> None:
 
 
 def _serve(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[Any, dict[str, Any]]:
-    """`qpr serve ARGS` with uvicorn.run replaced: the exit, and what it would have run."""
-    import uvicorn
+    """`qpr serve ARGS` with the server's run replaced: the exit, and what it would run."""
     from typer.testing import CliRunner
 
     from qpr.cli import app
+    from qpr.serve import connections
 
     started: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: started.update(app=asgi, **kw))
+    monkeypatch.setattr(connections, "serve", lambda asgi, **kw: started.update(app=asgi, **kw))
     return CliRunner().invoke(app, ["serve", *args]), started
 
 

@@ -165,19 +165,17 @@ def serve(
         settings = check_exposure(settings, host, insecure_no_auth=insecure_no_auth)
     except SettingsError as err:
         fail(str(err))
-    import uvicorn
-
+    from qpr.serve import connections
     from qpr.serve.app import create_app
-    from qpr.serve.connections import uvicorn_options
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
+    connections.serve(
         create_app(settings=settings),
         host=host,
         port=port,
         access_log=settings.access_log,
         log_level="info",
-        **uvicorn_options(settings),
+        settings=settings,
     )
