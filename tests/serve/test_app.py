@@ -414,6 +414,14 @@ def test_unknown_path_and_wrong_method(client: TestClient) -> None:
     assert_refused(wrong, 405, "method_not_allowed", "GET /search")
 
 
+def test_a_long_url_is_not_echoed_whole(client: TestClient) -> None:
+    long = "/" + "a" * 60_000  # httpx refuses URLs past 64 KB; uvicorn takes 100 KB
+    body = assert_refused(client.get(long), 404, "not_found", "59,901 more characters")
+    assert len(body["message"]) < 400 and len(client.get(long).content) < 1000
+    odd = assert_refused(client.get("/a%1b%5b2Jb"), 404, "not_found")
+    assert "\x1b" not in odd["message"] and "\\x1b[2J" in odd["message"]
+
+
 def test_internal_error_gives_request_id_not_trace(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,8 +7,8 @@ accept() then failed on every try. Here each stage a client controls has a bound
 - the request head must arrive within ``header_timeout`` seconds of the connection opening
   (or of the previous response on a keep-alive connection); uvicorn's h11 protocol has no
   such timeout, so `guarded_protocol` adds it;
-- the body must arrive within ``body_timeout`` seconds (`qpr.serve.app._Guard` answers
-  408 and closes);
+- the body must arrive within ``body_timeout`` seconds (`qpr.serve.app._BodyLimit`
+  answers 408 and closes);
 - an idle keep-alive connection closes after ``keep_alive`` seconds (uvicorn);
 - at most ``max_connections`` are open, lowered below the process's open-files limit so
   that accept() never runs out of descriptors. A connection past the cap closes the one
@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from qpr.serve.refusals import JsonRefusals
 from qpr.serve.settings import ServeSettings
 
 __all__ = ["FD_RESERVE", "connection_cap", "guarded_protocol", "uvicorn_options"]
@@ -65,8 +66,9 @@ def connection_cap(wanted: int) -> int:
     return cap
 
 
-class _GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with a head timeout and the stalled-first connection cap."""
+class _GuardedH11(JsonRefusals):
+    """uvicorn's h11 protocol with a head timeout and the stalled-first connection cap
+    (its refusals in JSON: `qpr.serve.refusals`)."""
 
     header_timeout: float = 10.0
     max_connections: int = 1000
@@ -93,8 +95,9 @@ class _GuardedH11(H11Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        # 408 to a partial head; a connection that sent nothing is closed silently.
+        message = f"the request head did not arrive within {self.header_timeout:g} s"
+        self.refuse_and_close(408, "request_timeout", message)
 
     def _note_cycle(self) -> None:
         # A new cycle means a complete head arrived: the body has its own timeout.
@@ -142,8 +145,10 @@ class _GuardedH11(H11Protocol):
                 victim = conn
                 break
         # Nothing stalled: every slot is answering a request; this newcomer waits its turn
-        # by reconnecting, which costs less than queueing it.
-        victim.transport.close()
+        # by reconnecting, which costs less than queueing it. A victim halfway through a
+        # request is told why (503); an idle one is closed silently.
+        message = "too many open connections: this one had stalled longest"
+        victim.refuse_and_close(503, "too_many_connections", message)
 
 
 def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
