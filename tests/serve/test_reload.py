@@ -563,3 +563,21 @@ def test_backoff_doubles_up_to_the_cap(bundles: dict[str, Path]) -> None:
         reloader._failures = failures
         waits.append(reloader.next_wait())
     assert waits == [1, 2, 4, 8, 10, 10]
+
+
+def test_stop_does_not_wait_for_a_source_that_never_answers(bundles: dict[str, Path]) -> None:
+    """A poll stuck in a registry call: stop() returns with the poll still stuck."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Hung(SwitchSource):
+        def poll(self) -> Candidate:
+            entered.set()
+            release.wait(60)
+            return super().poll()
+
+    reloader = Reloader(Hung(bundles["v1"], "1"), ModelHolder(), load=_load)
+    reloader.start()
+    assert entered.wait(10)
+    reloader.stop(timeout=0.1)
+    assert not release.is_set() and reloader.holder.current is None  # still inside poll()
+    release.set()
