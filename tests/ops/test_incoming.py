@@ -59,6 +59,21 @@ def test_validation_passes_a_good_day_and_quarantines_bad_files(tmp_path: Path):
     assert "FAILED" in summary and "missing column" in summary
 
 
+def test_one_ragged_row_is_dropped_under_the_tolerance_not_the_file(tmp_path: Path):
+    from tests.data.test_loaders import _ragged_csv
+
+    quality = QualitySettings()
+    path = _ragged_csv(tmp_path / "in" / "day.csv", good=204, ragged=1)
+    result = validate(incoming_file(path), quality, tmp_path / "reports" / "day")
+    assert result.ok and result.rows == 205
+    assert result.tolerated and max(result.tolerated.values()) == 1
+    assert "Rows tolerated" in (tmp_path / "reports" / "day" / "raw_logs.md").read_text()
+    # More ragged rows than the tolerance: the gate refuses the batch, with its report.
+    many = _ragged_csv(tmp_path / "in" / "many.csv", good=20, ragged=5)
+    refused = validate(incoming_file(many), quality, tmp_path / "reports" / "many")
+    assert not refused.ok and "raw_logs" in refused.reason and refused.rows == 25
+
+
 def test_ledger(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ledger.append([{"sha256": "x", "outcome": "merged"}, {"sha256": "y", "outcome": "quarantined"}])
