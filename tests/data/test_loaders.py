@@ -116,6 +116,37 @@ def test_one_odd_byte_is_a_row_not_a_binary_file(tmp_path):
     assert len(read_log_file(path)) == 21
 
 
+def _ragged_csv(path: Path, good: int, ragged: int) -> Path:
+    rows = [
+        f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z,how do i fix thing {i},a{i % 5}"
+        for i in range(good)
+    ]
+    for j in range(ragged):  # an unquoted comma: one field more than the header
+        rows.insert(1 + 3 * j, "2026-01-01T00:00:00Z,where, exactly,a1")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("timestamp,question,answer_id\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_ragged_csv_row_is_a_bad_row_not_a_bad_file(tmp_path):
+    frame = read_log_file(_ragged_csv(tmp_path / "day.csv", good=204, ragged=1))
+    assert len(frame) == 205 and int(frame["malformed"].sum()) == 1
+    clean, report = clean_logs(frame, min_chars=2, max_chars=400)
+    assert len(clean) == 204 and dict(report.dropped) == {"malformed": 1}
+    assert "where" not in " ".join(clean["question"])
+
+
+def test_a_csv_with_a_broken_quote_is_still_unreadable(tmp_path):
+    # A quote left open is no row problem: pandas' Python parser would stop there without
+    # a word, losing every row after it.
+    path = _ragged_csv(tmp_path / "quote.csv", good=200, ragged=1)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[150] = '2026-01-01T00:02:30Z,"an open quote,a1'
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"not a readable CSV file: .*EOF inside string"):
+        read_log_file(path)
+
+
 def test_binary_garbage_and_unknown_types(tmp_path):
     junk = tmp_path / "x.jsonl"
     junk.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00garbage\n")

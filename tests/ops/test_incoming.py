@@ -50,6 +50,28 @@ def test_validation_passes_a_good_day_and_quarantines_bad_files(tmp_path: Path):
     result = validate(incoming_file(not_a_log), quality, tmp_path / "reports" / "notes")
     assert not result.ok and "missing column" in result.reason
     assert json.loads((tmp_path / "reports" / "notes" / "raw_logs.json").read_text())["message"]
+    # A file that could not be read gets the summary the docs promise, as a judged one does.
+    folder = quarantine(result, tmp_path / "quarantine", "20261015T030000Z")
+    assert {"raw_logs.json", "raw_logs.md", "REASON.txt", "notes.csv"} <= {
+        p.name for p in folder.iterdir()
+    }
+    summary = (folder / "raw_logs.md").read_text(encoding="utf-8")
+    assert "FAILED" in summary and "missing column" in summary
+
+
+def test_one_ragged_row_is_dropped_under_the_tolerance_not_the_file(tmp_path: Path):
+    from tests.data.test_loaders import _ragged_csv
+
+    quality = QualitySettings()
+    path = _ragged_csv(tmp_path / "in" / "day.csv", good=204, ragged=1)
+    result = validate(incoming_file(path), quality, tmp_path / "reports" / "day")
+    assert result.ok and result.rows == 205
+    assert result.tolerated and max(result.tolerated.values()) == 1
+    assert "Rows tolerated" in (tmp_path / "reports" / "day" / "raw_logs.md").read_text()
+    # More ragged rows than the tolerance: the gate refuses the batch, with its report.
+    many = _ragged_csv(tmp_path / "in" / "many.csv", good=20, ragged=5)
+    refused = validate(incoming_file(many), quality, tmp_path / "reports" / "many")
+    assert not refused.ok and "raw_logs" in refused.reason and refused.rows == 25
 
 
 def test_ledger(tmp_path: Path):
@@ -85,7 +107,7 @@ def _reports_are_clean(folder: Path, arrived: str) -> None:
     """Every report in a quarantine folder (not the file as it arrived) is free of control
     characters: `cat REASON.txt` cannot set a terminal's title or clear its screen."""
     reports = [p for p in folder.iterdir() if p.name != arrived]
-    assert {p.name for p in reports} >= {"REASON.txt", "raw_logs.json"}
+    assert {p.name for p in reports} >= {"REASON.txt", "raw_logs.json", "raw_logs.md"}
     for report in reports:
         assert not CONTROL.search(report.read_text(encoding="utf-8")), report.name
 

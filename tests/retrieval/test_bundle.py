@@ -378,3 +378,27 @@ def test_explain_in_a_dense_only_bundle(bundle: Bundle) -> None:
         assert part is not None and part.dense_weight == 1.0
         assert part.bm25_score is None and part.bm25_scaled is None and not part.matched_words
         assert part.dense_scaled == part.fused_score == hit.score
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_a_dropped_bundle_is_freed_without_a_garbage_collection(copy_dir: Path) -> None:
+    """Reference counting alone frees a bundle once nothing holds it, filter cache used:
+    a swapped-out bundle must not wait for a full collection (benchmarks/swap_memory.py:
+    RSS grew by about a bundle a hot swap while it did)."""
+    import gc
+    import weakref
+
+    answers = _answers(copy_dir)
+    loaded = Bundle.load(copy_dir)
+    wanted = sorted(set(answers.values()))[:2]
+    assert loaded.search(QUESTIONS[0], k=3, filters={"answer_id": wanted}).hits is not None
+    assert loaded.allowed({"answer_id": wanted}) is loaded.allowed({"answer_id": wanted[::-1]})
+    gone = weakref.ref(loaded)
+    gc.disable()
+    try:
+        del loaded
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -7,14 +7,18 @@ tokeniser, ONNX Runtime session and index as in production.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import math
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -414,6 +418,14 @@ def test_unknown_path_and_wrong_method(client: TestClient) -> None:
     assert_refused(wrong, 405, "method_not_allowed", "GET /search")
 
 
+def test_a_long_url_is_not_echoed_whole(client: TestClient) -> None:
+    long = "/" + "a" * 60_000  # httpx refuses URLs past 64 KB; uvicorn takes 100 KB
+    body = assert_refused(client.get(long), 404, "not_found", "59,901 more characters")
+    assert len(body["message"]) < 400 and len(client.get(long).content) < 1000
+    odd = assert_refused(client.get("/a%1b%5b2Jb"), 404, "not_found")
+    assert "\x1b" not in odd["message"] and "\\x1b[2J" in odd["message"]
+
+
 def test_internal_error_gives_request_id_not_trace(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -553,6 +565,68 @@ def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
         output, _ = server.communicate(timeout=30)
     assert "serving local" in output  # the reloader's log line reached the console
     assert "Traceback" not in output
+
+
+def test_sigterm_stops_the_service_while_the_registry_never_answers(tmp_path: Path) -> None:
+    """A registry that accepts connections and never answers: `qpr serve` still stops
+    within 3 s of SIGTERM (the reloader's registry call is not waited for)."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    registry = socket.socket()
+    registry.bind(("127.0.0.1", 0))
+    registry.listen()
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(registry.accept()[0])  # held open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{registry.getsockname()[1]}",
+        "QPR_SERVE_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    command = [sys.executable, "-m", "qpr.cli", "serve", "--registry-name", "qpr"]
+    server = subprocess.Popen(
+        [*command, "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not accepted or not _answers(httpx, f"http://127.0.0.1:{port}/healthz"):
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert time.monotonic() < deadline, "no health answer and no registry call in 60 s"
+            time.sleep(0.1)
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=3)  # TimeoutExpired fails the test
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+        registry.close()
+        for conn in accepted:
+            conn.close()
+    assert "Application shutdown complete" in output
+    assert "Traceback" not in output
+
+
+def _answers(httpx: Any, url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_filters_select_the_questions_searched(client: TestClient) -> None:

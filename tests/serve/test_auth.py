@@ -46,6 +46,68 @@ def test_search_without_the_key_is_refused(keyed: TestClient) -> None:
         assert response.headers["www-authenticate"] == 'Bearer realm="qpr"'
 
 
+def _asgi_post(app: Any, headers: list[tuple[bytes, bytes]], size: int) -> tuple[int, int]:
+    """POST /search of `size` bytes straight through the ASGI app: (status, how many times
+    the app asked for the body)."""
+    import asyncio
+
+    asked = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        asked += 1
+        return {"type": "http.request", "body": b"{" * size, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/search",
+        "raw_path": b"/search",
+        "query_string": b"",
+        "root_path": "",
+        "server": ("localhost", 8000),
+        "client": ("127.0.0.1", 5000),
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(size).encode()),
+            *headers,
+        ],
+    }
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], asked
+
+
+def test_the_key_is_checked_before_the_body_is_read(keyed: TestClient) -> None:
+    for headers in ([], [(b"x-api-key", b"wrong-key-0123456789abcdef")]):
+        for size in (1000, SETTINGS.max_body_bytes):
+            assert _asgi_post(keyed.app, headers, size) == (401, 0)
+    # With the key, the body is read (and refused: 1,000 "{" are no search).
+    assert _asgi_post(keyed.app, [(b"x-api-key", KEY.encode())], 1000) == (400, 1)
+
+
+def test_a_keyless_client_is_refused_before_it_sends_its_body(bundle_dir: Path) -> None:
+    """Over a real socket: the head alone gets its 401, long before the body timeout."""
+    from tests.serve.test_connections import held, read_all, serving
+
+    settings = SETTINGS.replace(api_key=KEY, body_timeout=60)
+    with serving(bundle_dir, settings) as (url, _):
+        sock = held(
+            url,
+            b"POST /search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 200000\r\nConnection: close\r\n\r\n",
+        )
+        assert read_all(sock).startswith(b"HTTP/1.1 401 ")  # held() times out after 10 s
+        sock.close()
+
+
 @pytest.mark.parametrize(
     "headers",
     [
@@ -122,9 +184,14 @@ def test_without_a_key_everything_is_open(bundle_dir: Path) -> None:
 # ---------------------------------------------------------------- where the key comes from
 
 
+def write_key(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text, encoding="utf-8")
+    path.chmod(mode)
+    return path
+
+
 def test_the_key_file_is_read_and_stripped(tmp_path: Path) -> None:
-    path = tmp_path / "key"
-    path.write_text(f"  {KEY}\n", encoding="utf-8")
+    path = write_key(tmp_path / "key", f"  {KEY}\n")
     assert resolve_key(ServeSettings(api_key_file=str(path))) == KEY
     assert resolve_key(ServeSettings(api_key=f" {KEY} ")) == KEY
     assert resolve_key(ServeSettings()) is None
@@ -146,14 +213,40 @@ def test_unusable_keys_stop_the_start(settings: ServeSettings, words: str) -> No
 
 
 def test_an_empty_or_unreadable_key_file_is_named(tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
-    empty.write_text("\n \n", encoding="utf-8")
+    empty = write_key(tmp_path / "empty", "\n \n")
     with pytest.raises(SettingsError, match=f"QPR_SERVE_API_KEY_FILE={empty}: the file is empty"):
         resolve_key(ServeSettings(api_key_file=str(empty)))
     with pytest.raises(SettingsError, match="cannot read it"):
         resolve_key(ServeSettings(api_key_file=str(tmp_path)))  # a directory
     with pytest.raises(SettingsError, match="cannot read it"):
         create_app(LocalSource(tmp_path), ServeSettings(api_key_file=str(tmp_path / "none")))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o666])
+def test_a_key_file_other_users_can_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    path = write_key(tmp_path / "key", KEY, mode)
+    with pytest.raises(SettingsError) as caught:
+        resolve_key(ServeSettings(api_key_file=str(path)))
+    message = str(caught.value)
+    assert "\n" not in message and KEY not in message
+    assert f"mode {mode:04o}" in message and "chmod" in message and str(path) in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o640, 0o440])
+def test_a_key_file_for_its_owner_or_group_is_accepted(tmp_path: Path, mode: int) -> None:
+    path = write_key(tmp_path / "key", KEY, mode)
+    assert resolve_key(ServeSettings(api_key_file=str(path))) == KEY
+
+
+def test_serve_refuses_a_world_readable_key_file_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, bundle_dir: Path, tmp_path: Path
+) -> None:
+    write_key(tmp_path / "key", KEY, 0o644)
+    monkeypatch.setenv("QPR_SERVE_API_KEY_FILE", str(tmp_path / "key"))
+    result, started = _serve(monkeypatch, "--models-dir", str(bundle_dir))
+    assert result.exit_code == 1 and not started
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "every user may read" in lines[0], result.output
 
 
 def test_the_key_is_never_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -336,7 +429,7 @@ def test_serve_exposed_with_auth_explicitly_off(
 def test_serve_exposed_with_a_key_file(
     monkeypatch: pytest.MonkeyPatch, bundle_dir: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "key").write_text(KEY + "\n", encoding="utf-8")
+    write_key(tmp_path / "key", KEY + "\n")
     monkeypatch.setenv("QPR_SERVE_API_KEY_FILE", str(tmp_path / "key"))
     monkeypatch.setenv("QPR_SERVE_POLL_SECONDS", "0")
     monkeypatch.setenv("QPR_SERVE_STARTUP_WAIT", "60")  # the first model loads before serving

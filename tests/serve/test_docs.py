@@ -112,3 +112,77 @@ def test_with_a_key_the_docs_need_it_too(bundle_dir: Path) -> None:
         for path in ("/docs", "/docs/assets/swagger-ui.css", "/openapi.json"):
             assert keyed.get(path).status_code == 401
             assert keyed.get(path, headers={"X-API-Key": KEY}).status_code == 200
+
+
+def _body_schema(spec: dict, path: str) -> dict:
+    return spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def test_openapi_declares_the_limits_the_endpoints_enforce(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    search = _body_schema(spec, "/search")["properties"]
+    question = {"minLength": 1, "maxLength": SETTINGS.max_question_chars, "pattern": r"\S"}
+    assert question.items() <= search["question"].items()
+    assert {"minimum": 1, "maximum": SETTINGS.max_k}.items() <= search["k"]["anyOf"][0].items()
+    assert search["k"]["default"] == SETTINGS.default_k
+    assert search["threshold"]["anyOf"][0]["minimum"] == 0
+    # The serving model's filter fields (this bundle keeps answer_id).
+    assert search["filters"]["anyOf"][0]["propertyNames"] == {"enum": ["answer_id"]}
+    batch = _body_schema(spec, "/search/batch")["properties"]["questions"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, SETTINGS.max_batch)
+    assert question.items() <= batch["items"].items()
+    body = spec["paths"]["/search"]["post"]["requestBody"]["description"]
+    assert f"{SETTINGS.max_body_bytes:,} bytes" in body
+    assert "securitySchemes" not in spec.get("components", {})  # no key, nothing to send
+
+
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [
+        ("/search", {"question": QUESTIONS[0]}),
+        ("/search", {"question": QUESTIONS[0], "k": 1, "threshold": 0, "explain": True}),
+        ("/search", {"question": QUESTIONS[0], "filters": {"answer_id": ["ans-1"]}}),
+        ("/search", {"question": ""}),
+        ("/search", {"question": "   "}),
+        ("/search", {"question": "why " * 60}),
+        ("/search", {"question": "hi", "k": 0}),
+        ("/search", {"question": "hi", "k": SETTINGS.max_k + 1}),
+        ("/search", {"question": "hi", "threshold": -0.5}),
+        ("/search", {"question": "hi", "filters": {"locale": "en"}}),
+        ("/search", {"question": "hi", "top_k": 3}),
+        ("/search/batch", {"questions": [QUESTIONS[0], QUESTIONS[1]]}),
+        ("/search/batch", {"questions": []}),
+        ("/search/batch", {"questions": [QUESTIONS[0]] * (SETTINGS.max_batch + 1)}),
+        ("/search/batch", {"questions": [QUESTIONS[0], ""]}),
+    ],
+)
+def test_the_documented_schema_and_the_endpoint_agree(
+    client: TestClient, path: str, payload: dict
+) -> None:
+    """A body the schema accepts is served; one it rejects is refused."""
+    import jsonschema
+
+    schema = _body_schema(client.get("/openapi.json").json(), path)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(payload)
+    status = client.post(path, json=payload).status_code
+    assert (status == 200) == valid, (payload, status)
+
+
+def test_with_a_key_openapi_declares_how_to_send_it(bundle_dir: Path) -> None:
+    app = create_app(LocalSource(bundle_dir), SETTINGS.replace(api_key=KEY))
+    with TestClient(app, headers={"X-API-Key": KEY}) as keyed:
+        spec = keyed.get("/openapi.json").json()
+    schemes = spec["components"]["securitySchemes"]
+    assert {s["type"] for s in schemes.values()} == {"http", "apiKey"}
+    assert any(s.get("scheme") == "bearer" for s in schemes.values())
+    assert any(s.get("name") == "X-API-Key" and s["in"] == "header" for s in schemes.values())
+    assert spec["security"] == [{name: []} for name in schemes]
+    assert spec["paths"]["/healthz"]["get"]["security"] == []  # the probes stay open
+    assert {} in spec["paths"]["/readyz"]["get"]["security"]
+    assert "security" not in spec["paths"]["/search"]["post"]  # the global rule applies
+
+
+def test_before_a_model_serves_the_filter_fields_are_not_listed(tmp_path: Path) -> None:
+    with TestClient(create_app(LocalSource(tmp_path), SETTINGS)) as empty:
+        filters = _body_schema(empty.get("/openapi.json").json(), "/search")["properties"]
+    assert "propertyNames" not in filters["filters"]["anyOf"][0]

@@ -671,3 +671,44 @@ def test_a_service_over_a_corrupt_delta_serves_the_rest_and_sees_the_drop(
         server.terminate()
         output, _ = server.communicate(timeout=30)
     assert "delta 1" in output and "Traceback" not in output
+
+
+def test_stop_does_not_wait_for_a_source_that_never_answers(bundles: dict[str, Path]) -> None:
+    """A poll stuck in a registry call: stop() returns with the poll still stuck."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Hung(SwitchSource):
+        def poll(self) -> Candidate:
+            entered.set()
+            release.wait(60)
+            return super().poll()
+
+    reloader = Reloader(Hung(bundles["v1"], "1"), ModelHolder(), load=_load)
+    reloader.start()
+    assert entered.wait(10)
+    reloader.stop(timeout=0.1)
+    assert not release.is_set() and reloader.holder.current is None  # still inside poll()
+    release.set()
+
+
+def test_a_swapped_out_bundle_is_freed_at_once(bundles: dict[str, Path]) -> None:
+    """Once no request holds it, the old bundle goes with its last reference, not at some
+    later full garbage collection (RSS grew by about a bundle a swap while it waited)."""
+    import gc
+    import weakref
+
+    source = SwitchSource(bundles["v1"], "1")
+    app = create_app(source, SETTINGS)
+    holder: ModelHolder = app.state.service.holder
+    with TestClient(app) as client:
+        assert client.post("/search", json={"question": Q1[5]}).status_code == 200
+        old = weakref.ref(holder.current.bundle)
+        gc.collect()
+        gc.disable()
+        try:
+            source.point(bundles["v2"], "2")
+            assert app.state.service.reloader.check() == SWAPPED
+            client.get("/metrics")
+            assert old() is None
+        finally:
+            gc.enable()

@@ -143,3 +143,51 @@ def test_a_delta_file_changed_in_place_is_noticed_and_its_repair_served(
     assert reloader.check() == SWAPPED
     assert holder.current.info.failed_deltas == {} and holder.current.bundle.size == len(Q1) + 2
     assert reloader.check() == UNCHANGED
+
+
+def test_every_registry_call_gives_up_on_a_registry_that_never_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Accepts, never answers: each call fails after one read timeout (1 s here), none
+    retries for minutes as MLflow's defaults would."""
+    import threading
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # the operator's value wins
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # the kernel completes the handshakes; nothing reads or answers
+    uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    source = RegistrySource("qpr", tracking_uri=uri, registry_uri=uri)
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, run) -> None:
+        try:
+            outcomes[name] = run()
+        except Exception as exc:
+            outcomes[name] = exc
+
+    def download() -> None:
+        with source.materialize(Candidate(token="qpr/3", name="qpr", version="3", alias="a")):
+            pass
+
+    calls = {"poll": source.poll, "run": lambda: source._run_commit("r1"), "download": download}
+    threads = [threading.Thread(target=call, args=item, daemon=True) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    listener.close()
+    assert not any(thread.is_alive() for thread in threads), outcomes
+    assert isinstance(outcomes["poll"], SourceError)
+    assert outcomes["run"] is None  # best effort: no commit, no wait
+    assert isinstance(outcomes["download"], Exception)
+
+
+def test_a_copy_cut_short_is_not_a_kept_version(bundle_dir: Path, tmp_path: Path) -> None:
+    source = unreachable_registry(tmp_path)
+    source.keep(Candidate(token="qpr/4", name="qpr", version="4", alias="a"), bundle_dir)
+    partial = tmp_path / "qpr" / ".partial-x1"  # stopped between the record and the rename
+    (partial / "bundle").mkdir(parents=True)
+    (partial / "qpr-kept.json").write_text('{"version": "5"}')
+    newest = source.fallback()
+    assert newest is not None and newest.version == "4"

@@ -113,15 +113,50 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
+_CSV_OPTIONS = {
+    "dtype": str,
+    "keep_default_na": False,
+    "na_values": [],
+    "encoding_errors": "replace",
+}
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
-        return pd.read_csv(
-            path, dtype=str, keep_default_na=False, na_values=[], encoding_errors="replace"
-        )
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError) as err:
+        return pd.read_csv(path, **_CSV_OPTIONS)
+    except pd.errors.ParserError as err:
+        # Most often a ragged row (more fields than the header): read again without it,
+        # keeping it as a malformed row (dropped and counted), not losing the whole file.
+        first = printable(str(err).strip(), limit=200)
+    except (pd.errors.EmptyDataError, UnicodeError) as err:
         raise DataFormatError(
             f"{path} is not a readable CSV file: {printable(err, limit=200)}"
         ) from None
+    unreadable = DataFormatError(f"{path} is not a readable CSV file: {first}")
+    try:
+        # The C parser skips ragged rows and still fails on what is not a row problem (a
+        # quote left open), where the Python one would stop reading without a word.
+        frame = pd.read_csv(path, on_bad_lines="skip", **_CSV_OPTIONS)
+    except (pd.errors.ParserError, UnicodeError) as err:
+        raise DataFormatError(
+            f"{path} is not a readable CSV file: {printable(str(err).strip(), limit=200)}"
+        ) from None
+    ragged = 0
+
+    def count(fields: list[str]) -> None:  # the Python parser's hook: skip, but count
+        nonlocal ragged
+        ragged += 1
+
+    # Only the Python parser reports each row it skips.
+    try:
+        counted = pd.read_csv(path, engine="python", on_bad_lines=count, **_CSV_OPTIONS)
+    except (pd.errors.ParserError, UnicodeError):
+        raise unreadable from None
+    if len(counted) != len(frame) or not ragged:
+        raise unreadable
+    # Kept as all-empty rows so the drop is counted, as _read_jsonl does; the raw-log gate
+    # refuses a file with more of them than its tolerance.
+    return pd.concat([frame, pd.DataFrame({"_malformed": [True] * ragged})], ignore_index=True)
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

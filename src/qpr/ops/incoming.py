@@ -21,7 +21,7 @@ from typing import Any
 from qpr.config import QualitySettings
 from qpr.data.loaders import LOG_SUFFIXES, DataFormatError, read_log_file
 from qpr.errors import printable
-from qpr.io import file_sha256, write_json_atomic
+from qpr.io import file_sha256
 
 # What a file being written must look like to be left alone: write under a dot-name or a
 # .tmp/.part suffix, then rename (qpr data synth does exactly that).
@@ -183,7 +183,7 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
     too, with the loader's message as its report. Reports go to `report_dir`.
     """
     from qpr.quality.data_gates import gate_raw_logs
-    from qpr.quality.gate import GateFailed
+    from qpr.quality.gate import GateFailed, report_unread
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -195,10 +195,8 @@ def validate(file: IncomingFile, quality: QualitySettings, report_dir: Path) -> 
     except DataFormatError as err:
         # The message quotes the file (its header, its name): escaped before anyone reads it.
         reason = printable(err, multiline=True)
-        write_json_atomic(
-            report_dir / "raw_logs.json",
-            {"success": False, "gate": "raw_logs", "error": "DataFormatError", "message": reason},
-        )
+        # The same two reports as a batch the gate judged: raw_logs.json and raw_logs.md.
+        report_unread(report_dir, "raw_logs", "DataFormatError", reason)
         return Validation(file, ok=False, reason=reason, report_dir=report_dir)
     except GateFailed as err:
         rows, reason = len(raw), printable(err, multiline=True)

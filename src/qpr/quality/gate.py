@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported for type hints only: the real import is lazy (abou
     from great_expectations.data_context import AbstractDataContext
     from great_expectations.expectations import Expectation
 
-__all__ = ["GateFailed", "GateResult", "gate"]
+__all__ = ["GateFailed", "GateResult", "gate", "report_unread"]
 
 #: How many offending values / rows a failure message shows per expectation.
 MAX_EXAMPLES = 5
@@ -490,13 +490,47 @@ def _write_reports(
         "failures": failures,
         "frames": per_frame,
     }
+    _write_json(json_path, report)
+    _atomic_write(report_dir / f"{name}.md", _markdown(name, success, statistics, failures))
+    return json_path
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
     # ensure_ascii=False keeps questions readable; a lone surrogate (undecodable bytes read
     # with surrogateescape) is then written as a \udcXX escape, which is still valid JSON.
     text = json.dumps(report, indent=2, ensure_ascii=False, default=str)
     # JSON escapes C0 controls but not DEL, C1 (\x9b is a terminal's CSI) or bidi overrides:
     # \uXXXX them too, so a person who cats the report sees the data, never runs it.
-    _atomic_write(json_path, _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
-    _atomic_write(report_dir / f"{name}.md", _markdown(name, success, statistics, failures))
+    _atomic_write(path, _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def report_unread(report_dir: Path, name: str, error: str, message: str) -> Path:
+    """The gate's reports for a batch that could not even be read (not a log, not text,
+    unparseable): `<name>.json` with the error and `<name>.md` saying no expectation ran.
+    `message` is shown escaped. Returns the JSON report's path."""
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    safe = printable(message, multiline=True)
+    report = {
+        "gate": name,
+        "success": False,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "error": error,
+        "message": safe,
+    }
+    json_path = report_dir / f"{name}.json"
+    _write_json(json_path, report)
+    lines = [
+        f"# Gate `{name}`: FAILED",
+        "",
+        f"The batch could not be read ({error}), so no expectation ran. Full report: "
+        f"`{name}.json`.",
+        "",
+        "## Why",
+        "",
+        *(f"    {line}" for line in safe.splitlines()),
+    ]
+    _atomic_write(report_dir / f"{name}.md", "\n".join(lines) + "\n")
     return json_path
 
 

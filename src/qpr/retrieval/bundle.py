@@ -189,8 +189,6 @@ class Bundle:
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
         self._fields = dict(questions.fields or {})
-        # A service sees the same few filters (a tenant, a locale) again and again.
-        self._masks = functools.lru_cache(maxsize=_CACHED_MASKS)(self._mask)
         dead = questions.dead if questions.dead is not None and questions.dead.any() else None
         self._dead_count = 0 if dead is None else int(dead.sum())
         # Tombstones are one more mask: applied inside the dense search and BM25 like a
@@ -198,6 +196,13 @@ class Bundle:
         self._live_rows = None if dead is None else ~dead
         if self._live_rows is not None:
             self._live_rows.flags.writeable = False
+        # A service sees the same few filters (a tenant, a locale) again and again. The
+        # cache holds what a mask needs, not the bundle: a cache of a bound method made a
+        # reference cycle, so a bundle swapped out waited for a full garbage collection
+        # (RSS grew by about a bundle a hot swap; benchmarks/swap_memory.py).
+        self._masks = functools.lru_cache(maxsize=_CACHED_MASKS)(
+            functools.partial(_mask, self._fields, self._live_rows, int(questions.index.ntotal))
+        )
         self._threshold = config.threshold
         self._ranker = HybridSearch(
             questions.index,
@@ -249,13 +254,6 @@ class Bundle:
             return self._live_rows
         wanted = normalised(filters, list(self._fields))
         return self._masks(tuple(sorted((f, tuple(sorted(v))) for f, v in wanted.items())))
-
-    def _mask(self, filters: tuple[tuple[str, tuple[str, ...]], ...]) -> np.ndarray:
-        mask = both(
-            allowed_rows(self._fields, dict(filters), int(self._index.ntotal)), self._live_rows
-        )
-        mask.flags.writeable = False  # shared by every search with these filters
-        return mask
 
     @property
     def bm25(self) -> BM25Index | None:
@@ -567,3 +565,15 @@ class Bundle:
                 )
             )
         return hits
+
+
+def _mask(
+    fields: Mapping[str, Any],
+    live_rows: np.ndarray | None,
+    ntotal: int,
+    filters: tuple[tuple[str, tuple[str, ...]], ...],
+) -> np.ndarray:
+    """bool [ntotal]: the rows matching `filters` that no tombstone hides (read-only)."""
+    mask = both(allowed_rows(fields, dict(filters), ntotal), live_rows)
+    mask.flags.writeable = False  # shared by every search with these filters
+    return mask

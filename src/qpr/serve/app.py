@@ -22,10 +22,10 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
 Access (`qpr.serve.auth`): with an API key set, everything but /healthz and /readyz needs
 it; a Host header outside ``allowed_hosts`` gets 400.
 
-Input handling: bodies are read by `_Guard` (an ASGI middleware) up to
-``max_body_bytes`` (Content-Length checked first, then the bytes actually streamed), within
-``body_timeout`` seconds (else 408; `qpr.serve.connections` bounds the rest), and
-parsed here, not by FastAPI, so that invalid UTF-8, invalid JSON, wrong types, unknown
+Input handling: bodies are read by `_BodyLimit` (an ASGI middleware, after the API key
+check) up to ``max_body_bytes`` (Content-Length checked first, then the bytes actually
+streamed), within ``body_timeout`` seconds (else 408; `qpr.serve.connections` bounds the
+rest), and parsed here, not by FastAPI, so that invalid UTF-8, invalid JSON, wrong types, unknown
 fields, empty or overlong questions and k out of range each get a 4xx with a message that
 says what to fix. Anything unexpected becomes a 500 with the request id; the trace goes
 to the log only.
@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from qpr.errors import printable
 from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve import docs
@@ -66,6 +67,7 @@ from qpr.serve.auth import AccessControl, resolve_key
 from qpr.serve.log_throttle import install as install_log_throttle
 from qpr.serve.metrics import CONTENT_TYPE, Telemetry
 from qpr.serve.openmp import OpenMPThreads
+from qpr.serve.refusals import error_body
 from qpr.serve.reload import ModelHolder, Reloader, Served
 from qpr.serve.settings import ServeSettings
 from qpr.serve.sources import BundleSource, LocalSource, RegistrySource
@@ -92,6 +94,8 @@ _ENDPOINTS = frozenset(
 )
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Characters of a request path an error message quotes.
+_PATH_CHARS = 100
 
 
 # ---------------------------------------------------------------- errors
@@ -113,13 +117,13 @@ def _json_bytes(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def _error_body(
-    code: str, message: str, request_id: str, details: list[Any] | None = None
-) -> bytes:
-    body: dict[str, Any] = {"error": code, "message": message, "request_id": request_id}
-    if details:
-        body["details"] = details
-    return _json_bytes(body)
+# One JSON error shape for the app, the access check and the protocol (qpr.serve.refusals).
+_error_body = error_body
+
+
+def _shown_path(path: str) -> str:
+    """A request path fit to quote back: a 100 KB URL is not echoed whole."""
+    return printable(path, limit=_PATH_CHARS)
 
 
 def _public(tree: Any) -> Any:
@@ -136,26 +140,17 @@ def _request_id(request: Request) -> str:
 
 
 class _Guard:
-    """Outermost layer of the app: request id, body limit, catch-all, metrics.
+    """Outermost layer of the app: request id, catch-all, metrics.
 
     A pure ASGI middleware (not BaseHTTPMiddleware) because it sits on every request's
-    path and must stay cheap. The body is read here in full, up to the limit, and replayed
-    to the app: an oversize body is refused before anything parses it, whether it announced
-    its size (Content-Length) or not (chunked), and the app sees one complete body.
+    path and must stay cheap. Inside it, `qpr.serve.auth.AccessControl` checks the Host
+    and the API key, and only then `_BodyLimit` reads the body: a caller without the key
+    never gets 256 KB read on its behalf.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        max_body_bytes: int,
-        telemetry: Telemetry,
-        body_timeout: float = 10.0,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, telemetry: Telemetry) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
         self.telemetry = telemetry
-        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -165,7 +160,8 @@ class _Guard:
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
         given = headers.get("x-request-id", b"").decode("latin-1")
         request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
         method = scope.get("method", "GET")
         path = scope.get("path", "")
         status = 500
@@ -182,37 +178,64 @@ class _Guard:
                 ]
             await send(message)
 
-        async def reply(code: int, error: str, text: str) -> None:
-            body = _error_body(error, text, request_id)
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ]
-            if code == 408:  # the rest of the body may still come: the connection is done
-                headers.append((b"connection", b"close"))
-            await send_with_id({"type": "http.response.start", "status": code, "headers": headers})
-            await send_with_id({"type": "http.response.body", "body": body})
-
         try:
-            app_receive = receive
-            if method in _BODY_METHODS:
-                refusal = await self._read_body(headers, receive)
-                if refusal is None:  # the client left (or was evicted) mid-body
-                    status = 499
-                    return
-                if isinstance(refusal, tuple):
-                    await reply(*refusal)
-                    return
-                app_receive = _replay(refusal, receive)
-            await self.app(scope, app_receive, send_with_id)
+            await self.app(scope, receive, send_with_id)
+            if not response_started and state.get("client_left"):
+                status = 499  # the client left (or was evicted) mid-body
         except Exception:
             # The client gets the request id and nothing else; the trace goes to the log.
-            log.exception("unhandled error in %s %s (request id %s)", method, path, request_id)
+            log.exception(
+                "unhandled error in %s %s (request id %s)", method, _shown_path(path), request_id
+            )
             if not response_started:
-                await reply(500, "internal_error", f"internal error; request id {request_id}")
+                text = f"internal error; request id {request_id}"
+                await _send_error(send_with_id, 500, "internal_error", text, request_id)
         finally:
             endpoint = path if path in _ENDPOINTS else "other"
             self.telemetry.observe(endpoint, method, status, time.perf_counter() - started)
+
+
+async def _send_error(
+    send: Send, status: int, code: str, message: str, request_id: str, *, close: bool = False
+) -> None:
+    body = _error_body(code, message, request_id)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _BodyLimit:
+    """Reads a request body in full, up to ``max_body_bytes``, and replays it to the app:
+    an oversize body is refused before anything parses it, whether it announced its size
+    (Content-Length) or not (chunked), and the app sees one complete body."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout: float = 10.0) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method", "GET") not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        refusal = await self._read_body(headers, receive)
+        if refusal is None:
+            state["client_left"] = True
+            return
+        if isinstance(refusal, tuple):
+            code, error, text = refusal
+            request_id = str(state.get("request_id", "-"))
+            # 408: the rest of the body may still come, so the connection is done.
+            await _send_error(send, code, error, text, request_id, close=code == 408)
+            return
+        await self.app(scope, _replay(refusal, receive), send)
 
     async def _read_body(
         self, headers: dict[str, bytes], receive: Receive
@@ -226,7 +249,7 @@ class _Guard:
             try:
                 size = int(declared)
             except ValueError:
-                return 400, "bad_request", f"Content-Length {declared!r} is not a number"
+                return 400, "bad_request", f"Content-Length {declared[:40]!r} is not a number"
             if size > limit:
                 return 413, "body_too_large", f"body of {size} bytes; the limit is {limit}"
         chunks: list[bytes] = []
@@ -520,17 +543,27 @@ def create_app(
     docs.add_docs_routes(app)
     _add_search_routes(app, state)
     _add_status_routes(app, state)
-    # Added first, so inside _Guard: refusals get the request id and are counted.
+    docs.add_openapi_extras(
+        app, settings, keyed=key is not None, filter_fields=lambda: _filter_fields(state)
+    )
+    # The last added runs first: _Guard (request id, metrics) → AccessControl → _BodyLimit.
+    # A refusal gets the request id and is counted; the key is checked before the body is
+    # read (a caller without it costs no 256 KB buffer).
+    body_limit: Any = _BodyLimit
+    app.add_middleware(
+        body_limit, max_body_bytes=settings.max_body_bytes, body_timeout=settings.body_timeout
+    )
     access: Any = AccessControl
     app.add_middleware(access, key=key, allowed_hosts=settings.allowed_hosts, render=_error_body)
     guarded: Any = _Guard
-    app.add_middleware(
-        guarded,
-        max_body_bytes=settings.max_body_bytes,
-        telemetry=state.telemetry,
-        body_timeout=settings.body_timeout,
-    )
+    app.add_middleware(guarded, telemetry=state.telemetry)
     return app
+
+
+def _filter_fields(state: _ServiceState) -> tuple[str, ...] | None:
+    """The serving model's filter fields; None while none serves."""
+    served = state.holder.current
+    return None if served is None else tuple(served.bundle.filter_fields)
 
 
 def _service_state(
@@ -609,7 +642,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        message = f"{exc.detail}: {request.method} {request.url.path}"
+        message = f"{exc.detail}: {request.method[:20]} {_shown_path(request.url.path)}"
         if exc.status_code == 404:
             message += f" (endpoints: {', '.join(sorted(_ENDPOINTS))})"
         body = _error_body(code, message, _request_id(request))
@@ -633,8 +666,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
     """POST /search and /search/batch."""
     settings, telemetry, openmp = state.settings, state.telemetry, state.openmp
-    search_schema = {"requestBody": _body_schema(_SearchBody, _SEARCH_EXAMPLE)}
-    batch_schema = {"requestBody": _body_schema(_BatchBody, _BATCH_EXAMPLE)}
+    search_schema = {"requestBody": _body_schema(_SearchBody, _SEARCH_EXAMPLE, settings)}
+    batch_schema = {"requestBody": _body_schema(_BatchBody, _BATCH_EXAMPLE, settings)}
 
     @app.post("/search", openapi_extra=search_schema, responses=docs.SEARCH_RESPONSES)
     async def search(request: Request) -> Response:
@@ -785,13 +818,14 @@ def _add_status_routes(app: FastAPI, state: _ServiceState) -> None:
         return Response(state.telemetry.render(), media_type=CONTENT_TYPE)
 
 
-def _body_schema(model: type[BaseModel], example: str) -> dict[str, Any]:
-    """OpenAPI request body for endpoints that parse their body themselves."""
+def _body_schema(model: type[BaseModel], example: str, settings: ServeSettings) -> dict[str, Any]:
+    """OpenAPI request body for endpoints that parse their body themselves, with the
+    limits they enforce."""
     return {
         "required": True,
         "content": {
             "application/json": {
-                "schema": model.model_json_schema(),
+                "schema": docs.request_schema(model.model_json_schema(), settings),
                 "example": json.loads(example),
             }
         },

@@ -1,6 +1,7 @@
 """Who may call the service: an optional API key, a Host check, and the exposure rule.
 
-- API key (`QPR_SERVE_API_KEY`, or a file named by `QPR_SERVE_API_KEY_FILE`): when set,
+- API key (`QPR_SERVE_API_KEY`, or a file named by `QPR_SERVE_API_KEY_FILE` that other
+  users can neither read nor write): when set,
   every path except `OPEN_PATHS` needs ``Authorization: Bearer <key>`` or
   ``X-API-Key: <key>``; else 401 with ``WWW-Authenticate: Bearer``. /readyz stays open
   for probes but shows its details (model, reason) only with the key.
@@ -18,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 import re
+import stat
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,8 @@ MIN_KEY_CHARS = 16
 # Printable ASCII without spaces: what a header carries unchanged.
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")
 _BEARER = re.compile(rb"\s*bearer\s+(\S+)\s*", re.IGNORECASE)
+# A key file other users may read or write is refused (resolve_key).
+_OTHERS = stat.S_IROTH | stat.S_IWOTH
 
 
 def resolve_key(settings: ServeSettings) -> str | None:
@@ -60,9 +65,20 @@ def resolve_key(settings: ServeSettings) -> str | None:
     if settings.api_key_file is not None:
         where = f"QPR_SERVE_API_KEY_FILE={settings.api_key_file}"
         try:
-            key = Path(settings.api_key_file).read_text(encoding="utf-8").strip()
+            with Path(settings.api_key_file).open("rb") as handle:
+                mode = os.fstat(handle.fileno()).st_mode
+                raw = handle.read()
         except OSError as exc:
             raise SettingsError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+        if mode & _OTHERS:
+            # As ssh does with a private key: a key every local user can read (or replace)
+            # guards nothing. Group access stays allowed, for a container's group.
+            raise SettingsError(
+                f"{where}: every user may read or write it (mode {stat.S_IMODE(mode):04o}); "
+                "run chmod o-rwx on it (e.g. chmod 600, or 640 for a group)"
+            )
+        try:
+            key = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
             raise SettingsError(f"{where}: not UTF-8 text") from None
         if not key:

@@ -6,9 +6,9 @@ accept() then failed on every try. Here each stage a client controls has a bound
 
 - the request head must arrive within ``header_timeout`` seconds of the connection opening
   (or of the previous response on a keep-alive connection); uvicorn's h11 protocol has no
-  such timeout, so `guarded_protocol` adds it;
-- the body must arrive within ``body_timeout`` seconds (`qpr.serve.app._Guard` answers
-  408 and closes);
+  such timeout, so `guarded_protocol` adds it (a partial head gets a JSON 408);
+- the body must arrive within ``body_timeout`` seconds (`qpr.serve.app._BodyLimit`
+  answers 408 and closes);
 - an idle keep-alive connection closes after ``keep_alive`` seconds (uvicorn);
 - at most ``max_connections`` are open, lowered below the process's open-files limit
   (`connection_cap`), and `AcceptGate` never accepts past it.
@@ -25,9 +25,10 @@ below the limit (for files the process opens: a model reload, logs, the registry
 connections). At the cap it first closes the connection that has *stalled* longest:
 one inside a request (part of a head or body sent, or silent since it opened) before
 one idle between requests, never one being answered, and only once it has stalled
-`MIN_STALL_SECONDS`. Its slot frees when its close has run; then the next connection
-waiting in the listen queue is accepted. Held connections therefore cost their holder
-the slot, not the clients that send whole requests.
+`MIN_STALL_SECONDS`; one halfway through a request gets a JSON 503 first
+(``too_many_connections``). Its slot frees when its close has run; then the next
+connection waiting in the listen queue is accepted. Held connections therefore cost
+their holder the slot, not the clients that send whole requests.
 
 `CappedServer` is uvicorn's server with the gate in place of asyncio's listener; `serve`
 runs it as ``uvicorn.run`` would.
@@ -53,8 +54,8 @@ from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from qpr.serve.refusals import JsonRefusals
 from qpr.serve.settings import ServeSettings
 
 __all__ = [
@@ -110,8 +111,9 @@ SILENT_GRACE = 1.0
 BUSY_RETRY_SECONDS = 0.05
 
 
-class _GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with a head timeout, in the stalled-first eviction order."""
+class _GuardedH11(JsonRefusals):
+    """uvicorn's h11 protocol with a head timeout, in the stalled-first eviction order
+    (its refusals in JSON: `qpr.serve.refusals`)."""
 
     header_timeout: float = 10.0
     min_stall: float = MIN_STALL_SECONDS
@@ -142,8 +144,9 @@ class _GuardedH11(H11Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        # 408 to a partial head; a connection that sent nothing is closed silently.
+        message = f"the request head did not arrive within {self.header_timeout:g} s"
+        self.refuse_and_close(408, "request_timeout", message)
 
     def _note_cycle(self) -> None:
         # A new cycle means a complete head arrived: the body has its own timeout.
@@ -219,8 +222,14 @@ class _GuardedH11(H11Protocol):
         wait = cls.min_stall - (now - victim.active_at)
         if wait > 0:
             return wait
-        # abort, not close: a client that reads nothing would keep a closing socket (and
-        # its descriptor) open for ever; the slot must free at once.
+        # A victim halfway through a request is told why (503); an idle one, or one silent
+        # since it opened, is closed silently.
+        message = "too many open connections: this one had stalled longest"
+        victim.refuse_and_close(503, "too_many_connections", message)
+        # abort, not only close: a client that reads nothing would keep a closing socket
+        # (and its descriptor) open for ever; the slot must free at once. The refusal went
+        # to the socket at once when nothing was queued before it; the kernel still sends
+        # it after the close.
         victim.transport.abort()
         return 0.0
 

@@ -4,6 +4,10 @@ Swagger UI's script and stylesheet come from the fastapi-offline package (MIT), 
 from the lock and served by the service itself under `/docs/assets`: no CDN, so the page
 works on a machine without internet access.
 
+`request_schema` and `add_openapi_extras` make /openapi.json declare what the endpoints
+enforce: question length, k's range, the batch size, the body size, the filter fields of
+the serving model and, with an API key set, how to send it (Swagger UI's "Authorize").
+
 The models below only document the responses. The endpoints still build their JSON by hand
 (`qpr.serve.app`), so documenting them changes no byte of a response; tests check that
 real responses validate against these models.
@@ -11,6 +15,8 @@ real responses validate against these models.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+
+from qpr.serve.settings import ServeSettings
 
 DOCS_PATH = "/docs"
 ASSETS_PATH = "/docs/assets"
@@ -213,3 +221,82 @@ def add_docs_routes(app: FastAPI) -> None:
             swagger_css_url=f"{root}{ASSETS_PATH}/{ASSETS['css']}",
             swagger_favicon_url=f"{root}{ASSETS_PATH}/{ASSETS['favicon']}",
         )
+
+
+# ---------------------------------------------------------------- what requests may hold
+
+# A question must hold a non-space character (qpr.serve.app._check_question).
+_NOT_BLANK = r"\S"
+BEARER_SCHEME = "bearerAuth"
+HEADER_SCHEME = "apiKeyHeader"
+
+
+def request_schema(schema: dict[str, Any], settings: ServeSettings) -> dict[str, Any]:
+    """A request body's JSON schema (pydantic's, of /search or /search/batch) with the
+    limits the endpoint enforces from `settings` added."""
+    schema = copy.deepcopy(schema)
+    props = schema["properties"]
+    question = {
+        "minLength": 1,
+        "maxLength": settings.max_question_chars,
+        "pattern": _NOT_BLANK,
+    }
+    if "question" in props:
+        props["question"].update(question, description="not blank")
+    if "questions" in props:
+        props["questions"].update(minItems=1, maxItems=settings.max_batch)
+        props["questions"]["items"].update(question)
+    if "k" in props:
+        _non_null(props["k"]).update(minimum=1, maximum=settings.max_k)
+        props["k"]["default"] = settings.default_k
+    if "threshold" in props:
+        _non_null(props["threshold"]).update(minimum=0)
+        props["threshold"]["description"] = "a distance; null: the model's stored one"
+    return schema
+
+
+def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """The branch of ``anyOf: [X, null]`` that is not null."""
+    return next(branch for branch in prop.get("anyOf", [prop]) if branch.get("type") != "null")
+
+
+def add_openapi_extras(
+    app: FastAPI,
+    settings: ServeSettings,
+    *,
+    keyed: bool,
+    filter_fields: Callable[[], Sequence[str] | None],
+) -> None:
+    """/openapi.json made at each request from FastAPI's (cached) one, plus: the body
+    size limit, the filter fields of the model serving now (`filter_fields`; None while
+    none serves) and, when `keyed`, the API key's security schemes (probes stay open)."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        spec = copy.deepcopy(base())
+        fields = filter_fields()
+        for path in ("/search", "/search/batch"):
+            body = spec["paths"][path]["post"]["requestBody"]
+            body["description"] = f"JSON, UTF-8, at most {settings.max_body_bytes:,} bytes"
+            if fields is not None:
+                filters = _non_null(
+                    body["content"]["application/json"]["schema"]["properties"]["filters"]
+                )
+                filters["propertyNames"] = {"enum": list(fields)}
+        if keyed:
+            _declare_key(spec)
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _declare_key(spec: dict[str, Any]) -> None:
+    spec.setdefault("components", {})["securitySchemes"] = {
+        BEARER_SCHEME: {"type": "http", "scheme": "bearer", "description": "the API key"},
+        HEADER_SCHEME: {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    }
+    either = [{BEARER_SCHEME: []}, {HEADER_SCHEME: []}]
+    spec["security"] = either
+    spec["paths"]["/healthz"]["get"]["security"] = []
+    # /readyz answers without the key; with it, it also says which model or why not.
+    spec["paths"]["/readyz"]["get"]["security"] = [{}, *either]

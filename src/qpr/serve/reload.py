@@ -62,6 +62,7 @@ from qpr.serve.sources import BundleSource, Candidate, SourceError
 
 __all__ = [
     "MAX_ATTEMPTS",
+    "STOP_WAIT_SECONDS",
     "ModelHolder",
     "ModelInfo",
     "ReloadRefused",
@@ -76,6 +77,9 @@ log = logging.getLogger("qpr.serve")
 
 # Loads of one token that may fail for transient reasons before it is refused for good.
 MAX_ATTEMPTS = 3
+# How long a shutdown waits for the polling thread (Reloader.stop): SIGTERM must stop the
+# service within seconds even while a registry call hangs.
+STOP_WAIT_SECONDS = 1.0
 # Neighbours fetched per canary: a canary may tie with exact duplicates at distance 0
 # (Quora holds questions that differ only in case or punctuation), so "first" means
 # "among the results tied for first".
@@ -465,7 +469,11 @@ class Reloader:
         self._thread = threading.Thread(target=self._run, name="qpr-reloader", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_WAIT_SECONDS) -> None:
+        """Ask the polling thread to end; wait at most `timeout` seconds for it. A thread
+        inside a source call (a registry that accepts and never answers) is not waited
+        for: it is a daemon, it holds nothing the process needs at exit, and a shutdown
+        must not last as long as the call's own timeout."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

@@ -29,8 +29,9 @@ variable                           default    meaning
 ``QPR_SERVE_MODELS_DIR``           models     local bundle to serve (when no registry name)
 ``QPR_SERVE_REGISTRY_NAME``        (none)     serve the MLflow registered model of this name
 ``QPR_SERVE_ALIAS``                champion   ... at this alias
-``QPR_SERVE_API_KEY_FILE``         (none)     file holding the API key (whitespace stripped);
-                                              preferred over the variable below
+``QPR_SERVE_API_KEY_FILE``         (none)     file holding the API key (whitespace stripped;
+                                              refused when other users may read or write
+                                              it); preferred over the variable below
 ``QPR_SERVE_API_KEY``              (none)     the API key itself; with either, requests need
                                               it (`qpr.serve.auth`)
 ``QPR_SERVE_AUTH``                 (auto)     ``off``: no key even off loopback; ``on``:
@@ -54,8 +55,8 @@ variable                           default    meaning
 ``QPR_SERVE_MAX_CONNECTIONS``      1000       open connections; past it the longest-stalled one
                                               is closed (lowered below the open-files limit)
 ``QPR_SERVE_BACKLOG``              1024       connections the kernel queues before accept
-``QPR_SERVE_LIMIT_CONCURRENCY``    (none)     uvicorn's 503 past this many connections or
-                                              requests in progress, stalled ones included
+``QPR_SERVE_LIMIT_CONCURRENCY``    (none)     503 (``too_busy``) past this many connections
+                                              or requests in progress, stalled ones included
 ``QPR_SERVE_SHUTDOWN_SECONDS``     10         grace for in-flight requests at shutdown
 ``QPR_SERVE_LOG_BURST``            10         log records of one kind let through per interval
 ``QPR_SERVE_LOG_INTERVAL``         60         ... the interval, seconds; the rest are counted

@@ -21,9 +21,9 @@ answer changed). The reloader (`qpr.serve.reload`) drives both.
   version's ``artifacts/bundle/`` folder, downloaded into a temporary directory that is
   deleted once the bundle is in memory. Each version that passed its checks is kept in a
   local cache (``keep``); when the registry cannot be reached and nothing serves yet (a
-  start during an outage), the newest kept version serves (``fallback``). A poll makes one
-  quick attempt (MLflow's own retries would hold it for minutes): the reloader retries
-  with its own backoff (``backoff`` True).
+  start during an outage), the newest kept version serves (``fallback``). Every registry
+  call makes one quick attempt (MLflow's own retries would hold it for minutes): the
+  reloader retries with its own backoff (``backoff`` True).
 
 Neither imports torch; `RegistrySource` imports MLflow only when it is constructed.
 """
@@ -87,8 +87,10 @@ _WATCHED = (
     ABSORBED_FILE,
     DELTAS_MANIFEST_FILE,
 )
-# A poll is one quick try: MLflow's default (7 retries, backoff factor 2, 120 s timeout)
-# held a start in a registry outage for minutes. Variables the operator set win.
+# Every registry call (poll, run lookup, download) is one quick try: MLflow's default (7
+# retries, backoff factor 2, 120 s timeout) held a start in a registry outage for
+# minutes. The timeout bounds each read, so a registry that accepts and never answers
+# holds a check for 10 s; the reloader retries. Variables the operator set win.
 _QUICK_HTTP = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
@@ -274,7 +276,8 @@ class RegistrySource:
     def _run_commit(self, run_id: str) -> str | None:
         """The training run's git commit tag, when the run recorded one (best effort)."""
         try:
-            run = self._client.get_run(run_id)
+            with _quick_http():
+                run = self._client.get_run(run_id)
         except Exception as exc:  # informational only: never block a reload on it
             log.debug("cannot read run %s: %s", run_id, exc)
             return None
@@ -311,7 +314,12 @@ class RegistrySource:
         """Kept version folders, newest version first."""
         if self.cache_dir is None or not self.cache_dir.is_dir():
             return []
-        found = [p for p in self.cache_dir.iterdir() if (p / _KEPT_FILE).is_file()]
+        # ".partial-*": a copy cut short (the process stopped mid-keep) is no version.
+        found = [
+            p
+            for p in self.cache_dir.iterdir()
+            if not p.name.startswith(".") and (p / _KEPT_FILE).is_file()
+        ]
         return sorted(found, key=lambda p: (len(p.name), p.name), reverse=True)
 
     def fallback(self) -> Candidate | None:
@@ -349,17 +357,18 @@ class RegistrySource:
             # version's storage location is resolved with this source's client because
             # MLflow resolves "models:/" URIs against the process-wide registry URI only.
             uri = f"models:/{self.name}/{candidate.version}"
-            location = self._client.get_model_version_download_uri(
-                self.name, str(candidate.version)
-            )
-            local = Path(
-                download_artifacts(
-                    artifact_uri=location,
-                    dst_path=str(tmp),
-                    tracking_uri=self.tracking_uri,
-                    registry_uri=self.registry_uri,
+            with _quick_http():
+                location = self._client.get_model_version_download_uri(
+                    self.name, str(candidate.version)
                 )
-            )
+                local = Path(
+                    download_artifacts(
+                        artifact_uri=location,
+                        dst_path=str(tmp),
+                        tracking_uri=self.tracking_uri,
+                        registry_uri=self.registry_uri,
+                    )
+                )
             bundle = local / BUNDLE_SUBDIR
             if not bundle.is_dir():
                 found = sorted(p.relative_to(local).as_posix() for p in local.rglob("*"))[:10]
