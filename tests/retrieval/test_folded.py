@@ -1,4 +1,5 @@
-"""The CNN folded into lookup tables (`qpr.retrieval.folded`) encodes as its ONNX model does."""
+"""Folded encoders (`qpr.retrieval.folded`), a CNN and a static student, encode as their
+ONNX models do."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from qpr.model.onnx import export_onnx
 from qpr.retrieval import folded as folded_module
 from qpr.retrieval.bundle import Bundle
 from qpr.retrieval.encoders import load_session
-from qpr.retrieval.folded import FoldedCNN, fold_cnn
+from qpr.retrieval.folded import FoldedCNN, FoldedStatic, checked_fold, fold_cnn, fold_static
 from tests.serve.test_app import QIDS, QUESTIONS, UNSEEN, build_bundle
 
 SEQUENCES = [[1], [2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [3, 0, 4], [7, 7, 7, 7]]
@@ -147,3 +148,44 @@ def test_a_folding_that_does_not_match_is_not_used(
     assert bundle.encoder_kernel == "onnx"
     assert "off the ONNX model" in caplog.text and str(bundle_dir / ENCODER_FILE) in caplog.text
     assert bundle.search(QUESTIONS[3], k=1).hits[0].question_id == QIDS[3]
+
+
+def exported_static(tmp_path: Path, **kwargs: object) -> Path:
+    from qpr.model.static import StaticEncoder
+
+    torch.manual_seed(0)
+    encoder = StaticEncoder(40, embedding_dim=8, output_dim=5, **kwargs)
+    with torch.no_grad():  # a trained-looking projection, not the identity it starts as
+        encoder.projection.weight.normal_()
+        encoder.projection.bias.normal_()
+    path = tmp_path / "query_encoder.onnx"
+    export_onnx(encoder, path, metadata={"vocab_sha256": "x", "max_len": "16"})
+    return path
+
+
+def test_static_hand_computed() -> None:
+    # table rows v·[1, 10]; question [1, 2, 0]: mean of rows 1 and 2 (padding left out)
+    # = [1.5, 15], plus bias [1, -1]
+    table = np.array([[0.0, 0.0], [1.0, 10.0], [2.0, 20.0]], np.float32)
+    folded = FoldedStatic(table=table, bias=np.array([1.0, -1.0], np.float32), normalize=False)
+    np.testing.assert_allclose(folded.encode([[1, 2, 0]])[0], [2.5, 14.0], rtol=1e-6)
+    np.testing.assert_allclose(folded.encode([[0]])[0], [1.0, -1.0])  # only padding: the bias
+    with pytest.raises(ValueError, match="token ids must be in"):
+        folded.encode([[3]])
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["unit vectors", "raw"])
+def test_static_student_matches_the_onnx_model(tmp_path: Path, normalize: bool) -> None:
+    path = exported_static(tmp_path, normalize=normalize)
+    assert fold_cnn(path) is None  # not a CNN
+    folded = fold_static(path)
+    assert folded is not None and folded.normalize == normalize
+    sequences = [*SEQUENCES, [0, 0]]
+    assert folded.matches(onnx_vectors(path, sequences), sequences) < 1e-5
+    one_by_one = np.vstack([folded.encode([s]) for s in sequences])
+    np.testing.assert_array_equal(folded.encode(sequences), one_by_one)
+    assert isinstance(checked_fold(path, load_session(path, threads=1), 16), FoldedStatic)
+
+
+def test_a_cnn_is_not_folded_as_a_static_student(tmp_path: Path) -> None:
+    assert fold_static(exported(tmp_path)) is None

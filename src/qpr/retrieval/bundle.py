@@ -10,13 +10,13 @@ another encoder width, an id map or question table of another index. Such a mix 
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
 Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call (or,
-loaded with ``fold_encoder``, the CNN's lookup tables, `qpr.retrieval.folded`) → one FAISS
-search; with fusion also BM25 over the question's words (on a worker thread, started before
-the encoder runs, so it overlaps encoding and the FAISS search on a second core), the two
-candidate lists fused (`qpr.retrieval.fusion`) and the distances of the kept rows computed
-from the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow and (for a
-transformer bundle) tokenizers; torch and transformers are never imported (a service image
-need not ship them, and importing torch costs seconds and ~0.5 GB).
+loaded with ``fold_encoder``, a CNN's or static student's tables, `qpr.retrieval.folded`) →
+one FAISS search; with fusion also BM25 over the question's words (on a worker thread,
+started before the encoder runs, so it overlaps encoding and the FAISS search on a second
+core), the two candidate lists fused (`qpr.retrieval.fusion`) and the distances of the kept
+rows computed from the stored vectors. Dependencies are numpy, onnxruntime, faiss, pyarrow
+and (for a transformer bundle) tokenizers; torch and transformers are never imported (a
+service image need not ship them, and importing torch costs seconds and ~0.5 GB).
 
 Distances are FAISS's L2 distances, i.e. *squared* euclidean distances between embeddings
 (smaller = closer), in the same units as the threshold the evaluate stage picks.
@@ -286,7 +286,8 @@ class Bundle:
             Ignored for other indexes.
         fold_encoder: encode with the CNN's embedding folded into its convolution
             (`qpr.retrieval.folded`: 8x less time a question, w·V·C float32 more memory,
-            0.7-1.0 s more to load for Quora's vocabulary), once the folded tables reproduced
+            0.7-1.0 s more to load for Quora's vocabulary), or a static query student's
+            projection folded into its table (7x less), once the folded tables reproduced
             the ONNX model on probe questions. Other encoders, or a mismatch (logged),
             keep ONNX Runtime; `encoder_kernel` says which one encodes.
 
@@ -374,8 +375,9 @@ class Bundle:
 
     @property
     def encoder_kernel(self) -> str:
-        """ "folded" (the CNN's lookup tables, `qpr.retrieval.folded`), "onnx-int8" (ONNX
-        Runtime, the int8 query encoder, `qpr.model.quantize`) or "onnx" (ONNX Runtime)."""
+        """ "folded" (a CNN's or a static student's tables, `qpr.retrieval.folded`),
+        "onnx-int8" (ONNX Runtime, the int8 query encoder, `qpr.model.quantize`) or "onnx"
+        (ONNX Runtime)."""
         if self._folded is not None:
             return "folded"
         return "onnx-int8" if self._int8_queries else "onnx"

@@ -19,8 +19,13 @@ another order, the vectors differ from ONNX Runtime's by float rounding (on 1,26
 questions at most 1.6e-6 of the largest value). Every row is summed in the same order
 whatever the batch, so a batch encodes exactly as its questions one by one.
 
+A static query student (`qpr.model.static`: the mean of word-piece vectors, then a linear
+map) folds the same way, further: the mean commutes with the projection, so one table
+T = E · Wᵀ [V, D] holds every piece's projected vector, and a question is the mean of its
+rows plus the bias (`FoldedStatic`): a gather and a sum, no matrix product a query.
+
 Arrays: token ids int64 (0 = padding: no contribution, not pooled, as in the graph),
-tables float32 [w, V, C], vectors float32 [N, D].
+tables float32 [w, V, C] (a static student's [V, D]), vectors float32 [N, D].
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ _CNN_NODES = {
     "Slice", "Tanh", "Where", "ReduceMax", "Concat", "Gemm",
 }  # fmt: skip
 _NORMALIZE_NODES = {"ReduceL2", "Clip", "Expand", "Shape", "Div"}  # F.normalize's export
+_STATIC_NODES = {
+    "Constant", "Equal", "Not", "Gather", "Unsqueeze", "Cast", "Mul", "ReduceSum", "Clip",
+    "Div", "Gemm", "Expand", "Shape",
+}  # fmt: skip
+_STATIC_WEIGHTS = {"embedding.weight", "projection.weight", "projection.bias"}
 
 
 @numba.njit(nogil=True, cache=True)
@@ -88,6 +98,17 @@ def _pooled(
 
 
 @numba.njit(nogil=True, cache=True)
+def _unit(row: np.ndarray) -> None:
+    """Divide a float32 row by its L2 norm (at least 1e-12), in place, summed in order."""
+    norm = np.float32(0.0)
+    for d in range(row.size):
+        norm += row[d] * row[d]
+    norm = max(np.sqrt(norm), np.float32(1e-12))
+    for d in range(row.size):
+        row[d] /= norm
+
+
+@numba.njit(nogil=True, cache=True)
 def _projected(
     h: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, normalize: bool
 ) -> np.ndarray:
@@ -107,12 +128,7 @@ def _projected(
             for d in range(dims):
                 row[d] += w[d] * x
         if normalize:
-            norm = np.float32(0.0)
-            for d in range(dims):
-                norm += row[d] * row[d]
-            norm = max(np.sqrt(norm), np.float32(1e-12))
-            for d in range(dims):
-                row[d] /= norm
+            _unit(row)
     return out
 
 
@@ -133,8 +149,91 @@ def _encoded(
     return _projected(pooled, weight_t, projection_bias, normalize)
 
 
+@numba.njit(nogil=True, cache=True)
+def _mean_rows(
+    ids: np.ndarray, lengths: np.ndarray, table: np.ndarray, bias: np.ndarray, normalize: bool
+) -> np.ndarray:
+    """float32 [N, D]: the mean of each question's table rows (padding left out, as the
+    graph masks it) plus bias, L2-normalised when asked. Every row is summed in token
+    order whatever N, so a batch encodes exactly as its questions one by one."""
+    n, vocab, dims = ids.shape[0], table.shape[0], table.shape[1]
+    for i in range(n):
+        for t in range(lengths[i]):
+            if ids[i, t] < 0 or ids[i, t] >= vocab:
+                raise ValueError("token ids must be in [0, vocabulary size)")
+    out = np.empty((n, dims), np.float32)
+    for i in range(n):
+        row = out[i]
+        row[:] = 0.0
+        count = 0
+        for t in range(lengths[i]):
+            token = ids[i, t]
+            if token == 0:
+                continue
+            count += 1
+            source = table[token]
+            for d in range(dims):
+                row[d] += source[d]
+        scale = np.float32(1.0) / np.float32(max(count, 1))
+        for d in range(dims):
+            row[d] = row[d] * scale + bias[d]
+        if normalize:
+            _unit(row)
+    return out
+
+
+def _padded(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int64 [N, L], lengths int64 [N]) of unpadded token-id lists."""
+    if len(sequences) == 1:  # the service's path: no padding to build
+        ids = np.asarray(sequences, dtype=np.int64).reshape(1, -1)
+        return ids, np.full(1, ids.shape[1], np.int64)
+    longest = max((len(s) for s in sequences), default=0)
+    ids = np.zeros((len(sequences), max(longest, 1)), np.int64)
+    for i, tokens in enumerate(sequences):
+        ids[i, : len(tokens)] = tokens
+    return ids, np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+
+
+class _Folded:
+    """What every folded encoder offers beside `encode`: its agreement with the graph."""
+
+    def encode(self, sequences: list[list[int]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def matches(self, reference: np.ndarray, sequences: list[list[int]]) -> float:
+        """The largest |difference| between `encode(sequences)` and the reference vectors
+        (float32 [N, D], the ONNX model's), relative to the largest |reference value|."""
+        mine = self.encode(sequences)
+        scale = max(float(np.abs(reference).max()), 1e-12)
+        return float(np.abs(mine - reference).max()) / scale
+
+
 @dataclass(frozen=True)
-class FoldedCNN:
+class FoldedStatic(_Folded):
+    """A static query student as one table of projected word-piece vectors."""
+
+    table: np.ndarray  # float32 [V, D]: embedding · projection weightᵀ
+    bias: np.ndarray  # float32 [D]
+    normalize: bool
+    kind: str = "static"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def encode(self, sequences: list[list[int]]) -> np.ndarray:
+        """float32 [N, D] for N questions' token ids (unpadded; zeros are padding).
+        ValueError for an id outside [0, vocab_size)."""
+        ids, lengths = _padded(sequences)
+        return _mean_rows(ids, lengths, self.table, self.bias, self.normalize)
+
+
+@dataclass(frozen=True)
+class FoldedCNN(_Folded):
     """The CNN encoder as lookup tables (one per convolution) and its projection."""
 
     tables: tuple[np.ndarray, ...]  # float32 [w, V, c] each
@@ -143,6 +242,7 @@ class FoldedCNN:
     projection_t: np.ndarray  # float32 [C, D]: the projection's weight, transposed
     projection_bias: np.ndarray  # float32 [D]
     normalize: bool
+    kind: str = "cnn"
 
     @property
     def vocab_size(self) -> int:
@@ -155,15 +255,7 @@ class FoldedCNN:
     def encode(self, sequences: list[list[int]]) -> np.ndarray:
         """float32 [N, D] for N questions' token ids (unpadded; zeros are padding).
         ValueError for an id outside [0, vocab_size)."""
-        if len(sequences) == 1:  # the service's path: no padding to build
-            ids = np.asarray(sequences, dtype=np.int64).reshape(1, -1)
-            lengths = np.full(1, ids.shape[1], np.int64)
-        else:
-            longest = max((len(s) for s in sequences), default=0)
-            ids = np.zeros((len(sequences), max(longest, 1)), np.int64)
-            for i, tokens in enumerate(sequences):
-                ids[i, : len(tokens)] = tokens
-            lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+        ids, lengths = _padded(sequences)
         if len(self.tables) == 1:
             return _encoded(
                 ids,
@@ -181,13 +273,6 @@ class FoldedCNN:
         ]
         h = np.concatenate(pooled, axis=1)  # one block of channels per window, in order
         return _projected(h, self.projection_t, self.projection_bias, self.normalize)
-
-    def matches(self, reference: np.ndarray, sequences: list[list[int]]) -> float:
-        """The largest |difference| between `encode(sequences)` and the reference vectors
-        (float32 [N, D], the ONNX model's), relative to the largest |reference value|."""
-        mine = self.encode(sequences)
-        scale = max(float(np.abs(reference).max()), 1e-12)
-        return float(np.abs(mine - reference).max()) / scale
 
 
 def fold_cnn(onnx_path: str | Path) -> FoldedCNN | None:
@@ -230,12 +315,33 @@ def fold_cnn(onnx_path: str | Path) -> FoldedCNN | None:
     )
 
 
-def checked_fold(onnx_path: Path, session: Any, max_len: int) -> FoldedCNN | None:
-    """The folded CNN when the encoder is one and the tables reproduce the ONNX output
+def fold_static(onnx_path: str | Path) -> FoldedStatic | None:
+    """The folded encoder of a static student exported by `qpr.model.onnx.export_onnx`
+    (`qpr.model.static`); None for a graph that is not one."""
+    model = onnx.load(str(onnx_path))
+    ops = {node.op_type for node in model.graph.node}
+    weights = {w.name: numpy_helper.to_array(w) for w in model.graph.initializer}
+    if not ops <= _STATIC_NODES | _NORMALIZE_NODES or set(weights) != _STATIC_WEIGHTS:
+        return None
+    embedding = weights["embedding.weight"].astype(np.float64)
+    projection = weights["projection.weight"].astype(np.float64)
+    # float64 product, one rounding to float32: the table is as exact as float32 allows.
+    table = (embedding @ projection.T).astype(np.float32)
+    table[0] = 0.0  # [PAD] is masked out by the graph; never summed here either
+    return FoldedStatic(
+        table=np.ascontiguousarray(table),
+        bias=weights["projection.bias"].astype(np.float32),
+        normalize="ReduceL2" in ops,
+    )
+
+
+def checked_fold(onnx_path: Path, session: Any, max_len: int) -> FoldedCNN | FoldedStatic | None:
+    """The folded encoder (a CNN's tables, or a static student's one table) when the
+    encoder is one of these and the tables reproduce the ONNX output
     (`session`, an ONNX Runtime session of `onnx_path`) on probe questions: random word ids
     of 1 .. max_len tokens, one with padding inside. None (logged) otherwise. The caller
     has matched the vocabulary with the one the encoder was exported with."""
-    folded = fold_cnn(onnx_path)
+    folded = fold_cnn(onnx_path) or fold_static(onnx_path)
     if folded is None:
         return None
     rng = np.random.default_rng(0)
@@ -256,8 +362,9 @@ def checked_fold(onnx_path: Path, session: Any, max_len: int) -> FoldedCNN | Non
         )
         return None
     log.info(
-        "%s: encoding with the CNN folded into lookup tables (%.0f MB)",
+        "%s: encoding with the %s folded into lookup tables (%.0f MB)",
         onnx_path,
+        "CNN" if folded.kind == "cnn" else "static student",
         folded.nbytes / 1e6,
     )
     return folded
