@@ -337,9 +337,15 @@ def indexes_used(results: dict[str, Any]) -> str:
 
 
 def base_settings(data: Path, seed: int):
-    from qpr.config import load_settings
+    import yaml
 
-    raw = load_settings(REPO / "params.yaml").model_dump(mode="json")
+    from qpr.config import settings_from_dict
+
+    # The paper's system: params.yaml with model.encoder cnn, so its `auto` keys take the
+    # CNN's values (qpr.config.FAMILY_DEFAULTS); the product default has rows of its own.
+    tree = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    tree["model"]["encoder"] = "cnn"
+    raw = settings_from_dict(tree).model_dump(mode="json")
     raw["seed"] = seed
     raw["data"]["source"] = "quora"
     raw["data"]["path"] = str(data)
@@ -466,6 +472,45 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
     }
 
 
+def project_row(root: Path, cluster_dir: Path) -> dict[str, Any]:
+    """A row of a project built by the pipeline itself: its stages' metrics files, the
+    params it ran with (config.params), its bundle's latency and sizes measured here. It
+    must hold this benchmark's split: the same test questions, in the same order."""
+    import pandas as pd
+
+    from qpr.config import load_settings
+
+    def read(name: str) -> dict[str, Any]:
+        path = root / "metrics" / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    mine = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
+    theirs = pd.read_parquet(
+        root / "artifacts" / "cluster" / "questions.parquet", columns=["text", "split"]
+    )
+    if not mine.equals(theirs):
+        raise SystemExit(f"{root}: its clusters are not this benchmark's split")
+    settings = load_settings(root / "params.yaml")
+    evaluate = read("evaluate")
+    train = read("train")
+    test = mine.loc[mine["split"] == "test", "text"].tolist()[:550]
+    return {
+        "train": train,
+        "student": read("student"),
+        "train_wall_seconds": train.get("train_seconds", 0.0),
+        "export": read("export"),
+        "index": read("index"),
+        "evaluate": evaluate,
+        "config": {
+            "params": settings.model_dump(mode="json"),
+            "index": index_config(settings),
+            "project": str(root),
+        },
+        "query_latency": query_latency(root / "models", test),
+        "sizes": bundle_sizes(root / "models"),
+    }
+
+
 def index_config(settings) -> dict[str, Any]:
     """What decides a row's index: rows with another index are measured again."""
     cfg = settings.index
@@ -541,7 +586,9 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
             + (" / ".join(f"{v:.4f}" for v in paper) if paper else "")
             + " |"
         )
-        overrides = row.get("config", {}).get("overrides", {})
+        config = row.get("config", {})
+        # A project's row carries its whole params; the others, their overrides.
+        overrides = config.get("overrides", config.get("params", {}))
         transformer = overrides.get("model", {}).get("encoder") == "transformer"
         for baseline, values in ev.get("baselines", {}).items():
             label = baseline
@@ -770,6 +817,16 @@ def main() -> None:
         "is run (--rows only names the rows the table lists as planned)",
     )
     parser.add_argument(
+        "--project",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a row from a project the pipeline built on this Quora file with this seed "
+        "(`dvc repro` or `python -m flows.stage ...`, e.g. the product default of "
+        "params.yaml): its stages' metrics, its params, and the query latency of its bundle "
+        "measured here; no row is trained",
+    )
+    parser.add_argument(
         "--replace",
         action="store_true",
         help="with --merge: a merged row replaces --out's row of the same name (a row "
@@ -870,6 +927,15 @@ def main() -> None:
         results["written"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
         write_outputs(args.out, results, protocol)
         return  # merging only rewrites the outputs; run rows in a call without --merge
+    if args.project:
+        for spec in args.project:
+            name, _, folder = spec.partition("=")
+            results["rows"][name] = project_row(Path(folder), cluster_dir)
+            results["planned"] = list(dict.fromkeys([*results["planned"], name]))
+            log(f"{name}: test P@1 {results['rows'][name]['evaluate']['success_1']:.4f}")
+        results["written"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        write_outputs(args.out, results, protocol)
+        return
     import pandas as pd
 
     test = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])

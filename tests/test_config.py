@@ -5,6 +5,8 @@ import yaml
 
 from qpr.config import Settings, SettingsError, load_settings, settings_from_dict
 
+REPO_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
 
 def test_project_params_file_is_valid():
     settings = load_settings(Path(__file__).resolve().parents[1] / "params.yaml")
@@ -82,3 +84,31 @@ def test_rerank_is_off_by_default_and_checked() -> None:
     for key, value in (("top", 0), ("negatives", 0), ("lr", 0.0), ("int8_max_accuracy_drop", 2)):
         with pytest.raises(SettingsError, match=f"rerank.{key}"):
             settings_from_dict({"rerank": {key: value}})
+
+
+def test_auto_keys_take_the_encoder_family_values() -> None:
+    """params.yaml is the product; one switch (-S model.encoder=cnn) is the paper's CNN
+    with the paper's training settings; an explicit value still wins."""
+    from qpr.config import FAMILY_DEFAULTS
+
+    product = load_settings(REPO_PARAMS)
+    assert product.model.encoder == "transformer" and product.student.enabled
+    assert (product.train.max_epochs, product.model.normalize) == (0, True)
+    raw = yaml.safe_load(REPO_PARAMS.read_text())
+    raw["model"]["encoder"] = "cnn"
+    paper = settings_from_dict(raw)
+    for dotted, values in FAMILY_DEFAULTS.items():
+        assert _get(paper, dotted) == values["cnn"], dotted
+        assert _get(product, dotted) == values["transformer"], dotted
+    assert not paper.student.enabled and paper.train.lr == 1e-3
+    # the typed defaults are the paper's CNN; an explicit value wins over `auto`
+    assert settings_from_dict({}).model.encoder == "cnn"
+    mine = settings_from_dict({"model": {"encoder": "transformer"}, "train": {"lr": 1e-4}})
+    assert mine.train.lr == 1e-4 and mine.model.normalize
+
+
+def _get(settings, dotted: str):
+    value = settings
+    for name in dotted.split("."):
+        value = getattr(value, name)
+    return value

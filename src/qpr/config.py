@@ -2,10 +2,17 @@
 
 Unknown keys and wrong types are errors (with the dotted key named), so a typo in
 params.yaml or in `dvc exp run -S key=value` fails before any work starts.
+
+A few keys depend on the encoder family (`FAMILY_DEFAULTS`): left out, or set to `auto`,
+they take model.encoder's value. So `dvc exp run -S model.encoder=cnn` is the paper's
+CNN with the paper's training settings, in one switch, and an explicit value still wins.
+The typed defaults are the paper's CNN (tests and benchmarks shrink or vary them);
+params.yaml, the project's own, is the product: the packaged transformer and its student.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
@@ -15,6 +22,48 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qpr.errors import QPRError
+
+AUTO = "auto"
+
+# The value an `auto` (or absent) key takes, by model.encoder. cnn: the paper's CNN trained
+# from scratch (section 2.1.1; SDML ε 0.3, N 512). transformer: the packaged sentence
+# encoder indexes the questions as it ships (train.max_epochs 0; fine-tuning on 2 cores
+# takes ~12 min an epoch on the embedded logs), unit vectors, queries through a static
+# student trained into its space (docs/models.md: The product default).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model.normalize": {"cnn": False, "transformer": True},
+    "train.smoothing": {"cnn": 0.3, "transformer": 0.0},
+    "train.scale": {"cnn": 1.0, "transformer": 10.0},
+    "train.batch_size": {"cnn": 512, "transformer": 64},
+    "train.lr": {"cnn": 1e-3, "transformer": 3e-5},
+    "train.max_epochs": {"cnn": 10, "transformer": 0},
+    "index.encode_batch_size": {"cnn": 1024, "transformer": 64},
+    "student.enabled": {"cnn": False, "transformer": True},
+}
+
+
+def resolve_family_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a params tree with every absent or `auto` key of FAMILY_DEFAULTS set to
+    its model.encoder's value (the typed default encoder when model.encoder is absent)."""
+    tree = copy.deepcopy(dict(raw))
+    model = tree.get("model")
+    encoder = (
+        model.get("encoder", ModelSettings.model_fields["encoder"].default)
+        if isinstance(model, Mapping)
+        else ModelSettings.model_fields["encoder"].default
+    )
+    for dotted, values in FAMILY_DEFAULTS.items():
+        *parents, key = dotted.split(".")
+        node = tree
+        for name in parents:
+            child = node.setdefault(name, {})
+            if not isinstance(child, dict):
+                break  # a wrong type: the section's own validation names it
+            node = child
+        else:
+            if node.get(key, AUTO) == AUTO and encoder in values:
+                node[key] = values[encoder]
+    return tree
 
 
 class _Section(BaseModel):
@@ -178,6 +227,9 @@ class StudentSettings(_Section):
     negatives_skip: int = Field(0, ge=0)  # leave out the nearest (unlabelled paraphrases)
     negatives_window: int = Field(10, ge=1)  # draw among the next `window`
     unlabelled: bool = True  # also align questions in no cluster (val / test: never)
+    # Share of words given a typo in a seeded copy of each question; half of a step's
+    # queries are read typo'd (qpr.training.distill). 0: queries as typed only.
+    noise: float = Field(0.0, ge=0.0, le=1.0)
     batch_size: int = Field(256, ge=2)
     lr: float = Field(2e-3, gt=0.0)
     max_epochs: int = Field(10, ge=1)
@@ -185,6 +237,9 @@ class StudentSettings(_Section):
     val_queries: int = Field(2000, ge=1)  # validation questions searched each epoch
     probe: int = Field(32, ge=4)  # questions whose vectors the bundle checks at load
     threads: int = Field(2, ge=1)
+    # A safety stop, not a schedule: a run cut by it records stopped_by_budget in
+    # metrics/student.json and says its model depends on the machine's speed.
+    time_budget_s: float | None = Field(None, gt=0.0)
 
     @field_validator("windows")
     @classmethod
@@ -192,11 +247,6 @@ class StudentSettings(_Section):
         if not value or any(w < 1 for w in value):
             raise ValueError(f"windows must be a non-empty list of sizes >= 1, got {value}")
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_time_budget(cls, values: Any) -> Any:
-        return _refuse_time_budget(values, "student", "student.max_epochs (and patience)")
 
 
 class ExportSettings(_Section):
@@ -432,8 +482,9 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def settings_from_dict(raw: dict[str, Any]) -> Settings:
+    """Validated settings of a params tree, `auto` keys resolved (FAMILY_DEFAULTS)."""
     try:
-        return Settings.model_validate(raw)
+        return Settings.model_validate(resolve_family_defaults(raw))
     except ValidationError as err:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()

@@ -1,6 +1,6 @@
-"""The student stage on a tiny synthetic run: the packaged MiniLM as document encoder (not
-trained, train.max_epochs 0), a query student trained into its space, and the asymmetric
-bundle that the evaluate stage and `Bundle` then serve."""
+"""The product default end to end on a tiny synthetic run: the packaged MiniLM as document
+encoder (not trained: train.max_epochs auto is 0), a query student trained into its space,
+and the asymmetric bundle that the evaluate stage and `Bundle` then serve."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from qpr.paths import ProjectPaths
 from qpr.retrieval.bundle import Bundle, BundleError
 from tests.conftest import tiny_overrides
 
-MODEL = {"encoder": "transformer", "normalize": True, "transformer": {"max_len": 32}}
-INDEX = {"factory": "Flat", "threads": 2, "encode_batch_size": 64}
-STUDENT = {"enabled": True, "max_epochs": 3, "batch_size": 64, "val_queries": 200, "probe": 16}
+# The product default (params.yaml): the family keys left `auto` (qpr.config).
+MODEL = {"encoder": "transformer", "normalize": "auto", "transformer": {"max_len": 32}}
+INDEX = {"factory": "Flat", "threads": 2}
+STUDENT = {"enabled": "auto", "max_epochs": 3, "batch_size": 64, "val_queries": 200, "probe": 16}
 
 
 def _settings(tmp_path: Path, **student):
@@ -30,7 +31,7 @@ def _settings(tmp_path: Path, **student):
         tiny_overrides(
             tmp_path,
             model=MODEL,
-            train={"max_epochs": 0, "threads": 2},
+            train={"max_epochs": "auto", "threads": 2},
             export={"sample": 48},
             index=INDEX,
             student={**STUDENT, **student},
@@ -67,6 +68,9 @@ def test_the_student_moves_toward_the_document_encoder_and_is_served(asymmetric)
     from qpr.pipeline.evaluate import run_evaluate
 
     settings, paths, metrics = asymmetric
+    # `auto` took the transformer's values: packaged weights, unit vectors, a student
+    assert settings.train.max_epochs == 0 and settings.model.normalize
+    assert settings.student.enabled and settings.index.encode_batch_size == 64
     assert metrics["val_cosine"] > metrics["initial_val_cosine"] + 0.01
     assert metrics["val_mrr"] >= metrics["initial_val_mrr"]
     assert metrics["parity_max_abs_diff"] < settings.export.parity_tolerance
@@ -136,3 +140,25 @@ def test_the_registry_stores_the_student_with_the_bundle(asymmetric, tmp_path: P
     bundle = Bundle.load(staged)
     assert bundle.asymmetric
     assert bundle.fingerprint == Bundle.load(paths.models_dir).fingerprint
+
+
+@pytest.mark.slow
+def test_a_student_stopped_by_its_budget_says_so(asymmetric, tmp_path: Path) -> None:
+    """A budget is a safety stop, never silent: the cut run warns before its gate, and a
+    student cut after one batch is far from the document space, so the gate refuses it."""
+    from qpr.pipeline.student import run_student
+    from qpr.quality.gate import GateFailed
+
+    _, paths, _ = asymmetric
+    root = tmp_path / "project"
+    for part in ("artifacts/cluster", "models"):
+        shutil.copytree(paths.root / part, root / part)
+    served = (root / "models" / STUDENT_FILE).read_bytes()
+    settings = _settings(root, time_budget_s=1e-6, max_epochs=5)
+    lines: list[str] = []
+    with pytest.raises(GateFailed, match="probe_cosine"):
+        run_student(settings, ProjectPaths(root), log=lines.append)
+    warning = [line for line in lines if "student.time_budget_s" in line]
+    assert warning and warning[0].startswith("WARNING") and "after epoch 1" in warning[0]
+    assert "another model" in warning[0]
+    assert (root / "models" / STUDENT_FILE).read_bytes() == served  # nothing replaced

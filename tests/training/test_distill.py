@@ -116,13 +116,14 @@ def test_patience_stops_the_student(tmp_path: Path) -> None:
     assert result.stopped_early and result.last_epoch == result.best_epoch + 1 < 30
 
 
-def test_the_config_comes_from_the_settings_and_a_time_budget_is_refused() -> None:
+def test_the_config_comes_from_the_settings() -> None:
     settings = settings_from_dict({"seed": 5, "student": {"max_epochs": 4, "patience": 3}})
     config = StudentConfig.from_settings(settings)
     assert (config.seed, config.max_epochs, config.patience, config.monitor) == (5, 4, 3, "val_mrr")
     assert config.batch_size == settings.student.batch_size and config.lr == settings.student.lr
-    with pytest.raises(ValueError, match=r"student.time_budget_s was removed.*student.max_epochs"):
-        settings_from_dict({"student": {"time_budget_s": 900}})
+    assert config.time_budget_s is None  # no budget unless asked for
+    budgeted = settings_from_dict({"student": {"time_budget_s": 900}})
+    assert StudentConfig.from_settings(budgeted).time_budget_s == 900
 
 
 def test_negatives_skip_self_cluster_and_forbidden_rows() -> None:

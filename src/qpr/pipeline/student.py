@@ -23,6 +23,7 @@ models/student/student.json saying so and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -95,9 +96,20 @@ def run_student(
     documents = stored_vectors(index)  # what queries are searched against, row for row
     tokens, _ = pad_sequences([vocab.encode(t) for t in questions["text"]], max_len=max_len)
     data = _student_data(settings, index, questions, pairs, tokens, documents, log)
+    if cfg.noise > 0:
+        noisy = _noisy_tokens(settings, vocab, questions, width=tokens.shape[1])
+        data = dataclasses.replace(data, noisy=noisy)
     student = _build(settings, teacher, vocab, documents.shape[1], log)
     del teacher
     result = _train(settings, paths, student, data, log)
+    if result.stopped_by_budget:
+        # Loud on purpose: where the cut fell depends on this machine's speed and load.
+        log(
+            f"WARNING: the student was stopped by student.time_budget_s="
+            f"{cfg.time_budget_s:g} after epoch {result.last_epoch}, not by its epochs or "
+            "validation: the same command may give another model (recorded as "
+            "stopped_by_budget in metrics/student.json)"
+        )
     staging = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -112,6 +124,7 @@ def run_student(
             "kind": cfg.kind,
             "best_epoch": result.best_epoch,
             "epochs": len(result.history),
+            "stopped_by_budget": int(result.stopped_by_budget),
             "val_mrr": result.best["val_mrr"],
             "val_cosine": result.best["val_cosine"],
             "initial_val_mrr": result.initial["val_mrr"],
@@ -186,6 +199,20 @@ def _student_data(
     rng = np.random.default_rng(settings.seed)
     val_rows = np.sort(rng.choice(val, size=min(cfg.val_queries, val.size), replace=False))
     return StudentData(tokens, documents, pair_rows, negatives, align_rows, val_rows, cluster_ids)
+
+
+def _noisy_tokens(
+    settings: Settings, vocab: Any, questions: pd.DataFrame, *, width: int
+) -> np.ndarray:
+    """int64 [N, width]: every question with student.noise of its words typo'd (seeded),
+    as word-piece ids padded (or cut) to the clean tokens' width. Val / test rows are
+    made too but never read."""
+    from qpr.text.noise import typos
+    from qpr.text.vocab import pad_sequences
+
+    texts = typos(questions["text"].tolist(), settings.student.noise, seed=settings.seed)
+    noisy, _ = pad_sequences([vocab.encode(t) for t in texts], max_len=width)
+    return np.pad(noisy, ((0, 0), (0, width - noisy.shape[1])))
 
 
 def _build(

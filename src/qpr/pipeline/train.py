@@ -172,10 +172,13 @@ def run_train(
     if result.resumed_from_epoch is not None:
         log(f"resumed from the checkpoint of epoch {result.resumed_from_epoch}")
     if result.stopped_by_budget:
+        # Loud on purpose: where the cut fell depends on this machine's speed and load.
         log(
-            f"stopped by train.time_budget_s={train.time_budget_s:g} after epoch "
+            f"WARNING: stopped by train.time_budget_s={train.time_budget_s:g} after epoch "
             f"{result.last_epoch}"
             + (" (cut short)" if result.history[-1].get("cut_by_budget") else "")
+            + ", not by its epochs or validation: the same command may give another model "
+            "(stopped_by_budget in metrics/train.json)"
         )
 
     # train.max_epochs 0 keeps the encoder as built: an empty history, nothing trained.

@@ -8,6 +8,11 @@ call, and scores them against the documents' fixed vectors
 (`qpr.model.losses.alignment`). Validation searches every document exactly with a seeded
 sample of validation questions (MRR@10, a paraphrase = same cluster).
 
+With `noisy` tokens (each row's question with seeded typos, `qpr.text.noise`), each
+query of a step is read as typed or as typo'd, a coin flip from the batch generator:
+the student learns to put a misspelt question where the document encoder put the clean
+one. The documents stay clean: the index holds what was typed in the logs.
+
 `train_student` runs it through qpr.training.loop.fit: epochs, early stopping on the
 validation MRR (patience), the best epoch's weights kept, checkpoints every epoch. The
 batch order comes from one numpy Generator seeded once and drawn epoch after epoch; its
@@ -43,7 +48,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StudentConfig(LoopConfig):
     """The student's run (params.yaml `student`): batch size, lr and seed make the run;
-    epochs and patience stop it (early stopping on the validation MRR)."""
+    epochs and patience stop it (early stopping on the validation MRR), and a time budget
+    only as a safety stop that is recorded."""
 
     MONITORS: ClassVar[tuple[str, ...]] = ("val_mrr", "val_cosine")
 
@@ -54,6 +60,8 @@ class StudentConfig(LoopConfig):
     patience: int = 2
     monitor: str = "val_mrr"
     threads: int | None = 2
+    # A safety stop (qpr.training.loop): a cut run says so (TrainResult.stopped_by_budget).
+    time_budget_s: float | None = fingerprint_field(None)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, progress: bool = False) -> StudentConfig:
@@ -66,6 +74,7 @@ class StudentConfig(LoopConfig):
             max_epochs=student.max_epochs,
             patience=student.patience,
             threads=student.threads,
+            time_budget_s=student.time_budget_s,
             progress=progress,
         )
 
@@ -83,17 +92,13 @@ class StudentData:
     align_rows: np.ndarray
     val_rows: np.ndarray
     cluster_ids: np.ndarray
+    noisy: np.ndarray | None = None
 
     def digest(self) -> str:
-        return digest(
-            self.tokens,
-            self.documents,
-            self.pairs,
-            self.negatives,
-            self.align_rows,
-            self.val_rows,
-            self.cluster_ids,
-        )
+        arrays = [self.tokens, self.documents, self.pairs, self.negatives]
+        arrays += [self.align_rows, self.val_rows, self.cluster_ids]
+        # Without noise the digest is what it was, so older checkpoints still resume.
+        return digest(*arrays, *([] if self.noisy is None else [self.noisy]))
 
 
 def pick_negatives(
@@ -185,26 +190,33 @@ class StudentStep:
             "data": self.data.digest(),
         }
 
-    def batches(self, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(pair indices, aligned rows) per step, from this epoch's two permutations."""
+    def batches(self, epoch: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """(pair indices, aligned rows, which queries are typo'd) per step, from this
+        epoch's two permutations (and, with noisy tokens, one coin flip a query)."""
         data, batch = self.data, self.config.batch_size
         pair_order = self.rng.permutation(len(data.pairs))
         align_order = self.rng.permutation(data.align_rows)
         steps = -(-(len(data.pairs) or len(data.align_rows)) // batch)
-        return [
-            (
-                pair_order[step * batch : (step + 1) * batch],
-                np.take(align_order, np.arange(step * batch, (step + 1) * batch), mode="wrap"),
-            )
-            for step in range(steps)
-        ]
+        out = []
+        for step in range(steps):
+            pick = pair_order[step * batch : (step + 1) * batch]
+            aligned = np.take(align_order, np.arange(step * batch, (step + 1) * batch), mode="wrap")
+            # Drawn only with noise, so a run without it draws the batches it always drew.
+            flips = None if data.noisy is None else self.rng.random(len(pick) + len(aligned)) < 0.5
+            out.append((pick, aligned, flips))
+        return out
 
-    def batch_loss(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, int]:
-        pick, aligned = batch
+    def batch_loss(
+        self, batch: tuple[np.ndarray, np.ndarray, np.ndarray | None]
+    ) -> tuple[torch.Tensor, int]:
+        pick, aligned, flips = batch
         data, documents = self.data, self.documents
         anchors, positives = data.pairs[pick, 0], data.pairs[pick, 1]
         rows = np.concatenate([anchors, aligned])
-        vectors = self.model(_trimmed(data.tokens[rows]))
+        tokens = data.tokens[rows]
+        if flips is not None:
+            tokens = np.where(flips[:, None], data.noisy[rows], tokens)
+        vectors = self.model(_trimmed(tokens))
         doc_rows = np.concatenate([positives, data.negatives[pick].reshape(-1)])
         loss = self.loss(
             vectors,
