@@ -153,6 +153,19 @@ def test_quora_file(project, tmp_path: Path) -> None:
     assert all(len(docs) == 5 for docs in result.systems["encoder"].run.values())
 
 
+def test_max_queries_samples_the_queries_not_the_index(project, tmp_path: Path) -> None:
+    data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)
+    capped = _evaluate(project, data, tmp_path, max_queries=3)
+    counts = capped.summary["counts"]
+    assert (counts["queries"], counts["queries_before_cap"], counts["index_size"]) == (3, 7, 9)
+    assert all(s["num_queries"] == 3 for s in capped.summary["systems"].values())
+    qrels = {q: set(docs) for q, docs in capped.queries.qrels.items()}
+    assert qrels == {q: QUORA_CLUSTERS[q] for q in qrels}  # whole clusters stay relevant
+    _check_self_exclusion(capped, k=capped.summary["k"])
+    _, md_path = write_report(capped.summary, tmp_path / "out")
+    assert "3 queries (a seeded sample of its 7)" in md_path.read_text()
+
+
 def test_index_is_exact_unless_asked_for_the_params_index(project, tmp_path: Path) -> None:
     settings, _ = project
     data = _write_quora(tmp_path / "pairs.tsv", QUORA_ROWS)

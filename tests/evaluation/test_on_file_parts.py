@@ -1,5 +1,6 @@
 """The pure parts of `qpr evaluate FILE`: format detection, the evaluated clusters, the
-model-index merge and the baseline list, on hand-made inputs with hand-computed answers."""
+query cap, the model-index merge and the baseline list, on hand-made inputs with
+hand-computed answers."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from qpr.data.loaders import DropReport
 from qpr.data.splits import filter_clusters
 from qpr.evaluation.on_file import (
     EvaluateFileError,
+    FileClusters,
     _parse_baselines,
+    cap_queries,
     detect_format,
     evaluation_clusters,
     merge_model_questions,
 )
+from qpr.evaluation.queries import query_set
 
 QUORA_HEADER = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
 
@@ -100,6 +105,42 @@ def test_split_test_takes_the_cluster_stage_cut() -> None:
         questions, clusters, split="test", seed=0, ratios={"train": 1.0, "val": 0.0, "test": 0.0}
     )
     assert not (marked["split"] == "test").any()
+
+
+def _clustered(n_clusters: int) -> FileClusters:
+    """n_clusters clusters of two questions each, every question a query."""
+    ids = list(range(2 * n_clusters))
+    questions = pd.DataFrame(
+        {
+            "question_id": ids,
+            "text": [f"q{i}" for i in ids],
+            "cluster_id": [i // 2 for i in ids],
+            "split": "test",
+        }
+    )
+    queries = query_set(questions, "test")
+    counts = {"queries": len(ids), "questions": len(ids)}
+    return FileClusters(questions, queries, counts, DropReport(rows_in=len(ids)))
+
+
+def test_cap_queries_keeps_a_seeded_sample_with_whole_qrels() -> None:
+    clustered = _clustered(50)
+    capped = cap_queries(clustered, 10, seed=7, log=lambda _: None)
+    ids = capped.queries.query_ids.tolist()
+    assert len(ids) == 10 and ids == sorted(ids)  # in the file's order
+    assert capped.counts == {"queries": 10, "questions": 100, "queries_before_cap": 100}
+    # Each kept query keeps its paraphrase, sampled or not; the index is untouched.
+    assert capped.queries.qrels == {str(q): {str(q ^ 1): 1} for q in ids}
+    assert capped.queries.texts == [f"q{q}" for q in ids]
+    assert capped.questions is clustered.questions
+    assert cap_queries(clustered, 10, seed=7, log=lambda _: None).queries.query_ids.tolist() == ids
+    assert cap_queries(clustered, 10, seed=8, log=lambda _: None).queries.query_ids.tolist() != ids
+
+
+def test_cap_queries_at_or_above_the_count_changes_nothing() -> None:
+    clustered = _clustered(3)
+    assert cap_queries(clustered, None, seed=7) is clustered
+    assert cap_queries(clustered, 6, seed=7) is clustered
 
 
 def test_merge_model_questions_skips_copies_and_gives_negative_ids() -> None:

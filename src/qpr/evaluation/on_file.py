@@ -9,7 +9,9 @@ evaluate stage's protocol:
 - queries: every question of a kept cluster (``split="all"``), or only those of the test
   split the cluster stage would cut from this file with these params (``split="test"``);
   as in the stage, a normalised text repeated under several question ids is a query once,
-  and a cluster left with fewer than two questions is not evaluated;
+  and a cluster left with fewer than two questions is not evaluated; optionally at most
+  ``max_queries`` of them, a sample seeded by params' seed (`cap_queries`: the index and
+  the relevant documents stay whole);
 - relevant documents: the other questions of the query's cluster;
 - index: every question of the file, encoded by the bundle's encoder and tokenizer (the
   index stage's encoding code); optionally the bundle's own indexed questions are added
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +63,7 @@ __all__ = [
     "EvaluateFileError",
     "FileClusters",
     "FileEvaluation",
+    "cap_queries",
     "clusters_from_file",
     "detect_format",
     "evaluate_file",
@@ -150,6 +153,8 @@ class EvaluateFileConfig:
         searches params' index.factory at the bundle's depth.
     source: where models_dir came from when it is a download (a ``models:/`` URI),
         reported instead of the temporary folder.
+    max_queries: at most this many queries (`cap_queries`, seeded by params' seed);
+        None: every query. For large files on few cores: the index stays the whole file.
     """
 
     data: Path
@@ -162,6 +167,7 @@ class EvaluateFileConfig:
     baselines: Sequence[str] = ()
     exact: bool | None = None
     source: str | None = None
+    max_queries: int | None = None
 
 
 def detect_format(path: Path) -> Format:
@@ -300,6 +306,33 @@ def clusters_from_file(
     return FileClusters(questions=questions, queries=queries, counts=result_counts, drops=drops)
 
 
+def cap_queries(
+    clustered: FileClusters,
+    max_queries: int | None,
+    seed: int,
+    *,
+    log: Callable[[str], None] = print,
+) -> FileClusters:
+    """At most ``max_queries`` of the queries: a sample drawn with ``seed``, kept in their
+    order, each with its whole qrels. The questions (the index) are unchanged. counts
+    gain "queries_before_cap"; "queries" is the number kept."""
+    queries = clustered.queries
+    total = len(queries.query_ids)
+    if max_queries is None or total <= max_queries:
+        return clustered
+    keep = np.sort(np.random.default_rng(seed).choice(total, max_queries, replace=False))
+    ids = queries.query_ids[keep]
+    sampled = QuerySet(
+        split=queries.split,
+        query_ids=ids,
+        texts=[queries.texts[i] for i in keep.tolist()],
+        qrels={str(q): queries.qrels[str(q)] for q in ids},
+    )
+    counts = {**clustered.counts, "queries": max_queries, "queries_before_cap": total}
+    log(f"queries: a seeded sample of {max_queries:,} of {total:,} (seed {seed})")
+    return replace(clustered, queries=sampled, counts=counts)
+
+
 def merge_model_questions(
     file_questions: pd.DataFrame, model_questions: pd.DataFrame
 ) -> tuple[pd.DataFrame, int]:
@@ -415,6 +448,7 @@ def evaluate_file(
     clustered = clusters_from_file(
         config.data, fmt, settings, split=config.split, report_dir=config.gate_reports, log=log
     )
+    clustered = cap_queries(clustered, config.max_queries, settings.seed, log=log)
     cluster_seconds = time.perf_counter() - started
     corpus, duplicates = _corpus(config, clustered.questions, bundle.size, log)
 
@@ -450,6 +484,7 @@ def evaluate_file(
         "models_dir": config.source or str(config.models_dir),
         "bundle_fingerprint": bundle.fingerprint,
         "with_model_index": config.with_model_index,
+        "max_queries": config.max_queries,
         "index": index_summary,
         "served_index": served.index,
         "no_answer": served.no_answer,
@@ -487,6 +522,8 @@ def _checked(config: EvaluateFileConfig, settings: Settings) -> tuple[int, Forma
         raise EvaluateFileError(f"k must be >= 1, got {k}")
     if config.split not in ("all", "test"):
         raise EvaluateFileError(f"unknown split {config.split!r}; expected all or test")
+    if config.max_queries is not None and config.max_queries < 1:
+        raise EvaluateFileError(f"max_queries must be >= 1, got {config.max_queries}")
     baselines = _parse_baselines(config.baselines)
     data = Path(config.data)
     fmt: Format = detect_format(data) if config.fmt == "auto" else config.fmt  # type: ignore[assignment]
@@ -667,12 +704,17 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
         if summary["with_model_index"]
         else ""
     )
+    sampled = (
+        f" (a seeded sample of its {counts['queries_before_cap']:,})"
+        if "queries_before_cap" in counts
+        else ""
+    )
     md_path = write_text_atomic(
         out_dir / "results.md",
         f"# {summary['data']} ({summary['format']}, split {summary['split']})\n\n"
         f"Model bundle `{summary['models_dir']}` "
         f"(fingerprint {summary['bundle_fingerprint'][:12]}). "
-        f"{counts['queries']:,} queries from {counts['clusters']:,} clusters; index of "
+        f"{counts['queries']:,} queries{sampled} from {counts['clusters']:,} clusters; index of "
         f"{counts['index_size']:,} questions{extra} ({summary['index']['factory']}"
         + (f", nprobe {summary['index']['nprobe']}" if summary["index"]["nprobe"] else "")
         + (f", efSearch {summary['index']['ef_search']}" if summary["index"]["ef_search"] else "")
