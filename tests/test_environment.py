@@ -87,3 +87,22 @@ def test_quiet_loggers_drop_chatter_but_keep_progress_and_warnings(
     assert len(caplog.records) == 2
     clean_env.delenv(environment.LOG_LEVEL_VARIABLE)
     environment.quiet_loggers()  # as flows/ leaves them
+
+
+def test_an_experiment_copy_keeps_its_runs_in_the_project(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`dvc exp run --temp` runs in .dvc/tmp/exps/standalone/tmpXXXX: its MLflow runs and
+    registry versions must land in the project's store, not in a copy deleted after it."""
+    project = tmp_path / "project"
+    copy = project / ".dvc" / "tmp" / "exps" / "standalone" / "tmpab12"
+    copy.mkdir(parents=True)
+    (copy / "params.yaml").write_text("seed: 1\n", encoding="utf-8")
+    (project / "params.yaml").write_text("seed: 1\n", encoding="utf-8")
+    root = environment.project_root(copy)
+    assert root == copy  # the experiment reads its own params and writes its own outputs
+    local = environment.local_defaults(root)
+    assert local["MLFLOW_TRACKING_URI"] == f"sqlite:///{project / 'mlflow.db'}"
+    assert local["QPR_MLFLOW_ARTIFACTS"] == (project / "mlruns").as_uri()
+    assert local["PREFECT_HOME"] == str(project / ".prefect")
+    assert environment.state_root(project) == project

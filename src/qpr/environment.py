@@ -53,8 +53,24 @@ def project_root(start: Path | None = None) -> Path:
     return here
 
 
+# `dvc exp run --temp` and the queue run each experiment in a copy of the project under
+# .dvc/tmp/exps/; its runs, registry versions and Prefect home belong to the project itself.
+EXPERIMENT_COPY = (".dvc", "tmp", "exps")
+
+
+def state_root(root: Path) -> Path:
+    """The project that keeps the local state (MLflow store, Prefect home) for `root`:
+    `root` itself, or the project above it when `root` is a DVC experiment's copy."""
+    parts = root.parts
+    for at in range(len(parts) - len(EXPERIMENT_COPY), 0, -1):
+        if parts[at : at + len(EXPERIMENT_COPY)] == EXPERIMENT_COPY:
+            return Path(*parts[:at])
+    return root
+
+
 def local_defaults(root: Path) -> dict[str, str]:
     """Absolute local locations, so DVC experiment temp dirs do not scatter state."""
+    root = state_root(root)
     local = {
         "PREFECT_HOME": str(root / ".prefect"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
