@@ -53,7 +53,7 @@ metrics: install ## Print the metrics of the last run
 	$(BIN)/qpr metrics
 
 experiments: install ## Compare DVC experiments: headline metrics and the params that differ
-	$(BIN)/dvc exp show --only-changed --drop 'models/|metrics/|artifacts/|data'
+	$(BIN)/qpr experiments
 
 ui: install ## See the runs: Prefect and MLflow UIs on 127.0.0.1 (Ctrl-C stops both)
 	$(BIN)/qpr ui

@@ -29,6 +29,7 @@ def test_top_level_help_lists_every_command():
         "pipeline",
         "retrain",
         "metrics",
+        "experiments",
         "ui",
     ):
         assert command in result.output

@@ -4,8 +4,8 @@ Stage commands run the stage's Prefect flow (which logs to MLflow), exactly as `
 does; `qpr data ...` works on the raw data without Prefect or MLflow. This module holds the
 Typer `app` (pyproject's `qpr = "qpr.cli:app"`) and registers each module's commands:
 `stages` (the pipeline), `evaluate_file` (`qpr evaluate [FILE]`), `serving` (search, serve),
-and the groups `data_commands`, `model_commands`, `index_commands`; `common` holds what
-they share.
+`experiments` (DVC experiments compared), and the groups `data_commands`, `model_commands`,
+`index_commands`; `common` holds what they share.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from qpr import environment
 from qpr.cli import serving, stages
 from qpr.cli.data_commands import data_app
 from qpr.cli.evaluate_file import evaluate
+from qpr.cli.experiments import experiments
 from qpr.cli.index_commands import index_app
 from qpr.cli.model_commands import model_app
 
@@ -66,6 +67,7 @@ for _command in (
     serving.search,
     serving.serve,
     stages.metrics,
+    experiments,
 ):
     app.command(_command.__name__)(_command)
 app.add_typer(data_app, name="data")
