@@ -329,6 +329,22 @@ def test_hits_carry_the_answer_id_of_their_question(copy_dir: Path) -> None:
         assert all(hit.explain is None for hit in result.hits)
 
 
+def test_a_question_without_an_answer_is_found_but_answers_nothing(copy_dir: Path) -> None:
+    # As `qpr index add questions.txt` leaves them: listed questions with no answer id.
+    table = pq.read_table(copy_dir / QUESTIONS_FILE)
+    qids = table.column("question_id").to_pylist()
+    answers = [None if i % 2 else f"ans-{q}" for i, q in enumerate(qids)]
+    pq.write_table(table.append_column("answer_id", pa.array(answers, pa.string())),
+                   copy_dir / QUESTIONS_FILE)  # fmt: skip
+    loaded = Bundle.load(copy_dir)
+    for question in QUESTIONS[:6]:
+        result = loaded.search(question, k=3, threshold=math.inf)
+        top = result.hits[0]
+        assert top.text == question  # found all the same
+        assert result.answered == (top.answer_id is not None)
+    assert {loaded.search(q, threshold=math.inf).answered for q in QUESTIONS[:6]} == {True, False}
+
+
 def _assert_recomposes(hit, weight: float, question: str) -> None:
     """The explanation's parts give the hit's score; its words are the question's."""
     from qpr.text.words import tokenize

@@ -144,7 +144,9 @@ class Hit:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Hits in rank order (closest first); answered = top-1 distance <= the threshold."""
+    """Hits in rank order (closest first); answered = top-1 distance <= the threshold and,
+    in a bundle with answer ids, the top hit has one (a question listed without an answer
+    is found, but answers nothing)."""
 
     query: str
     hits: list[Hit]
@@ -186,6 +188,13 @@ class Bundle:
         self._texts = questions.texts
         self._cluster_ids = questions.cluster_ids
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
+        # Rows a search may answer with: every row of a bundle that predates answer ids,
+        # else those with an answer (a question list added without answer ids has none).
+        self._answerable = (
+            None
+            if questions.answer_ids is None
+            else np.array([a is not None for a in questions.answer_ids], bool)
+        )
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
         self._fields = dict(questions.fields or {})
@@ -480,6 +489,9 @@ class Bundle:
             questions, lambda: self._embed(sequences), k, allowed=allowed, exclude=rows
         )
         served = answered(ranking, limit)
+        if self._answerable is not None and ranking.rows.shape[1]:
+            top = ranking.rows[:, 0]
+            served &= self._answerable[np.maximum(top, 0)] & (top >= 0)
         results = [
             SearchResult(query=q, hits=self._hits(ranking, i), answered=bool(served[i]))
             for i, q in enumerate(questions)
