@@ -122,7 +122,9 @@ class Hit:
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
         per-query min-max scaling, in [0, 1] (qpr.retrieval.hybrid.fuse); the distance then
-        need not grow with the rank. Neither is a calibrated probability.
+        need not grow with the rank; the top hit of any query, gibberish included, then
+        scores about 1. Neither is a calibrated probability: distance and `answered` judge
+        how good a match is.
     explain: the parts of the score, only when the search asked for them.
     """
 
