@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -131,9 +132,20 @@ def recover_task(cycle: ops.Cycle) -> dict[str, Any] | None:
     return recovery.as_dict()
 
 
+# The time a stage's own Prefect log line starts with ("16:14:46.309 | INFO | ..."): the
+# retraining run's logger stamps each echoed line again, so it goes.
+_STAMP = re.compile(r"^\d{2}:\d{2}:\d{2}\.\d{3} \| ")
+
+
+def unstamped(line: str) -> str:
+    """A line of `dvc repro`'s output without the time its stage's logger put first."""
+    return _STAMP.sub("", line, count=1)
+
+
 @task(name="dvc-repro", cache_policy=NO_CACHE)
 def repro_task(cycle: ops.Cycle, journal: Journal) -> None:
-    ops.repro(cycle, journal, echo=get_run_logger().info)
+    log = get_run_logger().info
+    ops.repro(cycle, journal, echo=lambda line: log(unstamped(line)))
 
 
 STEPS = ops.CycleSteps(

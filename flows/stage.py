@@ -10,6 +10,7 @@ Prefect logger, their MLflow run, their metrics file and their artifacts.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -303,14 +304,43 @@ def stage_flow(name: str) -> Flow:
     return flow(name=name, log_prints=True, description=stage.description)(run)
 
 
+class QuietExpectedErrors(logging.Filter):
+    """Drops Prefect's records of an error a person can act on: the traceback it logs for
+    the failed task and flow, and their final "Finished in state Failed(...)" lines, which
+    repeat the message. `run_cli` prints it once; any other error keeps its traceback."""
+
+    # The loggers Prefect's task and flow engines log a failed run to.
+    LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if isinstance(err, EXPECTED_ERRORS):
+            self.seen.add(type(err).__name__)
+            return False
+        message = record.getMessage()
+        failed = message.startswith("Finished in state Failed")
+        return not (failed and any(f"{name}:" in message for name in self.seen))
+
+
 def run_cli(work: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """Run a flow from the command line: an error a person can act on is one line on
     stderr and exit 1, not a stack trace."""
+    quiet = QuietExpectedErrors()
+    loggers = [logging.getLogger(name) for name in QuietExpectedErrors.LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
         return work(*args, **kwargs)
     except EXPECTED_ERRORS as err:
         print(f"\nERROR: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def main(argv: list[str] | None = None) -> None:

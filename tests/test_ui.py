@@ -180,3 +180,20 @@ def test_the_ui_server_lists_the_runs_of_the_project(tmp_path: Path) -> None:
     finally:
         os.killpg(process.pid, 15)
         process.wait(timeout=30)
+
+
+def test_a_port_in_use_starts_nothing_and_names_the_option_to_change_it(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        prefect, mlflow = ui_servers(tmp_path, {}, prefect_port=port, mlflow_port=port)
+        printed: list[str] = []
+        assert serve([prefect, mlflow], log=printed.append) == 1
+    assert printed == [
+        f"Prefect UI: port {port} on 127.0.0.1 is in use (another Prefect server?): "
+        "stop it, or pass --prefect-port PORT",
+        f"MLflow UI: port {port} on 127.0.0.1 is in use (another MLflow server?): "
+        "stop it, or pass --mlflow-port PORT",
+    ]
+    assert prefect.busy() is None  # free again once closed

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,25 @@ class UiServer:
     url: str
     command: tuple[str, ...] = ()  # empty: a shared server that is already running
     env: Mapping[str, str] = field(default_factory=dict)  # on top of the caller's
+    port: int | None = None  # a local one's, checked free before anything starts
+    port_option: str = ""  # the `qpr ui` option that picks another port
+
+    def busy(self) -> str | None:
+        """Why this local server cannot start on its port, in a line saying what to do; None
+        when the port is free. The servers' own messages name their own flags (`--port`)."""
+        if not self.local or self.port is None:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As the servers bind: a port left in TIME_WAIT by a stopped server is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((UI_HOST, self.port))
+            except OSError:
+                return (
+                    f"{self.name} UI: port {self.port} on {UI_HOST} is in use (another "
+                    f"{self.name} server?): stop it, or pass {self.port_option} PORT"
+                )
+        return None
 
     @property
     def local(self) -> bool:
@@ -69,7 +89,7 @@ def prefect_server(root: Path, env: Mapping[str, str], *, port: int = PREFECT_UI
         "PREFECT_UI_URL": url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
-    return UiServer("Prefect", url, command, server_env)
+    return UiServer("Prefect", url, command, server_env, port, "--prefect-port")
 
 
 def mlflow_server(root: Path, env: Mapping[str, str], *, port: int = MLFLOW_UI_PORT) -> UiServer:
@@ -83,7 +103,7 @@ def mlflow_server(root: Path, env: Mapping[str, str], *, port: int = MLFLOW_UI_P
     command += ("--default-artifact-root", artifacts, "--host", UI_HOST, "--port", str(port))
     # One worker: a UI for one person, on a machine that may be training at the same time.
     command += ("--workers", "1")
-    return UiServer("MLflow", f"http://{UI_HOST}:{port}", command)
+    return UiServer("MLflow", f"http://{UI_HOST}:{port}", command, {}, port, "--mlflow-port")
 
 
 def ui_servers(
@@ -124,7 +144,13 @@ def serve(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Start the local servers, print every address, wait. Ctrl-C stops them all (exit 0);
-    one that stops by itself (a port in use, a bad store) stops the others (exit 1)."""
+    one that stops by itself (a bad store) stops the others (exit 1). A port in use starts
+    nothing: exit 1, with the option that picks another."""
+    busy = [reason for server in servers if (reason := server.busy())]
+    for reason in busy:
+        log(reason)
+    if busy:
+        return 1
     running: list[tuple[UiServer, subprocess.Popen]] = []
     previous = stop_on_sigterm()
     try:

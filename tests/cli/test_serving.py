@@ -69,3 +69,20 @@ def test_indexed_text_in_the_hits_table_is_not_markup() -> None:
     out.print(_hits_table("[bold]x", [hit], explain=False))
     text = out.export_text()
     assert "[/] \\x1b[2J" in text and "'[bold]x'" in text and "\x1b" not in text
+
+
+def test_the_table_shows_no_rank_score_unless_explained() -> None:
+    """A fused rank score is ~1 for the top hit of any question: not shown as if it
+    measured the match; --explain shows it beside its parts."""
+    from rich.console import Console
+
+    from qpr.cli.serving import _hits_table
+
+    hit = SimpleNamespace(text="xq zzv", answer_id="a1", distance=1.9, score=1.0, explain=None)
+    for explain, shows in ((False, False), (True, True)):
+        out = Console(width=200, record=True, file=io.StringIO())
+        out.print(_hits_table("xq zzv", [hit], explain=explain))
+        text = out.export_text()
+        assert "1.9000" in text
+        assert ("1.000" in text.replace("1.9000", "")) is shows
+        assert ("rank score" in text) is shows and "│ score" not in text

@@ -14,6 +14,7 @@ import qpr.data.sharded as sharded
 from qpr.config import Settings
 from qpr.data.dataset import build_clusters
 from qpr.data.sharded import bucket_of, cluster_logs, file_groups
+from qpr.data.splits import TooFewClusters
 from qpr.quality.gate import GateFailed
 
 QUIET = lambda _: None  # noqa: E731
@@ -123,3 +124,20 @@ def test_buckets_follow_cluster_id_order() -> None:
         buckets = bucket_of(ids, bits)
         assert buckets.min() >= 0 and buckets.max() < 2**bits
         assert (np.diff(buckets) >= 0).all()
+
+
+def test_the_example_logs_are_too_few_clusters_and_nothing_is_written(
+    tiny_settings, tmp_path
+) -> None:
+    """examples/my_logs.csv (40 questions, 8 answers) under params.yaml's split tolerance."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    shutil.copy(Path(__file__).parents[2] / "examples" / "my_logs.csv", logs)
+    data = tiny_settings.data.model_copy(update={"path": str(logs)})
+    quality = tiny_settings.quality.model_copy(update={"split_ratio_tolerance": 0.05})
+    settings = tiny_settings.model_copy(update={"data": data, "quality": quality})
+    with pytest.raises(TooFewClusters, match="40 questions in 8 paraphrase clusters"):
+        _sharded(settings, tmp_path)
+    assert not any((tmp_path / "out").iterdir())
+    with pytest.raises(TooFewClusters, match="at least 14 clusters"):
+        build_clusters(settings, tmp_path / "memory", QUIET)

@@ -3,11 +3,15 @@ import pytest
 
 from qpr.data.splits import (
     NO_SPLIT,
+    TooFewClusters,
     apply_splits,
     assign_splits,
     filter_clusters,
+    min_clusters,
     positive_pairs,
+    require_enough_clusters,
     shrink_small_clusters,
+    splits_fit,
 )
 
 RATIOS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -97,3 +101,28 @@ def test_positive_pairs_canonical_capped_and_within_cluster(cap):
     if cap >= 3:
         assert len(pairs) == 3 + 1
     assert set(pairs.loc[pairs["cluster_id"] == 2, "split"]) == {"val"}
+
+
+def test_min_clusters_is_the_count_from_which_every_split_fits():
+    fitting = [n for n in range(1, 40) if splits_fit(n, RATIOS, 0.05)]
+    # 8 clusters cut 6/1/1: train's share 0.75 is a hair over 0.05 from 0.8 in floats
+    assert fitting[:5] == [9, 10, 11, 12, 14] and 13 not in fitting
+    assert min_clusters(RATIOS, 0.05) == 14
+    assert min_clusters({"train": 1.0, "val": 0.0, "test": 0.0}, 0.05) == 1
+    # what assign_splits does with that many: every split has a cluster
+    frame = filter_clusters(_clusters(14), coherence_threshold=0.1, min_size=2)
+    assert set(assign_splits(frame, RATIOS, seed=0)["split"]) == set(RATIOS)
+
+
+def test_too_few_clusters_say_what_is_missing_in_one_line():
+    frame = filter_clusters(_clusters(10), coherence_threshold=0.1, min_size=2)
+    frame.loc[frame.index[:2], "kept"] = False  # 8 kept, 24 questions
+    with pytest.raises(TooFewClusters) as raised:
+        require_enough_clusters(frame, RATIOS, tolerance=0.05, min_size=2, source="my-logs")
+    message = str(raised.value)
+    assert message.startswith("too little data to train on: my-logs holds 24 questions in 8")
+    assert "80/10/10" in message and "at least 14 clusters of 2+ questions" in message
+    assert "\n" not in message
+    assert isinstance(raised.value, ValueError)
+    kept = filter_clusters(_clusters(14), coherence_threshold=0.1, min_size=2)
+    require_enough_clusters(kept, RATIOS, tolerance=0.05, min_size=2, source="my-logs")

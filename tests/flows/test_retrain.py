@@ -258,3 +258,13 @@ def test_killing_the_flow_during_the_pipeline_changes_nothing(prefect_harness, p
     assert not journal.exists()
     # Cached outputs are checked out again and uncached ones restored: nothing to rerun.
     assert json.loads(_sh(project, "dvc", "status", "--json") or "{}") == {}
+
+
+def test_echoed_stage_lines_lose_their_own_timestamp():
+    from flows.retrain import unstamped
+
+    line = "16:14:53.732 | INFO    | Task run 'run-stage-2a0' - cluster: cleaning 1 log files"
+    assert unstamped(line) == "INFO    | Task run 'run-stage-2a0' - cluster: cleaning 1 log files"
+    # dvc's own lines, and a time inside a message, stay as they are
+    assert unstamped("Running stage 'cluster':") == "Running stage 'cluster':"
+    assert unstamped("cluster: at 16:14:53.732 | x") == "cluster: at 16:14:53.732 | x"

@@ -63,3 +63,44 @@ def test_failing_gate_stops_the_flow_and_writes_nothing(prefect_harness, tiny_pa
     assert (root / "reports" / "gates" / "cluster" / "raw_logs.json").is_file()
     runs = mlflow.search_runs(experiment_names=["qpr-tests"], output_format="list")
     assert any(r.info.status == "FAILED" for r in runs)
+
+
+def test_logs_too_small_fail_in_one_line_without_a_traceback(
+    prefect_harness, tiny_params_file, capsys
+):
+    import logging
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from flows.stage import QuietExpectedErrors, run_cli, stage_flow
+
+    root = tiny_params_file.parent
+    logs = root / "data" / "logs"
+    shutil.rmtree(logs)
+    logs.mkdir()
+    shutil.copy(Path(__file__).parents[2] / "examples" / "my_logs.csv", logs)
+    params = yaml.safe_load(tiny_params_file.read_text())
+    params["quality"]["split_ratio_tolerance"] = 0.05  # params.yaml's (the tiny one allows 8)
+    tiny_params_file.write_text(yaml.safe_dump(params))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in QuietExpectedErrors.LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_cli(stage_flow("cluster"), params=str(tiny_params_file))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ERROR: too little data to train on")
+    assert "40 questions in 8 paraphrase clusters" in err and "at least 14 clusters" in err
+    assert "\n" not in err and "Traceback" not in err
+    assert records and not any(r.exc_info for r in records)
+    assert not any(r.getMessage().startswith("Finished in state Failed") for r in records)
+    assert not (root / "artifacts" / "cluster").exists()

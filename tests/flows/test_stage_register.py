@@ -143,7 +143,7 @@ def test_first_registration_becomes_champion(history):
     first = history[0]
     assert first["version"] == 1 and first["new_version"] == 1
     assert first["promoted"] == 1 and first["champion"] is None
-    assert "no champion yet" in first["reason"]
+    assert first["reason"].startswith("first champion (none before): challenger")
     v1 = registry.get_version(NAME, 1)
     assert v1.metric == "val.recip_rank" and v1.value == pytest.approx(0.60)
     assert v1.tags["qpr.promoted_by"] == "register-flow"

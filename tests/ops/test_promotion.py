@@ -45,8 +45,8 @@ def _version(version: int, value: float | None = None, **tags: str) -> VersionIn
     ("challenger", "champion", "promoted", "words"),
     [
         # first model: the floor alone decides
-        (0.60, None, True, "no champion yet"),
-        (0.50, None, True, "no champion yet"),  # exactly at the floor passes
+        (0.60, None, True, "first champion (none before)"),
+        (0.50, None, True, "first champion (none before)"),  # exactly at the floor passes
         (0.40, None, False, "below the quality floor"),
         # a champion exists: challenger >= champion + margin
         (0.72, 0.70, True, "beats champion"),  # better by 0.02 > 0.01
@@ -57,7 +57,7 @@ def _version(version: int, value: float | None = None, **tags: str) -> VersionIn
         # the floor holds even when the champion is worse still (a hand-promoted one)
         (0.45, 0.30, False, "below the quality floor"),
         (float("nan"), None, False, "NaN"),
-        (0.60, float("nan"), True, "no champion yet"),  # a champion without a measure
+        (0.60, float("nan"), True, "champion unmeasured"),  # a champion without a measure
     ],
 )
 def test_decide_promotion(challenger, champion, promoted, words):

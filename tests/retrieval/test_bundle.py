@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qpr.artifacts import BM25_FILE, ENCODER_FILE, QUESTIONS_FILE, VOCAB_FILE
+from qpr.artifacts import BM25_FILE, ENCODER_FILE, INDEX_FILE, QUESTIONS_FILE, VOCAB_FILE
 from qpr.retrieval.bundle import Bundle
+from qpr.retrieval.dense import save_index
 from qpr.retrieval.encoders import encode, load_session
 from qpr.text.vocab import Vocabulary
 from tests.retrieval.cnn_bundle import (
@@ -30,7 +31,6 @@ from tests.retrieval.cnn_bundle import (
     UNSEEN,
     make_hybrid,
     write_config,
-    write_index,
 )
 
 # ---------------------------------------------------------------- properties
@@ -51,7 +51,11 @@ def test_a_fast_scan_index_is_searched_per_query(bundle: Bundle, copy_dir: Path)
 
     vocab = Vocabulary.load(copy_dir / VOCAB_FILE)
     vectors = encode(load_session(copy_dir / ENCODER_FILE), vocab, QUESTIONS, max_len=MAX_LEN)
-    write_index(copy_dir, vectors, "IVF1,PQ4x4fs,RFlat")
+    # 50 questions are too few for fit_factory to keep PQ (it builds Flat): built as written
+    index = faiss.index_factory(vectors.shape[1], "IVF1,PQ4x4fs,RFlat")
+    index.train(vectors)
+    index.add(vectors)
+    save_index(index, copy_dir / INDEX_FILE)
     fast = Bundle.load(copy_dir)
     # FAISS does not store the kernel choice: the bundle sets it
     # (qpr.retrieval.dense.use_per_query_scan)
@@ -323,6 +327,22 @@ def test_hits_carry_the_answer_id_of_their_question(copy_dir: Path) -> None:
         assert all(hit.answer_id == answers[hit.question_id] for hit in result.hits)
         assert all(tuple(hit.as_dict()) == HIT_FIELDS for hit in result.hits)  # no explain
         assert all(hit.explain is None for hit in result.hits)
+
+
+def test_a_question_without_an_answer_is_found_but_answers_nothing(copy_dir: Path) -> None:
+    # As `qpr index add questions.txt` leaves them: listed questions with no answer id.
+    table = pq.read_table(copy_dir / QUESTIONS_FILE)
+    qids = table.column("question_id").to_pylist()
+    answers = [None if i % 2 else f"ans-{q}" for i, q in enumerate(qids)]
+    pq.write_table(table.append_column("answer_id", pa.array(answers, pa.string())),
+                   copy_dir / QUESTIONS_FILE)  # fmt: skip
+    loaded = Bundle.load(copy_dir)
+    for question in QUESTIONS[:6]:
+        result = loaded.search(question, k=3, threshold=math.inf)
+        top = result.hits[0]
+        assert top.text == question  # found all the same
+        assert result.answered == (top.answer_id is not None)
+    assert {loaded.search(q, threshold=math.inf).answered for q in QUESTIONS[:6]} == {True, False}
 
 
 def _assert_recomposes(hit, weight: float, question: str) -> None:

@@ -52,7 +52,7 @@ def _quiet(_: str) -> None:
         ("IVF2000,Flat", 78_000, "IVF2000,Flat"),
         ("IVF2000, Flat", 100_000, "IVF2000,Flat"),
         ("IVF2000,PQ16", 10_000, "IVF256,PQ16"),
-        ("OPQ16_64,IVF2000,PQ16x8", 3_900, "OPQ16_64,IVF100,PQ16x8"),
+        ("OPQ16_64,IVF2000,PQ16x8", 10_000, "OPQ16_64,IVF256,PQ16x8"),
         ("IVF1024_HNSW32,Flat", 1_000, "IVF25_HNSW32,Flat"),
         ("PCA64,IVF100,SQ8", 50, "PCA64,IVF1,SQ8"),
         ("Flat", 5, "Flat"),
@@ -70,15 +70,29 @@ def test_fit_factory_message_and_pq_floor():
     assert fit_factory("IVF2000,Flat", 30_000)[1] == (
         "IVF2000 needs 78,000 training vectors, have 30,000: using IVF769"
     )
-    # 2**8 centroids per sub-quantizer need 256 vectors: 200 are searched exactly
-    assert fit_factory("IVF64,PQ8", 200) == (
+    # 2**8 centroids per sub-quantizer need 39 vectors each: 9,000 are searched exactly
+    assert fit_factory("IVF64,PQ8", 9_000) == (
         "Flat",
-        "IVF5,PQ8: a PQ codebook of 2**8 centroids needs at least 256 training vectors, "
-        "have 200: using exact search (Flat)",
+        "IVF64,PQ8: a PQ codebook of 2**8 centroids needs at least 9,984 training vectors, "
+        "have 9,000: using exact search (Flat)",
     )
     assert fit_factory("IVF1024,PQ150x4fs,RFlat", 9, 32)[0] == "Flat"
+    # examples/my_logs.csv: 40 questions get exact search, not IVF1,PQ128x4fs
+    assert fit_factory("IVF1024,PQ150x4fs,RFlat", 40, 384)[0] == "Flat"
+    assert fit_factory("IVF1024,PQ150x4fs,RFlat", 624, 384)[0] == "IVF16,PQ128x4fs,RFlat"
     with pytest.raises(ValueError):
         fit_factory("Flat", 0)
+
+
+def test_a_small_corpus_is_searched_exactly_without_faiss_warnings(capfd):
+    # 40 questions (examples/my_logs.csv) under the default factory: FAISS would train a
+    # 16-centroid PQ codebook per sub-quantizer on them and warn for each one.
+    notes: list[str] = []
+    config = IndexConfig(factory="IVF1024,PQ150x4fs,RFlat", nprobe=384)
+    index = build_index(_vectors(40, 384), config, seed=0, log=notes.append)
+    assert isinstance(faiss.downcast_index(index), faiss.IndexFlat)
+    assert "please provide at least" not in capfd.readouterr().err
+    assert any("using exact search (Flat)" in note for note in notes)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from qpr.training.checkpoint import load_checkpoint, save_checkpoint
+from qpr.training.checkpoint import (
+    CHECKPOINT_VERSION,
+    TrainingStateError,
+    check_resumable,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 class _Payload:
@@ -59,3 +65,14 @@ def test_a_pickled_callable_is_refused_by_a_resumed_run(
     encoder = CNNEncoder(tiny_paraphrases.vocab.size, embedding_dim=8, channels=8, output_dim=8)
     with pytest.raises(pickle.UnpicklingError):
         train_tiny(tiny_paraphrases, tmp_path / "run", encoder=encoder, loss=build_loss("sdml"))
+
+
+def test_a_checkpoint_of_other_settings_names_them_without_developer_advice(tmp_path):
+    state = {"version": CHECKPOINT_VERSION, "fingerprint": {"lr": 0.001, "seed": 13}}
+    check_resumable(tmp_path / "last.pt", state, {"lr": 0.001, "seed": 13})
+    with pytest.raises(TrainingStateError) as refused:
+        check_resumable(tmp_path / "last.pt", state, {"lr": 0.01, "seed": 13, "data": "x"})
+    assert (
+        str(refused.value)
+        == f"{tmp_path / 'last.pt'} was written by a run with other settings: data, lr"
+    )

@@ -45,8 +45,8 @@ def search(
     ] = None,
 ) -> None:
     """Find the known questions that ask the same thing, nearest first, with their answer
-    id and L2 distance. "answered" says whether the best match is within the model's
-    no-answer threshold."""
+    id and L2 distance (smaller is closer). "answered" says whether the best match is within
+    the model's no-answer threshold. --explain adds each hit's rank score and its parts."""
     from qpr.retrieval.bundle import Bundle, BundleError
 
     try:
@@ -85,12 +85,16 @@ def parse_filters(options: list[str]) -> dict[str, str | list[str]]:
 
 
 def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:
-    """The hits as `qpr search` prints them; with explain, the parts of each score."""
+    """The hits as `qpr search` prints them; with explain, each rank score and its parts.
+
+    The rank score is left out otherwise: fused with BM25 it is scaled within the query's
+    candidates, so the top hit of any question, gibberish included, scores about 1. The
+    distance (against the threshold) says how close a match is."""
     # Questions come from people and indexed files: shown escaped, never read as markup.
     table = Table(title=f"paraphrases of: {shown(repr(question))}")
-    columns = ["#", "question", "answer", "distance", "score"]
+    columns = ["#", "question", "answer", "distance"]
     if explain:
-        columns += ["dense", "bm25", "matched", "alpha"]
+        columns += ["rank score", "dense", "bm25", "matched", "alpha"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("question", "matched") else "right")
     for rank, hit in enumerate(hits, 1):
@@ -99,8 +103,9 @@ def _hits_table(question: str, hits: list[Hit], explain: bool) -> Table:
             shown(hit.text),
             shown(hit.answer_id),
             f"{hit.distance:.4f}",
-            f"{hit.score:.3f}",
         ]
+        if explain:
+            cells.append(f"{hit.score:.3f}")
         if explain and hit.explain is not None:
             part = hit.explain
             bm25 = (

@@ -31,9 +31,9 @@ def cluster(params: ParamsOption = Path("params.yaml")) -> None:
 
 
 def train(params: ParamsOption = Path("params.yaml")) -> None:
-    """Stage 2: build the vocabulary (top-V words + hashing trick) and train the CNN encoder
-    with SDML (or triplet) loss; early stopping on validation MRR (train.monitor), a
-    checkpoint every epoch, resumes after a kill."""
+    """Stage 2: train the encoder model.encoder names (the paper's CNN with its vocabulary and
+    SDML loss; the packaged transformer ships trained: train.max_epochs 0); early stopping
+    on validation MRR (train.monitor), a checkpoint every epoch, resumes after a kill."""
     print_metrics({"train": run_stage("train", params)})
 
 
@@ -45,7 +45,8 @@ def export(params: ParamsOption = Path("params.yaml")) -> None:
 
 def student(params: ParamsOption = Path("params.yaml")) -> None:
     """Stage 5: with student.enabled, train a query-only encoder into the index's vector
-    space and export it; queries then go through it. Off by default."""
+    space and export it; queries then go through it. On for model.encoder transformer (the
+    default), off for cnn."""
     print_metrics({"student": run_stage("student", params)})
 
 

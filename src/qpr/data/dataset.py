@@ -27,6 +27,7 @@ from qpr.data.splits import (
     assign_splits,
     filter_clusters,
     positive_pairs,
+    require_enough_clusters,
     shrink_small_clusters,
 )
 from qpr.quality.data_gates import gate_clusters
@@ -43,6 +44,13 @@ def build_clusters(
     threshold = coherence_threshold(settings)
     clusters = filter_clusters(
         clusters, coherence_threshold=threshold, min_size=params.min_cluster_size
+    )
+    require_enough_clusters(
+        clusters,
+        params.split.model_dump(),
+        tolerance=settings.quality.split_ratio_tolerance,
+        min_size=params.min_cluster_size,
+        source=settings.data.path,
     )
     clusters = assign_splits(clusters, params.split.model_dump(), seed=settings.seed)
     questions, leaked = apply_splits(questions, clusters)

@@ -48,7 +48,13 @@ from qpr.data.clustering import cluster_frame, log_counts, questions_from_counts
 from qpr.data.dataset import cluster_metrics
 from qpr.data.ingest import coherence_threshold
 from qpr.data.loaders import DropReport, clean_logs, log_files, read_log_file
-from qpr.data.splits import NO_SPLIT, assign_splits, filter_clusters, positive_pairs
+from qpr.data.splits import (
+    NO_SPLIT,
+    assign_splits,
+    filter_clusters,
+    positive_pairs,
+    require_enough_clusters,
+)
 from qpr.io import atomic_path, digest, write_json_atomic
 from qpr.quality.data_gates import (
     gate_clean_logs,
@@ -338,7 +344,15 @@ def _split_clusters(settings: Settings, files: Sequence[Path]) -> pd.DataFrame:
     clusters = filter_clusters(
         clusters, coherence_threshold=threshold, min_size=params.min_cluster_size
     )
-    return assign_splits(clusters, params.split.model_dump(), seed=settings.seed)
+    ratios = params.split.model_dump()
+    require_enough_clusters(
+        clusters,
+        ratios,
+        tolerance=settings.quality.split_ratio_tolerance,
+        min_size=params.min_cluster_size,
+        source=settings.data.path,
+    )
+    return assign_splits(clusters, ratios, seed=settings.seed)
 
 
 class _Writer:

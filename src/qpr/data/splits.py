@@ -12,6 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from qpr.errors import QPRError
+
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 NO_SPLIT = "none"
 DROPPED = "dropped"
@@ -38,15 +40,69 @@ def assign_splits(
     frame["split"] = DROPPED
     kept = frame.index[frame["kept"]].to_numpy()
     order = np.random.default_rng(seed).permutation(kept)
-    total = len(order)
-    bounds = np.cumsum([ratios[name] for name in SPLITS])
-    cuts = np.rint(bounds * total).astype(int)
-    cuts[-1] = total
     start = 0
-    for name, end in zip(SPLITS, cuts, strict=True):
+    for name, end in zip(SPLITS, _cuts(len(order), ratios), strict=True):
         frame.loc[order[start:end], "split"] = name
         start = end
     return frame
+
+
+def _cuts(total: int, ratios: Mapping[str, float]) -> np.ndarray:
+    """Where `assign_splits` cuts `total` shuffled clusters: each split's end."""
+    cuts = np.rint(np.cumsum([ratios[name] for name in SPLITS]) * total).astype(int)
+    cuts[-1] = total
+    return cuts
+
+
+def splits_fit(total: int, ratios: Mapping[str, float], tolerance: float) -> bool:
+    """Whether `total` kept clusters split as `assign_splits` cuts them give every split
+    with a ratio at least one cluster, each share within `tolerance` of its ratio (the
+    cluster gate's split_shares check)."""
+    if total < 1:
+        return False
+    counts = np.diff(_cuts(total, ratios), prepend=0)
+    for name, count in zip(SPLITS, counts, strict=True):
+        expected = float(ratios[name])
+        if (expected > 0 and count < 1) or abs(count / total - expected) > tolerance:
+            return False
+    return True
+
+
+def min_clusters(ratios: Mapping[str, float], tolerance: float, *, most: int = 100_000) -> int:
+    """The fewest kept clusters from which every count splits within `tolerance`
+    (14 for 80/10/10 within 0.05: 8 to 12 fit, 13 does not)."""
+    positive = [float(r) for r in ratios.values() if float(r) > 0]
+    # Past 1/tolerance clusters every share is within it; the rarest split needs a cluster.
+    bound = min(most, int(1 / max(tolerance, 1 / most)) + int(2 / min(positive)) + 2)
+    failing = [n for n in range(1, bound + 1) if not splits_fit(n, ratios, tolerance)]
+    return failing[-1] + 1 if failing else 1
+
+
+class TooFewClusters(QPRError, ValueError):
+    """Data too small to split into train / validation / test clusters."""
+
+
+def require_enough_clusters(
+    clusters: pd.DataFrame,
+    ratios: Mapping[str, float],
+    *,
+    tolerance: float,
+    min_size: int,
+    source: object,
+) -> None:
+    """Raise TooFewClusters, in one line naming what is missing, when the kept clusters
+    (columns kept, size) cannot be split as the cluster gate demands; else nothing."""
+    kept = clusters[clusters["kept"].astype(bool)]
+    if splits_fit(len(kept), ratios, tolerance):
+        return
+    need = min_clusters(ratios, tolerance)
+    shares = "/".join(f"{round(100 * float(ratios[name]))}" for name in SPLITS)
+    raise TooFewClusters(
+        f"too little data to train on: {source} holds {int(kept['size'].sum()):,} questions "
+        f"in {len(kept):,} paraphrase clusters (questions with one answer); splitting "
+        f"clusters {shares} (train/val/test) needs at least {need:,} clusters of "
+        f"{min_size}+ questions each. Add logs with more answers, each asked {min_size}+ ways"
+    )
 
 
 def apply_splits(questions: pd.DataFrame, clusters: pd.DataFrame) -> tuple[pd.DataFrame, int]:

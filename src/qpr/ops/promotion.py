@@ -108,7 +108,9 @@ def decide_promotion(
     if challenger < floor:
         return False, f"challenger {challenger:.4f} is below the quality floor {floor:.4f}"
     if champion is None or math.isnan(champion):
-        return True, f"no champion yet; challenger {challenger:.4f} passes the floor {floor:.4f}"
+        # Read after the promotion (make run's summary): "no champion yet" would mislead.
+        before = "first champion (none before)" if champion is None else "champion unmeasured"
+        return True, f"{before}: challenger {challenger:.4f} passes the floor {floor:.4f}"
     needed = champion + margin
     if challenger >= needed - 1e-12:
         return True, (

@@ -122,7 +122,9 @@ class Hit:
     score: what the hits are ranked by, higher first. Dense ranking: 1 / (1 + distance),
         in (0, 1], monotone in distance. Fused with BM25: α·dense + (1 - α)·BM25 after
         per-query min-max scaling, in [0, 1] (qpr.retrieval.hybrid.fuse); the distance then
-        need not grow with the rank. Neither is a calibrated probability.
+        need not grow with the rank; the top hit of any query, gibberish included, then
+        scores about 1. Neither is a calibrated probability: distance and `answered` judge
+        how good a match is.
     explain: the parts of the score, only when the search asked for them.
     """
 
@@ -144,7 +146,9 @@ class Hit:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Hits in rank order (closest first); answered = top-1 distance <= the threshold."""
+    """Hits in rank order (closest first); answered = top-1 distance <= the threshold and,
+    in a bundle with answer ids, the top hit has one (a question listed without an answer
+    is found, but answers nothing)."""
 
     query: str
     hits: list[Hit]
@@ -186,6 +190,13 @@ class Bundle:
         self._texts = questions.texts
         self._cluster_ids = questions.cluster_ids
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
+        # Rows a search may answer with: every row of a bundle that predates answer ids,
+        # else those with an answer (a question list added without answer ids has none).
+        self._answerable = (
+            None
+            if questions.answer_ids is None
+            else np.array([a is not None for a in questions.answer_ids], bool)
+        )
         self._id_map = IdMap(questions.qids)  # hit → row, for explain
         self._bm25 = questions.bm25
         self._fields = dict(questions.fields or {})
@@ -480,6 +491,9 @@ class Bundle:
             questions, lambda: self._embed(sequences), k, allowed=allowed, exclude=rows
         )
         served = answered(ranking, limit)
+        if self._answerable is not None and ranking.rows.shape[1]:
+            top = ranking.rows[:, 0]
+            served &= self._answerable[np.maximum(top, 0)] & (top >= 0)
         results = [
             SearchResult(query=q, hits=self._hits(ranking, i), answered=bool(served[i]))
             for i, q in enumerate(questions)

@@ -102,8 +102,9 @@ def fit_factory(factory: str, n_train: int, d: int | None = None) -> tuple[str, 
     ``d`` (when given) becomes the largest divisor of d below m (PQ150 on 128-d vectors →
     PQ128), so one factory string serves every embedding size. Everything else is kept.
 
-    Fewer vectors than a PQ codebook's 2**nbits centroids (FAISS cannot train it at all):
-    ``Flat``, exact search, which is what so small a corpus needs anyway.
+    Fewer vectors than FAISS's 39 a centroid for a PQ codebook of 2**nbits centroids (624
+    for 4-bit codes, 9,984 for 8-bit; below that FAISS trains it badly and warns once per
+    sub-quantizer): ``Flat``, exact search, which is what so small a corpus needs anyway.
 
     Returns ``(factory, note)``; ``note`` is a human sentence when something was changed,
     else None.
@@ -136,11 +137,12 @@ def fit_factory(factory: str, n_train: int, d: int | None = None) -> tuple[str, 
         note = change if note is None else f"{note}; {change}"
     for pq in _PQ.finditer(factory):
         nbits = int(pq.group(2) or 8)
-        if n_train < 2**nbits:
+        needed = MIN_POINTS_PER_CENTROID * 2**nbits
+        if n_train < needed:
             # So few questions are searched exactly in no time: no codebook to train.
             return "Flat", (
                 f"{factory}: a PQ codebook of 2**{nbits} centroids needs at least "
-                f"{2**nbits} training vectors, have {n_train}: using exact search (Flat)"
+                f"{needed:,} training vectors, have {n_train:,}: using exact search (Flat)"
             )
     return factory, note
 

@@ -120,9 +120,9 @@ def check_resumable(path: Path, state: dict[str, Any], fingerprint: dict[str, An
             for k in {*fingerprint, *state["fingerprint"]}
             if state["fingerprint"].get(k) != fingerprint.get(k)
         )
+        # Callers train afresh on it (qpr.training.loop.train_or_restart): no advice to give.
         raise TrainingStateError(
-            f"{path} was written by a run with different {changed}; "
-            "use resume=False or another out_dir"
+            f"{path} was written by a run with other settings: {', '.join(changed)}"
         )
 
 
