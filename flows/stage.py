@@ -113,7 +113,7 @@ def _evaluate(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
 def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str, Any]:
     import os
 
-    from qpr.pipeline.register import RETRAIN_RUN_ENV, run_register
+    from qpr.pipeline.register import DVC_EXPERIMENT_ENV, RETRAIN_RUN_ENV, run_register
 
     experiment = settings.mlflow.experiment
     result = run_register(
@@ -124,6 +124,8 @@ def _register(settings: Settings, paths: ProjectPaths, log: Log) -> Mapping[str,
         # Inside a retraining cycle: register and decide only; the cycle promotes after
         # its commit point.
         cycle_run=os.environ.get(RETRAIN_RUN_ENV) or None,
+        # `dvc exp run` names its experiment here: an experiment never moves the champion.
+        experiment=os.environ.get(DVC_EXPERIMENT_ENV) or None,
     )
     mlflow.set_tags(
         {

@@ -77,6 +77,17 @@ def test_on_its_own_the_stage_marks_the_version_committed_before_promoting(fake,
     assert fake.aliases[registry.CHAMPION] == new
 
 
+def test_an_experiment_registers_but_never_moves_the_champion(fake, paths):
+    old = _champion(fake, 0.40)
+
+    result = _register(paths, experiment="bushy-flan")
+
+    new = result["version"]
+    assert result["promoted"] == 0 and result["experiment_would_promote"] == 1
+    assert fake.aliases[registry.CHAMPION] == old  # the service's model is unchanged
+    assert f"qpr model promote {new}" in result["reason"] and "bushy-flan" in result["reason"]
+
+
 def test_the_champion_is_re_scored_on_the_challengers_queries(fake, paths):
     # Recorded on another split it looked unbeatable (0.90); on the challenger's validation
     # queries, measured the same way, it scores 0.60 against the challenger's 0.72.

@@ -15,6 +15,9 @@ Inside a retraining cycle (`cycle_run`, set from ``QPR_RETRAIN_RUN``) the stage 
 and decides but moves no alias and sets no committed mark: the cycle does both after its
 commit point, so a run killed here leaves only an unmarked version nobody serves. Run on
 its own (`dvc repro`, `make run`) the stage is the last step, so it marks and promotes.
+Inside a DVC experiment (`dvc exp run`, which sets DVC_EXP_NAME) it registers and judges
+but never promotes: trying a setting must not change what the service answers with. The
+decision is recorded; `qpr model promote N` carries it out when a person wants it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from qpr.redact import redact_tree
 
 ACTOR = "register-flow"
 RETRAIN_RUN_ENV = registry.RETRAIN_RUN_ENV
+DVC_EXPERIMENT_ENV = "DVC_EXP_NAME"  # set by `dvc exp run` for its stages
 
 # (challenger, champion) measured alike, or None when that cannot be done
 Rescore = Callable[[registry.VersionInfo], "tuple[float, float] | None"]
@@ -82,6 +86,7 @@ def run_register(
     log: Callable[[str], None] = print,
     cycle_run: str | None = None,
     rescore: Rescore | None = None,
+    experiment: str | None = None,
 ) -> dict[str, Any]:
     """Register models/ + the evaluate stage's metrics, decide, and (on its own) promote
     or keep the champion.
@@ -90,7 +95,9 @@ def run_register(
     hash: the flow finds them in MLflow). `rescore` measures challenger and champion
     alike (default `rescore_on_validation`). Returns what metrics/register.json holds: the
     version, promoted (0/1: the decision; `deferred` 1 when the cycle carries it out), the
-    measures compared (champion: null when there was none), the reason in words.
+    measures compared (champion: null when there was none), the reason in words. With
+    `experiment` (a DVC experiment's name) nothing is promoted: `promoted` is 0 and
+    `experiment_would_promote` says what the decision was.
     """
     cfg = settings.registry
     metrics = read_evaluate_metrics(paths)
@@ -129,6 +136,13 @@ def run_register(
     )
     if compared["note"]:
         reason = f"{reason} ({compared['note']})"
+    would_promote = promoted
+    if experiment and promoted:
+        promoted = False
+        reason = (
+            f"experiment {experiment!r} would promote it ({reason}); experiments never move "
+            f"the champion: `qpr model promote {version.version}` to do it"
+        )
     if cycle_run:
         log(f"decision for version {version.version}, carried out after the commit: {reason}")
     elif promoted:
@@ -153,6 +167,7 @@ def run_register(
         "margin": cfg.margin,
         "floor": cfg.min_metric,
         "reason": reason,
+        **({"experiment_would_promote": int(would_promote)} if experiment else {}),
     }
 
 
