@@ -481,8 +481,14 @@ def project_row(root: Path, cluster_dir: Path) -> dict[str, Any]:
     from qpr.config import load_settings
 
     def read(name: str) -> dict[str, Any]:
-        path = root / "metrics" / f"{name}.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        # Timings live apart from the metrics (metrics/timings/): they differ run to run.
+        out: dict[str, Any] = {}
+        for path in (
+            root / "metrics" / f"{name}.json",
+            root / "metrics" / "timings" / f"{name}.json",
+        ):
+            out.update(json.loads(path.read_text()) if path.is_file() else {})
+        return out
 
     mine = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
     theirs = pd.read_parquet(
