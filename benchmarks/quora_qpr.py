@@ -480,6 +480,12 @@ def project_row(root: Path, cluster_dir: Path) -> dict[str, Any]:
 
     from qpr.config import load_settings
 
+    def merged(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+        for key, value in more.items():
+            both = isinstance(value, dict) and isinstance(into.get(key), dict)
+            into[key] = merged(into[key], value) if both else value
+        return into
+
     def read(name: str) -> dict[str, Any]:
         # Timings live apart from the metrics (metrics/timings/): they differ run to run.
         out: dict[str, Any] = {}
@@ -487,7 +493,7 @@ def project_row(root: Path, cluster_dir: Path) -> dict[str, Any]:
             root / "metrics" / f"{name}.json",
             root / "metrics" / "timings" / f"{name}.json",
         ):
-            out.update(json.loads(path.read_text()) if path.is_file() else {})
+            out = merged(out, json.loads(path.read_text()) if path.is_file() else {})
         return out
 
     mine = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
