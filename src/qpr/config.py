@@ -267,6 +267,9 @@ class LexicalSettings(_Section):
     # (evaluate.k) keeps this share of an exact dense search's results, on validation.
     served_recall: float = Field(0.98, gt=0.0, le=1.0)
     stemmer: str | None = "english"  # Snowball stems of the words (None: the words as written)
+    # BM25's terms: the words, or their character n-grams (robust to typos; qpr.text.words)
+    analyzer: Literal["words", "chars"] = "words"
+    ngram: int = Field(3, ge=2)  # characters per gram, chars only
     k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation
     b: float = Field(0.75, ge=0.0, le=1.0)  # BM25 length normalisation
     # Dense weights α tried on the validation split; the best P@1 is served (1.0 = dense).

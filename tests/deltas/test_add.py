@@ -19,6 +19,7 @@ import pytest
 
 from qpr.artifacts import (
     ABSORBED_FILE,
+    BM25_FILE,
     DELTA_QUESTIONS_FILE,
     DELTAS_DIR,
     DELTAS_MANIFEST_FILE,
@@ -45,6 +46,7 @@ from qpr.deltas.format import (
     live_questions,
     read_manifest,
 )
+from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.bundle import Bundle
 
 from .factories import LATER, MAIN, MAIN_IDS, flat, frame, ids, search_config, write_index
@@ -75,6 +77,23 @@ def test_bm25_drift_is_measured(models: Path) -> None:
     # "varnish" and "canoe" are unknown to the main vocabulary: they score nothing
     assert (entry["unknown_terms"], entry["unknown_tokens"]) == (2, 2)
     assert entry["tokens"] > entry["unknown_tokens"]
+
+
+def test_a_delta_added_to_a_chars_bundle_is_searched_with_chars(models: Path) -> None:
+    from qpr.text.words import char_grams
+
+    BM25Index.build(MAIN, k1=1.2, analyzer="chars").save(models / BM25_FILE)
+    # new words made of grams the main questions have ("piano", "house", "boat", "garden")
+    entry = add_questions(models, frame(["my pianohouse and boatgarden"], [1]))
+    assert entry["tokens"] == len(
+        char_grams(["my", "pianohouse", "boatgarden"])
+    )  # grams, not words
+    bundle = Bundle.load(models)
+    assert bundle.bm25 is not None and bundle.bm25.analyzer == "chars"
+    _, rows = bundle.bm25.search("pianohose boatgardn", 1)  # typo'd, as a user types
+    assert int(rows[0]) == bundle.size - 1  # the delta's row, after main's
+    compact(models, flat)
+    assert BM25Index.load(models / BM25_FILE).settings["analyzer"] == "chars"
 
 
 def test_a_tombstoned_question_never_comes_back(models: Path) -> None:

@@ -274,3 +274,90 @@ def test_allowed_documents_only_and_scores_unchanged(
     assert (none_r == -1).all() and np.isneginf(none_s).all()
     with pytest.raises(ValueError, match="allowed must be bool"):
         index.search("router", 5, allowed=np.ones(3, bool))
+
+
+TYPO_DOCS = [
+    "how do i receive my passport",
+    "how do i renew my car insurance",
+    "where is the nearest post office",
+    "what is the capital of france",
+]
+
+
+def test_chars_find_a_typod_question_that_words_miss() -> None:
+    question = "Where to recieve a pasport?"
+    words = BM25Index.build(TYPO_DOCS, k1=0.9, stemmer="english")
+    chars = BM25Index.build(TYPO_DOCS, k1=1.2, analyzer="chars", ngram=3)
+    assert words.search(question, 2)[1][0] != 0  # "recieve", "pasport": unknown words; "where" wins
+    assert chars.search(question, 2)[1][0] == 0
+    assert len(chars.query_terms(question)) > 2 * len(words.query_terms(question))
+    assert chars.settings == {"stemmer": None, "k1": 1.2, "b": 0.75, "analyzer": "chars",
+                              "ngram": 3}  # fmt: skip
+    assert describe_bm25(chars.settings) == "character 3-grams of words as written, k1 1.2, b 0.75"
+    assert "analyzer" not in words.settings  # a words index's records are as before
+
+
+def test_chars_matches_gives_the_search_score_and_the_words_sharing_grams() -> None:
+    index = BM25Index.build(TYPO_DOCS, analyzer="chars")
+    question = "recieve pasport pasport zzz"
+    scores, rows = index.search(question, len(TYPO_DOCS))
+    for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
+        if row >= 0:
+            assert index.matches(question, row)[0] == pytest.approx(score, rel=1e-5)
+    assert index.matches(question, 0)[1] == ("recieve", "pasport")
+
+
+def test_save_load_keeps_the_analyzer_and_an_old_file_loads_as_words(tmp_path: Path) -> None:
+    import json
+
+    chars = BM25Index.build(TYPO_DOCS, analyzer="chars", ngram=4)
+    again = BM25Index.load(chars.save(tmp_path / "chars.npz"))
+    assert (again.analyzer, again.ngram, again.terms) == ("chars", 4, chars.terms)
+    assert again.search("pasport", 1)[1][0] == 0
+    # a file written before analyzers: its header has no "analyzer" key
+    words = BM25Index.build(TYPO_DOCS, stemmer="english")
+    header = {"format": "qpr-bm25/1", "num_docs": words.num_docs, "k1": words.k1,
+              "b": words.b, "stemmer": "english",
+              "terms": sorted(words.terms, key=words.terms.__getitem__)}  # fmt: skip
+    np.savez(
+        tmp_path / "old.npz",
+        header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+        indptr=words.indptr,
+        rows=words.rows,
+        weights=words.weights,
+    )
+    old = BM25Index.load(tmp_path / "old.npz")
+    assert old.analyzer == "words" and old.search("receiving passports", 1)[1][0] == 0
+    assert "analyzer" not in json.loads(
+        bytes(np.load(words.save(tmp_path / "w.npz"))["header"]).decode()
+    )
+
+
+def test_shards_of_two_analyzers_are_refused_and_chars_shards_merge() -> None:
+    from qpr.retrieval.bm25 import count_terms
+
+    with pytest.raises(ValueError, match="different analyzers"):
+        BM25Index.from_counts([count_terms(["a cat"], analyzer="chars"), count_terms(["dogs"])])
+    with pytest.raises(ValueError, match="different analyzers"):
+        BM25Index.from_counts(
+            [
+                count_terms(["a cat"], analyzer="chars"),
+                count_terms(["dogs"], analyzer="chars", ngram=4),
+            ]
+        )
+    parts = [
+        count_terms(TYPO_DOCS[:2], analyzer="chars"),
+        count_terms(TYPO_DOCS[2:], analyzer="chars"),
+    ]
+    merged = BM25Index.from_counts(parts)
+    whole = BM25Index.build(TYPO_DOCS, analyzer="chars")
+    assert merged.analyzer == "chars" and merged.terms == whole.terms
+    np.testing.assert_array_equal(merged.weights, whole.weights)
+
+
+def test_chars_term_counts_round_trip(tmp_path: Path) -> None:
+    from qpr.retrieval.bm25 import TermCounts, count_terms
+
+    counts = count_terms(TYPO_DOCS, analyzer="chars", ngram=4)
+    again = TermCounts.load(counts.save(tmp_path / "c.npz"))
+    assert (again.analyzer, again.ngram, again.terms) == ("chars", 4, counts.terms)

@@ -85,6 +85,21 @@ def test_index_and_bm25_equal_the_in_memory_build(
     np.testing.assert_array_equal(made.bm25.weights, expected.weights)
 
 
+def test_chars_shards_counted_apart_equal_the_in_memory_build(
+    models: Path, shards: list[Path], tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    chars = LexicalConfig(k1=1.2, stemmer=None, analyzer="chars", ngram=4)
+    indexer = replace(make(models, tmp_path), lexical=chars)
+    words = make(models, tmp_path).bm25(shards, log=QUIET)
+    made = indexer.bm25(shards, log=QUIET)  # beside the words' cached counts, not from them
+    expected = BM25Index.build(texts_of(shards), k1=1.2, analyzer="chars", ngram=4)
+    assert (made.analyzer, made.ngram) == ("chars", 4) and words.analyzer == "words"
+    assert made.terms == expected.terms
+    np.testing.assert_array_equal(made.weights, expected.weights)
+
+
 def test_a_finished_shard_is_not_encoded_again(
     models: Path, shards: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -232,7 +232,7 @@ def delta_postings(
     int32 [nnz] (main term ids), row int32 [nnz], weight float32 [nnz], sorted by (term,
     row); and {"tokens", "unknown_tokens", "unknown_terms"}: the words main does not know,
     which score nothing until compaction."""
-    counts = count_terms(texts, stemmer=main.stemmer)
+    counts = count_terms(texts, stemmer=main.stemmer, analyzer=main.analyzer, ngram=main.ngram)
     mapped = np.asarray([main.terms.get(word, -1) for word in counts.terms], np.int64)
     term = mapped[counts.term] if counts.term.size else np.zeros(0, np.int64)
     known = term >= 0
@@ -336,7 +336,8 @@ def _main_avgdl(root: Path, manifest: Manifest, main: BM25Index) -> float:
     if isinstance(cached, dict) and cached.get("ids_sha256") == key:
         return float(cached["avgdl"])
     texts = main_questions(root)["text"].tolist()
-    avgdl = float(count_terms(texts, stemmer=main.stemmer).lengths.mean())
+    counts = count_terms(texts, stemmer=main.stemmer, analyzer=main.analyzer, ngram=main.ngram)
+    avgdl = float(counts.lengths.mean())
     manifest.main_avgdl = {"ids_sha256": key, "avgdl": avgdl}
     return avgdl
 
@@ -490,9 +491,7 @@ def _staged_index(root: Path, live: pd.DataFrame, index: faiss.Index, version: i
     kept.to_parquet(staging / QUESTIONS_FILE.name, index=False)
     if (root / BM25_FILE).is_file():
         main = BM25Index.load(root / BM25_FILE)
-        BM25Index.build(live["text"].tolist(), k1=main.k1, b=main.b, stemmer=main.stemmer).save(
-            staging / BM25_FILE.name
-        )
+        BM25Index.build(live["text"].tolist(), **main.settings).save(staging / BM25_FILE.name)
     write_absorbed(staging, version)
     rewritten = {INDEX_FILE.name, IDS_FILE.name, QUESTIONS_FILE.name, BM25_FILE.name}
     rewritten.add(ABSORBED_FILE.name)

@@ -478,6 +478,8 @@ def merge_bm25(main: BM25Index, deltas: Sequence[dict[str, np.ndarray]]) -> BM25
         main.k1,
         main.b,
         main.stemmer,
+        main.analyzer,
+        main.ngram,
     )
 
 

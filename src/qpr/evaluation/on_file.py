@@ -727,13 +727,19 @@ def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def _grams(bm25: dict[str, Any]) -> str:
+    """'character 3-grams, ' for a chars BM25's settings, '' for words."""
+    return f"character {bm25['ngram']}-grams, " if bm25.get("analyzer") == "chars" else ""
+
+
 def _served_note(summary: dict[str, Any]) -> str:
     """What the served row is: the bundle's fusion, depth, re-ranker and threshold."""
     served, no_answer = summary["served_index"], summary["no_answer"]
     fusion = served["fusion"]
     how = (
         f"fused with BM25 at dense weight {fusion['dense_weight']:g} "
-        f"({served['bm25']['stemmer'] or 'no'} stemmer, k1 {served['bm25']['k1']:g}, "
+        f"({_grams(served['bm25'])}{served['bm25']['stemmer'] or 'no'} stemmer, "
+        f"k1 {served['bm25']['k1']:g}, "
         f"b {served['bm25']['b']:g})"
         if fusion
         else "dense ranking alone"

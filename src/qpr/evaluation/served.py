@@ -58,7 +58,10 @@ def bm25_settings(bundle: Bundle, settings: Settings) -> dict[str, Any]:
     if bundle.bm25 is not None:
         return dict(bundle.bm25.settings)
     lexical = settings.index.lexical
-    return {"stemmer": lexical.stemmer, "k1": lexical.k1, "b": lexical.b}
+    out: dict[str, Any] = {"stemmer": lexical.stemmer, "k1": lexical.k1, "b": lexical.b}
+    if lexical.analyzer != "words":  # as BM25Index.settings records it
+        out.update(analyzer=lexical.analyzer, ngram=lexical.ngram)
+    return out
 
 
 def served_bundle(

@@ -203,7 +203,12 @@ def _indexer(settings: Settings, paths: ProjectPaths, engine: Mapper) -> Indexer
         vocab=paths.vocab,
         work_dir=paths.index_cache_dir,
         lexical=LexicalConfig(
-            cfg.lexical.enabled, cfg.lexical.k1, cfg.lexical.b, cfg.lexical.stemmer
+            cfg.lexical.enabled,
+            cfg.lexical.k1,
+            cfg.lexical.b,
+            cfg.lexical.stemmer,
+            cfg.lexical.analyzer,
+            cfg.lexical.ngram,
         ),
         engine=engine,
         seed=settings.seed,

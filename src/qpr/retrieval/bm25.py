@@ -12,7 +12,10 @@ searches the long lists of common words ("how", "what") only for documents that 
 make the top k, so the top k stays exact.
 Words: `tokenize` (the lexical baselines' own tokens, English stop words removed), optionally
 reduced to their Snowball stems (PyStemmer: "losing" and "loses" → "lose"), recorded in the
-index file so that questions are stemmed the same way at search time.
+index file so that questions are stemmed the same way at search time. With the "chars"
+analyzer (index.lexical.analyzer) the terms are the character n-grams of those words
+(`qpr.text.words.char_grams`): a typo'd word still shares most of its grams. The analyzer
+is recorded in the index file too; a file without one is read as "words".
 
 Arrays: float32 scores, int64 rows (-1 = empty slot); small functions, no framework code.
 """
@@ -33,7 +36,7 @@ import numpy as np
 from qpr.config import check_stemmer
 from qpr.io import write_atomic
 from qpr.retrieval.maxscore import Postings, Query, scan_top_k, thread_scratch, top_k
-from qpr.text.words import tokenize
+from qpr.text.words import analyze, char_grams, check_analyzer, tokenize
 
 FORMAT = "qpr-bm25/1"
 COUNTS_FORMAT = "qpr-bm25-counts/1"
@@ -47,11 +50,14 @@ EXACT_SCAN_DOCS = 2048
 
 
 def describe_bm25(settings: Mapping[str, Any]) -> str:
-    """'english stems, k1 0.9, b 0.75' or 'words as written, k1 1.5, b 0.75' for a
-    BM25Index.settings-like mapping; a missing key means BM25Index's default (files and
-    benchmark rows written before stemming recorded none)."""
+    """'english stems, k1 0.9, b 0.75', 'words as written, k1 1.5, b 0.75' or 'character
+    3-grams of words as written, k1 1.2, b 0.75' for a BM25Index.settings-like mapping; a
+    missing key means BM25Index's default (files and benchmark rows written before stemming
+    or analyzers recorded none)."""
     stemmer = settings.get("stemmer")
     words = f"{stemmer} stems" if stemmer else "words as written"
+    if settings.get("analyzer", "words") == "chars":
+        words = f"character {settings.get('ngram', 3)}-grams of {words}"
     return f"{words}, k1 {settings.get('k1', 1.5):g}, b {settings.get('b', 0.75):g}"
 
 
@@ -73,13 +79,21 @@ class TermCounts:
     tf: np.ndarray  # int32 [nnz]
     lengths: np.ndarray  # int32 [num_docs]: words a document has, repeats included
     stemmer: str | None
+    analyzer: str = "words"  # or "chars": the words' character n-grams are the terms
+    ngram: int = 3  # chars only: characters per gram
 
     @property
     def num_docs(self) -> int:
         return int(self.lengths.size)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        header = {"format": COUNTS_FORMAT, "terms": self.terms, "stemmer": self.stemmer}
+        header = {
+            "format": COUNTS_FORMAT,
+            "terms": self.terms,
+            "stemmer": self.stemmer,
+            "analyzer": self.analyzer,
+            "ngram": self.ngram,
+        }
         arrays = {"term": self.term, "row": self.row, "tf": self.tf, "lengths": self.lengths}
         return _save_npz(Path(path), header, arrays)
 
@@ -96,12 +110,21 @@ class TermCounts:
                 data["tf"],
                 data["lengths"],
                 header["stemmer"],
+                header.get("analyzer", "words"),
+                int(header.get("ngram", 3)),
             )
 
 
-def count_terms(texts: Sequence[str], *, stemmer: str | None = None) -> TermCounts:
-    """The BM25 words of each text (`qpr.text.words.tokenize`), counted."""
-    docs = tokenize(texts, stemmer=check_stemmer(stemmer))
+def count_terms(
+    texts: Sequence[str],
+    *,
+    stemmer: str | None = None,
+    analyzer: str = "words",
+    ngram: int = 3,
+) -> TermCounts:
+    """The BM25 terms of each text (`qpr.text.words.analyze`: words or their grams), counted."""
+    analyzer, ngram = check_analyzer(analyzer, ngram)
+    docs = analyze(texts, stemmer=check_stemmer(stemmer), analyzer=analyzer, ngram=ngram)
     terms: dict[str, int] = {}
     doc_of, term_of = [], []
     for row, words in enumerate(docs):
@@ -120,6 +143,8 @@ def count_terms(texts: Sequence[str], *, stemmer: str | None = None) -> TermCoun
         tf.astype(np.int32),
         lengths,
         stemmer,
+        analyzer,
+        ngram,
     )
 
 
@@ -136,6 +161,8 @@ class BM25Index:
     k1: float = 1.5
     b: float = 0.75
     stemmer: str | None = None  # Snowball algorithm applied to document and query words
+    analyzer: str = "words"  # "chars": the terms are the words' character n-grams
+    ngram: int = 3  # chars only: characters per gram
 
     @classmethod
     def build(
@@ -145,8 +172,11 @@ class BM25Index:
         k1: float = 1.5,
         b: float = 0.75,
         stemmer: str | None = None,
+        analyzer: str = "words",
+        ngram: int = 3,
     ) -> BM25Index:
-        return cls.from_counts([count_terms(texts, stemmer=stemmer)], k1=k1, b=b)
+        counts = count_terms(texts, stemmer=stemmer, analyzer=analyzer, ngram=ngram)
+        return cls.from_counts([counts], k1=k1, b=b)
 
     @classmethod
     def from_counts(
@@ -163,6 +193,12 @@ class BM25Index:
                 f"shards were counted with different stemmers: {sorted(map(str, stemmers))}"
             )
         stemmer = stemmers.pop() if stemmers else None
+        analyzers = {(part.analyzer, part.ngram) for part in parts}
+        if len(analyzers) > 1:
+            raise ValueError(
+                f"shards were counted with different analyzers: {sorted(map(str, analyzers))}"
+            )
+        analyzer, ngram = analyzers.pop() if analyzers else ("words", 3)
         terms: dict[str, int] = {}
         term_parts, row_parts, tf_parts, offset = [], [], [], 0
         for part in parts:
@@ -189,6 +225,8 @@ class BM25Index:
                 k1,
                 b,
                 stemmer,
+                analyzer,
+                ngram,
             )
         # Each shard is sorted by (term, row) and shards hold ascending rows: a stable sort
         # by term alone gives the global (term, row) order.
@@ -204,18 +242,26 @@ class BM25Index:
         weights = idf[term] * tf / (tf + norm)
         indptr = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
-        return cls(
-            terms, indptr, row.astype(np.int32), weights.astype(np.float32), n, k1, b, stemmer
-        )
+        weights = weights.astype(np.float32)
+        return cls(terms, indptr, row.astype(np.int32), weights, n, k1, b, stemmer, analyzer, ngram)
 
     @property
     def settings(self) -> dict[str, Any]:
-        """What decides the weights and the words: stemmer, k1, b (see `describe_bm25`)."""
-        return {"stemmer": self.stemmer, "k1": self.k1, "b": self.b}
+        """What decides the weights and the terms: stemmer, k1, b, and with the chars
+        analyzer analyzer and ngram (absent for words, so the words' records are unchanged;
+        see `describe_bm25`)."""
+        out: dict[str, Any] = {"stemmer": self.stemmer, "k1": self.k1, "b": self.b}
+        if self.analyzer != "words":
+            out.update(analyzer=self.analyzer, ngram=self.ngram)
+        return out
+
+    def analyze(self, texts: Sequence[str]) -> list[list[str]]:
+        """Each text's terms as this index reads them (its stemmer, analyzer and ngram)."""
+        return analyze(texts, stemmer=self.stemmer, analyzer=self.analyzer, ngram=self.ngram)
 
     def query_terms(self, text: str) -> np.ndarray:
-        """int64 term ids of the question's known words (unknown words score nothing)."""
-        words = tokenize([text], stemmer=self.stemmer)[0]
+        """int64 term ids of the question's known terms (unknown terms score nothing)."""
+        words = self.analyze([text])[0]
         ids = [self.terms[w] for w in words if w in self.terms]
         return np.asarray(ids, np.int64)
 
@@ -231,10 +277,13 @@ class BM25Index:
         weight_of = dict(zip(terms[start:end].tolist(), weights[start:end].tolist(), strict=True))
         score, matched = 0.0, []
         for word, stem in zip(words, stems, strict=True):
-            weight = weight_of.get(self.terms.get(stem, -1))
-            if weight is None:
+            # chars: a word matches when one of its grams does; each gram's weight counts.
+            terms = [stem] if self.analyzer == "words" else char_grams([stem], self.ngram)
+            found = [weight_of.get(self.terms.get(term, -1)) for term in terms]
+            found = [weight for weight in found if weight is not None]
+            if not found:
                 continue
-            score += weight  # repeats count, as in `search`
+            score += sum(found)  # repeats count, as in `search`
             if word not in matched:
                 matched.append(word)
         return score, tuple(matched)
@@ -332,6 +381,8 @@ class BM25Index:
             "stemmer": self.stemmer,
             "terms": sorted(self.terms, key=self.terms.__getitem__),
         }
+        if self.analyzer != "words":  # a words index's file stays as it was before analyzers
+            header.update(analyzer=self.analyzer, ngram=self.ngram)
         arrays = {"indptr": self.indptr, "rows": self.rows, "weights": self.weights}
         return _save_npz(path, header, arrays)
 
@@ -355,6 +406,10 @@ class BM25Index:
             raise ValueError(f"{path}: inconsistent BM25 arrays")
         try:
             stemmer = check_stemmer(header.get("stemmer"))  # absent in unstemmed older files
+            # absent in files written before analyzers, all of words
+            analyzer, ngram = check_analyzer(
+                header.get("analyzer", "words"), header.get("ngram", 3)
+            )
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         return cls(
@@ -366,6 +421,8 @@ class BM25Index:
             header["k1"],
             header["b"],
             stemmer,
+            analyzer,
+            ngram,
         )
 
 

@@ -62,6 +62,8 @@ class CountTask:
     column: str
     stemmer: str | None
     out: Path
+    analyzer: str = "words"
+    ngram: int = 3
 
 
 def read_texts(shard: Path, column: str) -> list[str]:
@@ -119,7 +121,9 @@ def _encode_folded(folded: Any, vocab: Any, texts: list[str], max_len: int, thre
 def count_shard(task: CountTask) -> Path:
     """Run one CountTask (skipped when its file exists); the path of the counts."""
     if not task.out.is_file():
-        count_terms(read_texts(task.shard, task.column), stemmer=task.stemmer).save(task.out)
+        texts = read_texts(task.shard, task.column)
+        counts = count_terms(texts, stemmer=task.stemmer, analyzer=task.analyzer, ngram=task.ngram)
+        counts.save(task.out)
     return task.out
 
 
@@ -134,6 +138,8 @@ class LexicalConfig:
     k1: float = 0.9
     b: float = 0.75
     stemmer: str | None = "english"
+    analyzer: str = "words"  # or "chars": character n-grams of the words
+    ngram: int = 3
 
 
 @dataclass
@@ -230,13 +236,18 @@ class Indexer:
     ) -> BM25Index:
         """BM25 over every shard: counted per shard, merged with global statistics."""
         lexical = self.lexical
-        key = text_sha256(f"bm25 {lexical.stemmer}")
+        terms = f"bm25 {lexical.stemmer}"
+        if lexical.analyzer != "words":  # the words' cached counts keep their names
+            terms += f" {lexical.analyzer} {lexical.ngram}"
+        key = text_sha256(terms)
         tasks = [
             CountTask(
                 shard.resolve(),
                 column,
                 lexical.stemmer,
                 self._out("counts", key, shard, column, ".npz").resolve(),
+                lexical.analyzer,
+                lexical.ngram,
             )
             for shard in shards
         ]

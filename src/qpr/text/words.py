@@ -1,6 +1,8 @@
 """Words for the lexical side (BM25 and the Jaccard baseline): bm25s's tokenisation
 (lower-cased words of 2+ word characters, English stop words removed), optionally reduced
-to Snowball stems with PyStemmer. The encoders' own tokenisation is `normalize.tokenize`.
+to Snowball stems with PyStemmer, or cut into character n-grams (`char_grams`, the
+"chars" analyzer: a typo changes a few grams of a word, not the whole word). The encoders'
+own tokenisation is `normalize.tokenize`.
 """
 
 from __future__ import annotations
@@ -62,3 +64,43 @@ def tokenize(
         return words
     stem = _stem_words(stemmer)
     return [stem(w) for w in words]
+
+
+# How BM25 reads a text (index.lexical.analyzer): its words, or their character n-grams.
+ANALYZERS = ("words", "chars")
+
+
+def check_analyzer(analyzer: str, ngram: int) -> tuple[str, int]:
+    """(analyzer, ngram) checked; ValueError naming what is wrong."""
+    if analyzer not in ANALYZERS:
+        raise ValueError(f"unknown analyzer {analyzer!r}; expected one of {', '.join(ANALYZERS)}")
+    if int(ngram) < 2:
+        raise ValueError(f"ngram must be >= 2, got {ngram}")
+    return analyzer, int(ngram)
+
+
+def char_grams(words: Iterable[str], n: int = 3) -> list[str]:
+    """The character n-grams of each word, marked "<" and ">" at its ends so that a word's
+    first and last letters make grams of their own (fastText's marks): "how" → "<ho",
+    "how", "ow>". A marked word shorter than n is one gram. Repeats are kept, in order."""
+    grams: list[str] = []
+    for word in words:
+        marked = f"<{word}>"
+        grams.extend(marked[i : i + n] for i in range(max(1, len(marked) - n + 1)))
+    return grams
+
+
+def analyze(
+    texts: Iterable[str],
+    *,
+    stemmer: str | None = None,
+    analyzer: str = "words",
+    ngram: int = 3,
+) -> list[list[str]]:
+    """BM25's terms of each text: the words `tokenize` yields (stop words removed, stemmed
+    with ``stemmer``), or with analyzer "chars" their character ``ngram``-grams."""
+    analyzer, ngram = check_analyzer(analyzer, ngram)
+    words = tokenize(texts, stemmer=stemmer)
+    if analyzer == "words":
+        return words
+    return [char_grams(w, ngram) for w in words]
