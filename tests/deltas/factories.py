@@ -82,3 +82,33 @@ def frame(texts: list[str], ids: list[int], answer: str = "new") -> pd.DataFrame
 
 def ids(bundle: Bundle, question: str, k: int) -> list[int]:
     return [hit.question_id for hit in bundle.search(question, k=k).hits]
+
+
+def write_encoder(models: Path, *, seed: int, output_dim: int) -> None:
+    """Another random-weight CNN as the bundle's encoder.onnx (a retrained model)."""
+    import torch
+
+    from qpr.model import CNNEncoder
+    from qpr.model.onnx import export_onnx
+
+    vocab = Vocabulary.load(models / VOCAB_FILE)
+    torch.manual_seed(seed)
+    encoder = CNNEncoder(
+        vocab.size, embedding_dim=16, windows=(3,), channels=16, output_dim=output_dim
+    )
+    export_onnx(
+        encoder,
+        models / ENCODER_FILE,
+        metadata={"vocab_sha256": vocab.checksum, "max_len": str(MAX_LEN)},
+    )
+
+
+def found_at_zero(models: Path, texts: list[str]) -> bool:
+    """Whether a search for each text finds it first at distance 0 (the same encoder
+    made its vector and the query's)."""
+    bundle = Bundle.load(models)
+    for text in texts:
+        hits = bundle.search(text, k=1, threshold=float("inf")).hits
+        if not hits or hits[0].text != text or hits[0].distance > 1e-5:
+            return False
+    return True

@@ -68,3 +68,19 @@ def test_a_champion_of_another_base_keeps_the_change_local(models: Path) -> None
     (models / "vocab.json").write_text((models / "vocab.json").read_text() + " ")
     info, said = register_deltas(models, name=NAME, actor="tests", reason="x")
     assert info is None and "another base" in said
+
+
+def test_a_bundle_its_first_build_has_not_finished_is_not_registered(models: Path) -> None:
+    """An add while the first retraining runs its evaluate stage: no search.json yet. The
+    add is served; publishing says it registered nothing instead of failing the command."""
+    from qpr.artifacts import SEARCH_FILE
+    from qpr.config import settings_from_dict
+    from qpr.deltas.publish import publish
+    from tests.conftest import tiny_overrides
+
+    (models / SEARCH_FILE).unlink()
+    settings = settings_from_dict(tiny_overrides(models.parent, registry={"name": NAME}))
+
+    out = publish(models, settings, actor="tests", reason="delta 1")
+
+    assert out["registry"].startswith("not registered:") and SEARCH_FILE.name in out["registry"]

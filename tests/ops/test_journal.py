@@ -74,6 +74,26 @@ def test_a_crashed_run_is_rolled_back(project: RetrainLayout):
     assert recover(project, finish_commit=lambda j: [], **hooks) is None  # nothing left
 
 
+def test_the_hold_spans_the_restore_from_checkout_to_registry(project: RetrainLayout):
+    """The caller's hold (the models folder's writer lock) is taken after the leftover
+    pipeline is stopped and released after the registry is back: no add in between."""
+    from contextlib import contextmanager
+
+    fresh = incoming_file(write_log_day(project.incoming))
+    Journal.begin(project, run="r2", files=[fresh], registry={})
+    calls, hooks = _calls()
+
+    @contextmanager
+    def hold():
+        calls.append("hold")
+        yield
+        calls.append("release")
+
+    recover(project, finish_commit=lambda j: ["never"], hold=hold, **hooks)
+
+    assert calls == ["hold", "checkout", "registry {}", "release"]
+
+
 def test_the_snapshot_shares_inodes_that_the_merge_never_writes_to(project: RetrainLayout):
     day = project.logs_dir / "2026-10-01.jsonl"
     fresh = incoming_file(write_log_day(project.incoming))

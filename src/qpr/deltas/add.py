@@ -34,6 +34,7 @@ from qpr.artifacts import (
     ABSORBED_FILE,
     ANSWER_ID,
     BM25_FILE,
+    DELTA_QUESTIONS_FILE,
     DELTAS_MANIFEST_FILE,
     ENCODER_FILE,
     IDS_FILE,
@@ -75,6 +76,7 @@ __all__ = [
     "new_questions",
     "read_ids",
     "read_questions",
+    "reencode_deltas",
 ]
 
 
@@ -364,6 +366,46 @@ def _checked_questions(questions: pd.DataFrame) -> pd.DataFrame:
     if (frame["text"].str.strip() == "").any():
         raise ValueError("empty question text")
     return frame
+
+
+def reencode_deltas(
+    models_dir: str | os.PathLike[str],
+    since: int | None,
+    *,
+    batch_size: int = 256,
+    threads: int = 1,
+    wait: float | None = None,
+) -> dict[str, Any]:
+    """Encode again, with the bundle's present base, the deltas added after manifest
+    version `since` (None: every delta the main index does not hold): their vectors and
+    BM25 postings are rewritten, their number, version, rows and tombstones kept. After a
+    retraining's rollback (`qpr.ops.carry`): an add made while the cycle ran may have been
+    encoded by the model the rollback removed. A delta whose files are not as its manifest
+    entry records is left as it is (it fails alone; `drop` removes it). Returns
+    {"reencoded": numbers, "left": {number: why}}."""
+    root = Path(models_dir)
+    with manifest_update(root, wait=wait) as manifest:
+        floor = max(absorbed_version(root), -1 if since is None else int(since))
+        todo, left = [], {}
+        for entry in [d for d in manifest.deltas if int(d["version"]) > floor]:
+            folder = root / delta_dir(int(entry["number"]))
+            try:
+                intact = delta_sha256(folder) == entry["sha256"]
+            except OSError as err:
+                left[int(entry["number"])] = f"unreadable: {err}"
+                continue
+            if not intact:
+                left[int(entry["number"])] = "its files are not as its manifest entry records"
+                continue
+            frame = pd.read_parquet(folder / DELTA_QUESTIONS_FILE)[QUESTION_COLUMNS]
+            vectors = _encode(root, frame["text"].tolist(), batch_size, threads)
+            todo.append((entry, frame, vectors, *_postings(root, manifest, frame["text"].tolist())))
+        # Every delta encoded before the first folder is replaced: an encoding error
+        # changes nothing. The folders then go before the manifest that names them.
+        for entry, frame, vectors, postings, stats in todo:
+            folder = write_delta(root, int(entry["number"]), vectors, frame, postings)
+            entry.update(sha256=delta_sha256(folder), **stats)
+    return {"reencoded": [int(e["number"]) for e, *_ in todo], "left": left}
 
 
 # ---------------------------------------------------------------- undoing and merging

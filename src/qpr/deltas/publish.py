@@ -57,7 +57,9 @@ def _publish(models_dir: Path, settings: Settings, *, actor: str, reason: str) -
                 models_dir, name=settings.registry.name, actor=actor, reason=reason
             )
             out["registry"] = said if info is None else f"version {info.version}: {said}"
-        except RegistryError as err:
+        except (RegistryError, OSError) as err:
+            # OSError: a bundle whose first build has not finished (an add while the first
+            # retraining runs its evaluate stage, before search.json exists).
             out["registry"] = f"not registered: {err}"
     return out
 

@@ -7,6 +7,7 @@ layout.py             where a retraining run works, its lock, its errors
 incoming.py           new log files: discover, validate, quarantine, archive, the ledger
 merge.py              new log rows into the daily files of data/, never a duplicate
 journal.py            the crash journal: snapshot before data/ changes, recovery after
+carry.py              the deltas added while a cycle runs: kept by a rollback, published after
 vcs.py                the run's git and DVC commands
 processes.py          running dvc/git, and stopping what a killed run left running
 registry_snapshot.py  the registry state a rollback puts back

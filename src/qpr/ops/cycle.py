@@ -4,9 +4,13 @@ data/ changes, when it commits and how it rolls back.
     data/ in sync with data.dvc? → discover new files (bytes merged before: archived) →
     raw-log gate per file (a bad one goes to quarantine) → journal (snapshot of data/,
     pins, uncached outputs, registry) → merge → dvc add → dvc repro (ends with the register
-    stage, which registers and decides but moves no alias) → commit point → finish: git
-    commit, dvc push, archive, ledger, and last the registry: the committed mark on the
-    new version, then the champion alias when the decision was to promote
+    stage, which registers and decides but moves no alias) → commit point → finish: the
+    deltas pinned, git commit, dvc push, archive, ledger, and last the registry: the
+    committed mark on the new version, then the champion alias when the decision was to
+    promote, then the deltas added after the register stage's copy
+
+Adds, deletes and drops may run while a cycle does: none it acknowledged is lost, by a
+rollback or a commit (qpr.ops.carry; the journal records the deltas' version at its start).
 
 `recover_run` first deals with a journal a crashed run left (qpr.ops.journal). The caller
 holds the RetrainLock. flows/retrain.py runs the cycle as a Prefect flow in an MLflow run
@@ -15,6 +19,7 @@ and makes the `CycleSteps` Prefect tasks; a test calls `run_cycle` as it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +28,9 @@ from typing import Any
 
 from qpr.config import Settings
 from qpr.data.versioning import pinned_md5
-from qpr.ops import promotion, registry
+from qpr.deltas.lock import writer_lock
+from qpr.deltas.publish import publish
+from qpr.ops import carry, promotion, registry
 from qpr.ops.incoming import (
     IncomingFile,
     Ledger,
@@ -178,7 +185,8 @@ def finish_commit(cycle: Cycle, journal: Journal) -> list[str]:
     the registry (`settle_registry`): nothing serves the new model before all else is kept."""
     cfg = cycle.settings.retrain
     layout = cycle.layout
-    steps: list[str] = []
+    models_dir = ProjectPaths(layout.root).models_dir
+    steps = carry.pin_carried(models_dir, cycle.env) if journal.data.get("register") else []
     if cfg.git_commit:
         sha, step = commit_pins(layout, commit_message(journal), cycle.env)
         steps.append(step)
@@ -198,6 +206,13 @@ def finish_commit(cycle: Cycle, journal: Journal) -> list[str]:
     )
     steps.append(f"archived {len(moved)} merged file(s) to {target}")
     steps += cycle.steps.settle(cycle, journal)
+    register = journal.data.get("register") or {}
+    if register.get("version"):
+        reason = f"retrain {run}: deltas acknowledged after the register stage"
+        version = int(register["version"])
+        steps += carry.register_carried(
+            models_dir, cycle.settings, version, actor=ACTOR, reason=reason
+        )
     return steps
 
 
@@ -207,13 +222,47 @@ def recover_run(
     """Roll back (or forward) whatever run left a journal; None when none did.
 
     Rolling back puts the registry back from the journal's snapshot and the cached stage
-    outputs back with `dvc checkout`; rolling forward finishes the commit."""
-    return recover(
+    outputs back with `dvc checkout`, keeping the deltas acknowledged meanwhile
+    (`qpr.ops.carry`), which it then publishes; rolling forward finishes the commit."""
+    kept: list[bool] = []
+
+    def checkout_keeping_deltas() -> str:
+        done, changed = _checkout_keeping_deltas(cycle)
+        kept.append(changed)
+        return "; ".join(done)
+
+    models_dir = ProjectPaths(cycle.layout.root).models_dir
+
+    def hold() -> contextlib.AbstractContextManager[Any]:
+        # No add between the checkout and the registry's restore, which would undo its
+        # registry version: it waits, then publishes on the restored registry.
+        return writer_lock(models_dir) if models_dir.is_dir() else contextlib.nullcontext()
+
+    recovery = recover(
         cycle.layout,
         restore_registry=restore_registry,
-        checkout_outputs=lambda: checkout_outputs(cycle.layout, cycle.env),
+        checkout_outputs=checkout_keeping_deltas,
         finish_commit=lambda journal: finish_commit(cycle, journal),
         on_rolled_back=on_rolled_back,
+        hold=hold,
+    )
+    if recovery is not None and any(kept):
+        reason = f"retrain {recovery.run} rolled back: deltas acknowledged while it ran kept"
+        published = publish(models_dir, cycle.settings, actor=ACTOR, reason=reason)
+        recovery.steps += [f"deltas: {what}: {said}" for what, said in published.items()]
+    return recovery
+
+
+def _checkout_keeping_deltas(cycle: Cycle) -> tuple[list[str], bool]:
+    """`dvc checkout` of a rollback, the deltas kept (`carry.checkout_keeping_deltas`)."""
+    journal = Journal.load(cycle.layout)
+    since = journal.data.get("deltas_version") if journal is not None else None
+    return carry.checkout_keeping_deltas(
+        ProjectPaths(cycle.layout.root).models_dir,
+        cycle.layout.snapshot / carry.KEPT_DIR,
+        since,
+        lambda: checkout_outputs(cycle.layout, cycle.env),
+        cycle.settings,
     )
 
 
@@ -240,13 +289,16 @@ def run_cycle(
         summary["outcome"] = "waiting-for-rows"
         cycle.log(f"{summary['new_rows']} new rows, retrain.min_new_rows is {wanted}: waiting")
         return summary
+    # Deltas above this version were acknowledged after the snapshot: a rollback encodes
+    # them again with the model it restores.
+    since = carry.deltas_version(ProjectPaths(layout.root).models_dir)
     journal = Journal.begin(
         layout,
         run=cycle.run,
         files=good,
         registry=snapshot_registry(cycle.settings.registry.name),
         outputs=uncached_outputs(layout.root / "dvc.yaml"),
-        extra=journal_extra,
+        extra={**(journal_extra or {}), "deltas_version": since},
     )
     return _merge_and_retrain(cycle, journal, good, summary)
 

@@ -249,6 +249,7 @@ def recover(
     checkout_outputs: Callable[[], str],
     finish_commit: Callable[[Journal], list[str]],
     on_rolled_back: Callable[[Journal], None] | None = None,
+    hold: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Recovery | None:
     """Deal with the journal a crashed (or failed) run left; None when there is none.
 
@@ -258,6 +259,8 @@ def recover(
     journal holds the caller's registry snapshot), then drop the journal.
     ``committed``: finish the commit (`finish_commit`: git commit, archive the incoming
     files) and drop the journal.
+    `hold()` is held from the restore of data/ to the registry's (the caller's models
+    folder writer lock), after the leftover pipeline is stopped.
     The caller must hold the RetrainLock.
     """
     journal = Journal.load(layout)
@@ -279,9 +282,10 @@ def recover(
     ):
         steps.append(f"killed the leftover pipeline process group {child['pid']}")
     steps += clear_stale_dvc_lock(layout.root)
-    steps += restore_data(journal)
-    steps.append(checkout_outputs())
-    steps += restore_registry(journal.data)
+    with hold():
+        steps += restore_data(journal)
+        steps.append(checkout_outputs())
+        steps += restore_registry(journal.data)
     if on_rolled_back is not None:
         on_rolled_back(journal)
     journal.keep_copy("rolled-back")
