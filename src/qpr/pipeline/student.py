@@ -46,7 +46,7 @@ from qpr.artifacts import (
     VOCAB_SHA256_KEY,
 )
 from qpr.config import Settings
-from qpr.io import file_sha256, replace_dir, write_json_atomic
+from qpr.io import file_sha256, replace_dir, split_timings, write_json_atomic
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     load_dense_index,
@@ -136,13 +136,15 @@ def run_student(
             "stage_seconds": time.perf_counter() - started,
         }
     )
+    # The record travels with the bundle (DVC, the registry): wall-clock figures stay out
+    # of it, so the same run writes the same bytes (they go to metrics/timings/student.json).
     write_json_atomic(
         staging / STUDENT_RECORD_FILE.name,
         {
             "enabled": True,
             "config": cfg.model_dump(mode="json"),
-            "metrics": metrics,
-            "history": result.history,
+            "metrics": split_timings(metrics)[0],
+            "history": [split_timings(record)[0] for record in result.history],
         },
     )
     replace_dir(staging, out_dir)
