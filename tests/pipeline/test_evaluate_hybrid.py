@@ -18,7 +18,16 @@ pytestmark = pytest.mark.slow
 def _pipeline(tmp_path: Path, **lexical) -> tuple[ProjectPaths, dict]:
 
     settings = settings_from_dict(
-        tiny_overrides(tmp_path, index={"self_check_sample": 100, "threads": 1, "lexical": lexical})
+        tiny_overrides(
+            tmp_path,
+            # IVF without PQ: a corpus this small would get a flat index, with no depth to tune
+            index={
+                "factory": "IVF1024,Flat",
+                "self_check_sample": 100,
+                "threads": 1,
+                "lexical": lexical,
+            },
+        )
     )
     return ProjectPaths(tmp_path), run_stages(settings, tmp_path)
 
