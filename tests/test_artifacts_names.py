@@ -27,8 +27,6 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("ops/cycle.py", "summary.json"): "a retraining run's record (qpr.ops), no stage reads it",
     ("ops/layout.py", "journal.json"): "retraining's own state, named in its layout",
     ("ops/layout.py", "active_run.json"): "retraining's own state, named in its layout",
-    ("ops/incoming.py", "raw_logs.json"): "a gate report, named after its gate as "
-    "qpr.quality.gate names every report",
     ("pipeline/student.py", "float32.onnx"): "a scratch file in the stage's staging "
     "folder, removed before the folder is swapped in",
     ("searcher.py", "questions.parquet"): "a temporary shard for the indexer",
