@@ -188,8 +188,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
 
 
 @pytest.fixture(scope="module")
-def servers():
-    """The background blocks started so far; stopped (their process groups) at the end."""
+def servers(project):
+    """The background blocks started so far; stopped (their process groups) at the end,
+    then anything else still running for the scratch project."""
     started: list[subprocess.Popen] = []
     yield started
     for process in started:
@@ -204,6 +205,31 @@ def servers():
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
+    # Nothing the recipes started outlives them (a SIGKILLed `qpr ui` leaves its servers).
+    for pid in _leftovers(project[0]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _leftovers(root: Path) -> list[int]:
+    """Processes whose command line or environment names the scratch project `root`:
+    servers a block started in sessions of their own (qpr ui's), which a killed group
+    leaves running."""
+    mark = str(root).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if mark in (entry / "cmdline").read_bytes() or mark in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
 
 
 def _group_alive(process: subprocess.Popen) -> bool:
@@ -264,11 +290,14 @@ def test_recipe_block_runs(block: Block, project, servers, port: str):
             pytest.skip(f"not on this branch: {block.marks['if']}")
     if "background" in block.marks:
         log = root / f"background-{len(servers)}.log"
+        # `make ui` on free ports: a server a user (or an earlier run) left on 4200 or 5000
+        # must not fail the block.
+        ui_ports = {"QPR_UI_PREFECT_PORT": _free_port(), "QPR_UI_MLFLOW_PORT": _free_port()}
         with log.open("w") as out:
             process = subprocess.Popen(
                 _command(block, port),
                 cwd=root,
-                env=env,
+                env={**env, **ui_ports},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -100,12 +100,12 @@ def retrain(
 
 
 def ui(
-    prefect_port: Annotated[int, typer.Option(help="Port of the Prefect UI.")] = (
-        environment.PREFECT_UI_PORT
-    ),
-    mlflow_port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = (
-        environment.MLFLOW_UI_PORT
-    ),
+    prefect_port: Annotated[
+        int, typer.Option(help="Port of the Prefect UI.", envvar="QPR_UI_PREFECT_PORT")
+    ] = environment.PREFECT_UI_PORT,
+    mlflow_port: Annotated[
+        int, typer.Option(help="Port of the MLflow UI.", envvar="QPR_UI_MLFLOW_PORT")
+    ] = environment.MLFLOW_UI_PORT,
 ) -> None:
     """See the runs: the Prefect UI (the flow runs of `make run` and `qpr retrain`) and the
     MLflow UI (runs, metrics, artifacts, registered models) over this project's records,
