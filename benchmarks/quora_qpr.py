@@ -479,22 +479,18 @@ def project_row(root: Path, cluster_dir: Path) -> dict[str, Any]:
     import pandas as pd
 
     from qpr.config import load_settings
-
-    def merged(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-        for key, value in more.items():
-            both = isinstance(value, dict) and isinstance(into.get(key), dict)
-            into[key] = merged(into[key], value) if both else value
-        return into
+    from qpr.io import join_timings
 
     def read(name: str) -> dict[str, Any]:
         # Timings live apart from the metrics (metrics/timings/): they differ run to run.
-        out: dict[str, Any] = {}
-        for path in (
-            root / "metrics" / f"{name}.json",
-            root / "metrics" / "timings" / f"{name}.json",
-        ):
-            out = merged(out, json.loads(path.read_text()) if path.is_file() else {})
-        return out
+        stable, timings = (
+            json.loads(path.read_text()) if path.is_file() else {}
+            for path in (
+                root / "metrics" / f"{name}.json",
+                root / "metrics" / "timings" / f"{name}.json",
+            )
+        )
+        return join_timings(stable, timings)
 
     mine = pd.read_parquet(cluster_dir / "questions.parquet", columns=["text", "split"])
     theirs = pd.read_parquet(

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from qpr.artifacts import SearchConfig
+    from qpr.artifacts import QueryEncoderEntry, SearchConfig
     from qpr.retrieval.bundle import Bundle, SearchResult
     from qpr.serve.sources import RegistrySource
 
@@ -295,6 +295,13 @@ def _write_bundle(
     (root / INDEX_FILE).parent.mkdir(parents=True)
     shutil.copyfile(onnx, root / ENCODER_FILE)
     shutil.copyfile(vocab, root / VOCAB_FILE)
+    queries = _query_encoder(source_config)
+    for rel in queries.files:
+        # A query student (or int8 copy) comes along: the bundle's threshold and α were
+        # chosen on its distances, which encoder.onnx's queries would not give.
+        if rel != ENCODER_FILE:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(onnx.parent / rel, root / rel)
     with tempfile.TemporaryDirectory(prefix="qpr-build-") as work:
         shard = Path(work) / "questions.parquet"
         pd.DataFrame({"question": texts}).to_parquet(shard)
@@ -322,13 +329,22 @@ def _write_bundle(
     _search_config(source_config, fused).write(root)
 
 
-def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
-    """The encoder's bundle's threshold and fusion (same encoder, same distances), with
-    the index file's own depth (a new index). Queries go through encoder.onnx, the only
-    encoder a built bundle holds."""
-    from qpr.artifacts import ENCODER_FILE, QueryEncoderEntry, SearchConfig
+def _query_encoder(source: SearchConfig | None) -> QueryEncoderEntry:
+    """What queries go through: the encoder's bundle's own query encoder (its student, or
+    its int8 copy), else encoder.onnx."""
+    from qpr.artifacts import ENCODER_FILE, QueryEncoderEntry
 
-    queries = QueryEncoderEntry("onnx", (ENCODER_FILE,))
+    if source is not None and source.query_encoder is not None:
+        return source.query_encoder
+    return QueryEncoderEntry("onnx", (ENCODER_FILE,))
+
+
+def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
+    """The encoder's bundle's threshold and fusion, with its query encoder (the same
+    encoders, so the same distances), and the index file's own depth (a new index)."""
+    from qpr.artifacts import SearchConfig
+
+    queries = _query_encoder(source)
     if source is None:
         return SearchConfig(chosen_on="none", query_encoder=queries)
     return SearchConfig(

@@ -420,3 +420,58 @@ def test_cli_evaluates_a_registered_model(project, tmp_path: Path) -> None:
             summaries[1]["systems"][name]["success_1"] == summaries[0]["systems"][name]["success_1"]
         )
     assert ref in (tmp_path / "remote" / "results.md").read_text()
+
+
+def test_calibration_chooses_a_threshold_for_the_file_and_saves_a_bundle(
+    project, tmp_path: Path
+) -> None:
+    """A bundle whose threshold refuses everything (a threshold from another domain) gets
+    one chosen on half the file's clusters; the saved copy serves with it."""
+    from dataclasses import replace
+
+    from qpr.artifacts import SEARCH_FILE, SearchConfig
+    from qpr.evaluation.calibrate import Calibration
+    from qpr.evaluation.on_file import EvaluateFileError, save_calibrated
+
+    settings, root = project
+    models = Path(shutil.copytree(root / "models", tmp_path / "models"))
+    replace(SearchConfig.read(models), threshold=0.0).write(models)
+    before = (models / SEARCH_FILE).read_bytes()
+    synth = settings.data.synth
+    data = write_day(
+        tmp_path / "day", date(2026, 10, 21), seed=synth.seed + 1, rows=400, intents=synth.intents
+    )
+    saved = tmp_path / "calibrated"
+    config = EvaluateFileConfig(
+        data=data, models_dir=models, gate_reports=tmp_path / "gates", save_calibrated=saved
+    )
+    result = evaluate_file(config, settings, log=_quiet)
+    calibration = result.summary["calibration"]
+    bundle, mine = calibration["check"]["bundle"], calibration["check"]["calibrated"]
+    assert bundle["answered_share"] == 0.0
+    chose = calibration["calibration"]
+    assert calibration["threshold"] > 0.0 and mine["answered_share"] > 0.0
+    if calibration["rule"] == "target":  # met on the half that chose it, by the rule
+        assert chose["precision_at_1"] >= settings.evaluate.target_precision
+        assert chose["false_answer_rate"] <= settings.evaluate.max_false_answer_rate
+    # Each query searched again without its cluster: as many unanswerable searches.
+    assert mine["unanswerable"] >= mine["answerable"] > 0
+    assert chose["answerable"] + mine["answerable"] == result.summary["counts"]["queries"]
+    # The copy serves with the new threshold; the original bundle is untouched.
+    assert (models / SEARCH_FILE).read_bytes() == before
+    copy = Bundle.load(saved)
+    assert copy.search_config.threshold == calibration["threshold"]
+    assert copy.search_config.chosen_on == f"calibration on {data.name}"
+    assert copy.fingerprint != Bundle.load(models).fingerprint
+    with pytest.raises(EvaluateFileError, match="exists"):
+        save_calibrated(models, saved, Calibration(**calibration), "again")
+
+
+def test_cli_calibrate_prints_both_thresholds(project, tmp_path: Path) -> None:
+    _, root = project
+    data = _write_log_csv(tmp_path / "day.csv", LOG_QUESTIONS)
+    code, output = _cli(root, str(data), "--calibrate", "--out", str(tmp_path / "r"))
+    assert code == 0, output
+    assert "calibrated threshold" in output and "bundle's threshold: answered" in output
+    summary = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert summary["calibration"]["calibration"]["clusters"] == 1  # of the file's two

@@ -119,6 +119,30 @@ def test_a_student_far_from_the_document_space_fails_its_probe(asymmetric, tmp_p
         Bundle.load(models)
 
 
+@pytest.mark.slow
+def test_searcher_build_on_a_student_bundle_queries_through_its_student(
+    asymmetric, tmp_path: Path
+) -> None:
+    """`Searcher.build(encoder=bundle)` keeps the bundle's threshold, chosen on the
+    student's query distances: so the student must encode the queries there too."""
+    from qpr import Searcher
+    from qpr.artifacts import SearchConfig, detect_query_encoder
+
+    _, paths, _ = asymmetric
+    models = _copy_bundle(paths, tmp_path / "models")
+    SearchConfig(threshold=0.5, query_encoder=detect_query_encoder(models)).write(models)
+    source = Bundle.load(models)
+    text = source.search("how do i reset my password", k=1).hits[0].text
+    built = Searcher.build([text, "where is the nearest pharmacy"], ["a", "b"], encoder=models)
+    assert built.bundle.asymmetric and built.bundle.threshold == 0.5
+    assert built.bundle.search_config.query_encoder == source.search_config.query_encoder
+    # The same query and document encoders: the same distance to the same question.
+    mine = built.search(text, k=1).hits[0]
+    theirs = source.search(text, k=1).hits[0]
+    assert mine.text == theirs.text == text
+    assert abs(mine.distance - theirs.distance) < 1e-5 and mine.distance > 1e-4
+
+
 def test_disabled_stage_writes_only_its_marker(tmp_path: Path) -> None:
     from qpr.pipeline.student import run_student
 

@@ -156,6 +156,24 @@ class FileOptions:
             rich_help_panel=_FILE_PANEL,
         ),
     ] = None
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Choose a no-answer threshold for this file: on half its clusters, by the "
+            "evaluate stage's rule (evaluate.target_precision, max_false_answer_rate), "
+            "checked on the other half beside the bundle's own threshold.",
+            rich_help_panel=_FILE_PANEL,
+        ),
+    ] = False
+    save_calibrated: Annotated[
+        Path | None,
+        typer.Option(
+            help="A new folder: the bundle copied there with the calibrated threshold, to "
+            "serve (qpr serve --models-dir). Implies --calibrate.",
+            rich_help_panel=_FILE_PANEL,
+        ),
+    ] = None
 
     # Each option's flag, as the error for options given without FILE names it.
     FLAGS: typing.ClassVar[dict[str, str]] = {
@@ -168,6 +186,8 @@ class FileOptions:
         "out": "--out",
         "baselines": "--baselines",
         "exact": "--exact/--approximate",
+        "calibrate": "--calibrate",
+        "save_calibrated": "--save-calibrated",
     }
 
     def given(self) -> list[str]:
@@ -289,6 +309,8 @@ def _evaluate_file(params: Path, data: Path, options: FileOptions) -> None:
         baselines=options.baselines.split(","),
         exact=options.exact,
         source=options.model,
+        calibrate=options.calibrate,
+        save_calibrated=options.save_calibrated,
     )
     try:
         settings = load_settings(params)
@@ -318,8 +340,36 @@ def _evaluate_file(params: Path, data: Path, options: FileOptions) -> None:
             ),
         )
     console.print(table)
+    if summary.get("calibration") is not None:
+        console.print(calibration_lines(summary["calibration"]), highlight=False)
     console.print(
         f"P@N = success@N (a paraphrase among the first N). {summary['seconds']['total']:.1f} s; "
         f"wrote {json_path} and {md_path}",
         highlight=False,
     )
+
+
+def calibration_lines(calibration: dict[str, Any]) -> str:
+    """What --calibrate chose and how both thresholds do on the check half, as text."""
+
+    def threshold(value: float | None) -> str:
+        return "none (every hit answered)" if value is None else f"{value:.4f}"
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    chose = calibration["calibration"]
+    lines = [
+        f"calibrated threshold {threshold(calibration['threshold'])} (rule "
+        f"{calibration['rule']}), chosen on {chose['clusters']:,} clusters: answers "
+        f"{share(chose['answered_share'])} of their queries",
+        f"checked on the other {chose['check_clusters']:,} clusters:",
+    ]
+    for name, label in (("bundle", "bundle's"), ("calibrated", "calibrated")):
+        check = calibration["check"][name]
+        lines.append(
+            f"  {label} threshold: answered {share(check['answered_share'])}, P@1 answered "
+            f"{share(check['precision_at_1'])}, false answers {share(check['false_answer_rate'])}"
+            f" of {check['unanswerable']:,} with no paraphrase"
+        )
+    return "\n".join(lines)

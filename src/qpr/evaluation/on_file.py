@@ -51,7 +51,9 @@ from qpr.data.splits import apply_splits, assign_splits, filter_clusters, shrink
 from qpr.errors import QPRError
 from qpr.evaluation import served as served_mod
 from qpr.evaluation.baselines import run_baselines
+from qpr.evaluation.calibrate import Calibration, calibrate, halves
 from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
+from qpr.evaluation.threshold import top1_correct
 from qpr.evaluation.trec import MEASURE_LABELS, format_table
 from qpr.io import write_text_atomic
 
@@ -69,6 +71,7 @@ __all__ = [
     "evaluate_file",
     "evaluation_clusters",
     "merge_model_questions",
+    "save_calibrated",
     "write_report",
 ]
 
@@ -155,6 +158,10 @@ class EvaluateFileConfig:
         reported instead of the temporary folder.
     max_queries: at most this many queries (`cap_queries`, seeded by params' seed);
         None: every query. For large files on few cores: the index stays the whole file.
+    calibrate: choose a "no answer" threshold on a seeded half of the file's clusters and
+        check it on the other half (`qpr.evaluation.calibrate`); in summary["calibration"].
+    save_calibrated: a new folder: the bundle copied there with the calibrated threshold
+        (`save_calibrated`); implies calibrate.
     """
 
     data: Path
@@ -168,6 +175,8 @@ class EvaluateFileConfig:
     exact: bool | None = None
     source: str | None = None
     max_queries: int | None = None
+    calibrate: bool = False
+    save_calibrated: Path | None = None
 
 
 def detect_format(path: Path) -> Format:
@@ -470,6 +479,7 @@ def evaluate_file(
         bundle, settings, (index, vectors), corpus, clustered.questions, task, log
     )
     systems = served.systems
+    calibration = _calibrated(config, served, clustered.questions, task, settings, log)
     for baseline in baselines:
         log(f"baseline {baseline}: {len(task.query_rows):,} queries over {len(corpus):,} questions")
         systems.update(
@@ -488,6 +498,7 @@ def evaluate_file(
         "index": index_summary,
         "served_index": served.index,
         "no_answer": served.no_answer,
+        "calibration": None if calibration is None else calibration.as_json(),
         "counts": {
             **clustered.counts,
             "model_index_questions": bundle.size if config.with_model_index else 0,
@@ -606,6 +617,9 @@ class _Served:
     index: dict[str, Any]
     no_answer: dict[str, Any]
     p50_ms: dict[str, float | None]
+    bundle: Any  # the bundle serving the file's questions
+    alone: QuerySet  # the file's questions with no paraphrase
+    alone_top1: np.ndarray  # float64 [U] their served first hits' distances
 
 
 def _served_systems(
@@ -635,7 +649,9 @@ def _served_systems(
         "bm25_alone": served_mod.lexical_system(bm25, task, log),
     }
     alone = served_mod.singleton_queries(file_questions, settings.seed)
-    no_answer = _no_answer(bundle.search_config.threshold, systems, alone, served, dense, task, log)
+    no_answer, alone_top1 = _no_answer(
+        bundle.search_config.threshold, systems, alone, served, dense, task, log
+    )
     encoder = bundle.with_questions(
         IndexedQuestions(index, task.row_to_qid, task.index_texts, np.full(len(vectors), -1)),
         dense_only=True,
@@ -646,7 +662,7 @@ def _served_systems(
         "encoder": served_mod.median_ms(lambda q: encoder.search(q, k), texts),
         "bm25_alone": served_mod.median_ms(lambda q: bm25.search(q, k), texts),
     }
-    return _Served(systems, served_index, no_answer, p50)
+    return _Served(systems, served_index, no_answer, p50, served, alone, alone_top1)
 
 
 def _no_answer(
@@ -657,10 +673,11 @@ def _no_answer(
     dense: tuple[Any, np.ndarray],
     task: SearchTask,
     log: Callable[[str], None],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], np.ndarray]:
     """The bundle's threshold on each system with distances: answered share and P@1
     among answered over the queries, false-answer rate over the file's questions with no
-    paraphrase (`served.singleton_queries`; None when it has none)."""
+    paraphrase (`served.singleton_queries`; None when it has none). With the served
+    first hits' distances of those questions (float64 [U])."""
     from qpr.evaluation.threshold import outcome
     from qpr.retrieval.dense import IdMap, search
 
@@ -682,7 +699,106 @@ def _no_answer(
         "systems": {
             name: {key: values[key] for key in _NO_ANSWER_KEYS} for name, values in measured.items()
         },
-    }
+    }, served_top1
+
+
+def save_calibrated(models_dir: Path, out: Path, calibration: Calibration, data_name: str) -> Path:
+    """Copy the bundle in `models_dir` to the new folder `out` with the calibrated
+    threshold in its search.json (chosen_on names the file); returns `out`.
+
+    Files are hard-linked where the file system allows (search.json is replaced, never
+    written through a link), else copied. The copy is built beside `out` and renamed into
+    place, so `out` is whole or absent. EvaluateFileError when `out` already exists: a
+    bundle is never merged into another folder.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from qpr.artifacts import SearchConfig
+
+    out = Path(out)
+    if out.exists():
+        raise EvaluateFileError(f"{out} exists: name a new folder for the calibrated bundle")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    building = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        staged = building / "bundle"
+        # Hidden folders are the service's caches (.registry-cache), not the bundle.
+        shutil.copytree(
+            models_dir, staged, copy_function=link_or_copy, ignore=shutil.ignore_patterns(".*")
+        )
+        config = replace(
+            SearchConfig.read(models_dir),
+            threshold=calibration.threshold,
+            chosen_on=f"calibration on {data_name}",
+            target_precision=calibration.target_precision,
+            val_answered_share=calibration.calibration["answered_share"],
+        )
+        config.write(staged)
+        staged.rename(out)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return out
+
+
+def _calibrated(
+    config: EvaluateFileConfig,
+    served: _Served,
+    questions: pd.DataFrame,
+    task: SearchTask,
+    settings: Settings,
+    log: Callable[[str], None],
+) -> Calibration | None:
+    """The calibration config asks for (None: none), its bundle saved when asked."""
+    if not (config.calibrate or config.save_calibrated is not None):
+        return None
+    calibration = _calibration(served, questions, task, settings, log)
+    if config.save_calibrated is not None:
+        saved = save_calibrated(
+            config.models_dir, config.save_calibrated, calibration, Path(config.data).name
+        )
+        log(f"calibrated bundle (threshold {calibration.threshold}) written to {saved}")
+    return calibration
+
+
+def _calibration(
+    served: _Served,
+    questions: pd.DataFrame,
+    task: SearchTask,
+    settings: Settings,
+    log: Callable[[str], None],
+) -> Calibration:
+    """A threshold chosen on half the file's clusters, checked on the other half
+    (`qpr.evaluation.calibrate`), by the evaluate stage's rule and params."""
+    from qpr.evaluation.no_answer import query_clusters
+
+    queries = task.queries
+    clusters = query_clusters(queries, questions)
+    depth = int(pd.Series(clusters).value_counts().max()) + 1 if clusters.size else 1
+    log(f"calibration: {len(clusters):,} queries searched without their cluster, top {depth}")
+    held = served_mod.served_top1_without_cluster(served.bundle, queries, clusters, depth, log)
+    # The questions with no paraphrase are split in halves by their own seeded draw.
+    alone_half = np.random.default_rng(settings.seed + 1).random(len(served.alone_top1)) < 0.5
+    unanswerable = np.concatenate([held, served.alone_top1])
+    in_half = np.concatenate([halves(clusters, settings.seed), alone_half])
+    return calibrate(
+        served.systems["served"].top1,
+        top1_correct(served.systems["served"]),
+        clusters,
+        (unanswerable, in_half),
+        bundle_threshold=served.bundle.search_config.threshold,
+        target_precision=settings.evaluate.target_precision,
+        max_false_answer_rate=settings.evaluate.max_false_answer_rate,
+        seed=settings.seed,
+    )
 
 
 def write_report(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

@@ -42,6 +42,7 @@ __all__ = [
     "median_ms",
     "served_bundle",
     "served_system",
+    "served_top1_without_cluster",
     "singleton_queries",
 ]
 
@@ -172,6 +173,28 @@ def served_top1(
     """float64 [U] the served first hit's distance of each question, itself left out."""
     hits = _search_without_self(bundle, texts, own, 1, log)
     return np.asarray([h[0].distance if h else np.inf for h in hits], np.float64)
+
+
+def served_top1_without_cluster(
+    bundle: Bundle,
+    queries: QuerySet,
+    clusters: np.ndarray,
+    depth: int,
+    log: Callable[[str], None],
+) -> np.ndarray:
+    """float64 [Q] each query's served first hit outside its own cluster (int64 [Q]
+    `clusters`), itself left out: the search of an index without its answer. Searched
+    `depth` deep (more than the largest cluster's size); inf when every hit within it is
+    of the query's own cluster. A bundle's hits carry the file's cluster ids
+    (`served_bundle`)."""
+    hits = _search_without_self(bundle, queries.texts, queries.query_ids, depth, log)
+    own = np.asarray(clusters, np.int64)
+    out = np.full(len(hits), np.inf)
+    for i, found in enumerate(hits):
+        other = next((h.distance for h in found if h.cluster_id != own[i]), None)
+        if other is not None:
+            out[i] = other
+    return out
 
 
 def lexical_system(bm25: BM25Index, task: SearchTask, log: Callable[[str], None]) -> SystemResult:

@@ -152,10 +152,18 @@ def outcome(
     answerable queries (bool [Q] mask `answerable`; None: all), false_answer_rate over
     the `unanswerable` rank-1 distances (float [U]). None threshold: every query with a
     hit is answered (what the service does without one)."""
-    limit = np.inf if threshold is None else threshold
     keep = np.ones(result.top1.shape, bool) if answerable is None else answerable
-    top1 = result.top1[keep]
-    correct = _correct(result)[keep]
+    return outcome_of(threshold, result.top1[keep], top1_correct(result)[keep], unanswerable)
+
+
+def outcome_of(
+    threshold: float | None, top1: np.ndarray, correct: np.ndarray, unanswerable: np.ndarray
+) -> dict[str, float | None]:
+    """`outcome` over arrays: answered share and P@1 among answered of the answerable
+    rank-1 distances `top1` (float [Q], with bool [Q] `correct`), and the share of the
+    unanswerable rank-1 distances (float [U]) answered. None: every hit is answered."""
+    limit = np.inf if threshold is None else threshold
+    top1 = np.asarray(top1, np.float64)
     answered = np.isfinite(top1) & (top1 <= limit)
     u = np.asarray(unanswerable, np.float64)
     false = np.isfinite(u) & (u <= limit)
@@ -188,7 +196,7 @@ def warnings_for(summary: dict) -> list[str]:
     return out
 
 
-def _correct(result: SystemResult) -> np.ndarray:
+def top1_correct(result: SystemResult) -> np.ndarray:
     """bool [Q] rank-1 is a paraphrase, in query order."""
     return np.array([result.per_query[q]["success_1"] > 0 for q in result.per_query], bool)
 
@@ -266,7 +274,7 @@ def threshold_report(
     answerable = {split: ~no_paraphrase[split].held_out for split in results}
     val_ok = answerable["val"]
     val_curve = threshold_curve(
-        val.top1[val_ok], _correct(val)[val_ok], unanswerable=no_paraphrase["val"].distances
+        val.top1[val_ok], top1_correct(val)[val_ok], unanswerable=no_paraphrase["val"].distances
     )
     choice = choose_threshold(val_curve, target, max_false_answer_rate)
     plot_threshold_curve(val_curve, plot, choice.threshold)
