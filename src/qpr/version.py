@@ -5,4 +5,6 @@ Ground floor: imports nothing, so a module that reports the version need not imp
 `qpr` package (whose `Searcher` reaches the service's registry source).
 """
 
-__version__ = "0.1.0"
+# 0.2.0: question and cluster ids in JSON are decimal strings (docs/serving.md, "Ids are
+# strings"), a breaking change for clients of the service, `--json` and the pyfunc.
+__version__ = "0.2.0"

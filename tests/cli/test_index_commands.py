@@ -60,6 +60,35 @@ def test_index_add_then_delete_serves_fresh_questions_at_once(tmp_path):
     assert manifest["dropped"][0]["number"] == 1 and manifest["absorbed_version"] == 0
 
 
+def test_index_delete_and_list_take_and_print_64_bit_ids_as_strings(tmp_path):
+    """An id as `--json` prints it (a string) deletes that question; the ids printed back
+    and the tombstones of `index list --json` are strings too, whole above 2^53."""
+    from tests.serve.test_app import BIG_QIDS, QUESTIONS, build_bundle
+
+    models = build_bundle(tmp_path / "models", QUESTIONS, BIG_QIDS)
+    args = ["search", QUESTIONS[5], "-k", "1", "--models-dir", str(models), "--json"]
+    hit = json.loads(runner.invoke(app, args).output)["hits"][0]
+    assert hit["question_id"] == str(BIG_QIDS[5])
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text(f"{BIG_QIDS[6]}\n{2**53 + 2}\n")  # the second one is not served
+    delete = ["index", "delete", "--question-id", hit["question_id"], "--ids-file", str(ids_file)]
+    deleted = runner.invoke(app, [*delete, "--models-dir", str(models), "--local"])
+    assert deleted.exit_code == 0, deleted.output
+    out = json.loads(deleted.output, parse_int=float)  # as JavaScript reads numbers
+    assert out["deleted"] == [str(BIG_QIDS[5]), str(BIG_QIDS[6])]
+    assert out["unknown"] == [str(2**53 + 2)]
+    listed = runner.invoke(app, ["index", "list", "--json", "--models-dir", str(models)])
+    stones = json.loads(listed.output)["tombstones"]
+    assert stones == [[str(BIG_QIDS[5]), 1], [str(BIG_QIDS[6]), 1]]
+    after = json.loads(runner.invoke(app, args).output)["hits"][0]
+    assert after["question_id"] not in {str(BIG_QIDS[5]), str(BIG_QIDS[6])}
+
+    ids_file.write_text("12.5\n")
+    refused = runner.invoke(app, [*delete, "--models-dir", str(models), "--local"])
+    assert refused.exit_code == 1 and "decimal digits" in " ".join(refused.output.split())
+    assert "Traceback" not in refused.output
+
+
 def test_index_help_names_the_stage_and_the_delta_commands():
     result = runner.invoke(app, ["index", "--help"])
     assert result.exit_code == 0

@@ -21,7 +21,7 @@ def test_search_json_hits_have_the_service_field_names(tmp_path):
     assert result.exit_code == 0, result.output
     hits = json.loads(result.output)["hits"]
     assert [tuple(h) for h in hits] == [HIT_FIELDS] * 3
-    assert (hits[0]["question_id"], hits[0]["answer_id"]) == (QIDS[7], "ans-3")
+    assert (hits[0]["question_id"], hits[0]["answer_id"]) == (str(QIDS[7]), "ans-3")
     explained = runner.invoke(app, [*args, "--explain"])
     assert explained.exit_code == 0, explained.output
     part = json.loads(explained.output)["hits"][0]["explain"]
@@ -29,6 +29,21 @@ def test_search_json_hits_have_the_service_field_names(tmp_path):
     table = runner.invoke(app, ["search", QUESTIONS[7], "--models-dir", str(models), "--explain"])
     assert table.exit_code == 0, table.output
     assert "ans-3" in table.output and "matched" in table.output
+
+
+def test_search_json_writes_64_bit_ids_as_strings(tmp_path):
+    """Ids above 2^53 come through `--json` whole, even read as JavaScript reads numbers."""
+    from tests.serve.test_app import BIG_QIDS, QUESTIONS, build_bundle
+
+    clusters = [BIG_QIDS[-1 - i // 2] for i in range(len(QUESTIONS))]
+    models = build_bundle(tmp_path / "models", QUESTIONS, BIG_QIDS, cluster_ids=clusters)
+    for i in (7, len(QUESTIONS) - 1):
+        args = ["search", QUESTIONS[i], "-k", "2", "--models-dir", str(models), "--json"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        top = json.loads(result.output, parse_int=float)["hits"][0]
+        assert (top["question_id"], top["cluster_id"]) == (str(BIG_QIDS[i]), str(clusters[i]))
+        assert int(top["question_id"]) == BIG_QIDS[i] and float(BIG_QIDS[i]) != BIG_QIDS[i]
 
 
 def test_search_filter_flag(tmp_path):
@@ -49,7 +64,7 @@ def test_search_filter_flag(tmp_path):
     )
     assert result.exit_code == 0, result.output
     hits = json.loads(result.output)["hits"]
-    assert hits and all(QIDS.index(h["question_id"]) % 2 == 0 for h in hits)
+    assert hits and all(QIDS.index(int(h["question_id"])) % 2 == 0 for h in hits)
     assert {h["answer_id"] for h in hits} <= {"ans-2", "ans-4"}
     unknown = runner.invoke(app, [*args, "--filter", "tenant=a"])
     assert unknown.exit_code != 0 and "answer_id, locale" in " ".join(unknown.output.split())

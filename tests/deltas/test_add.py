@@ -27,6 +27,7 @@ from qpr.artifacts import (
     WRITER_LOCK_FILE,
 )
 from qpr.config import QualitySettings
+from qpr.data.loaders import DataFormatError
 from qpr.deltas import format as delta_format
 from qpr.deltas.add import (
     add_files,
@@ -362,3 +363,36 @@ def test_ids_come_one_by_one_and_from_files(tmp_path: Path) -> None:
     np.save(tmp_path / "ids.npy", np.array([7, 8], np.int64))
     assert read_ids([1, 2], tmp_path / "ids.txt") == [1, 2, 4, 5, 6]
     assert read_ids([], tmp_path / "ids.npy") == [7, 8]
+    big = 2**53 + 1  # as the service writes it: a string (qpr.ids)
+    assert read_ids([str(big), 3], None) == [big, 3]
+    with pytest.raises(ValueError, match="decimal digits"):
+        read_ids(["3.0"], None)
+
+
+def test_listed_ids_above_2_53_are_read_exactly(tmp_path: Path) -> None:
+    """Strings or JSON integers, a row without one included: never through a float64."""
+    big = 2**53 + 1
+    quality = QualitySettings(min_question_chars=5)
+    rows = [
+        {"question_id": str(big), "question": "how do i sell a piano"},
+        {"question_id": big + 2, "question": "how do i tune a piano"},
+        {"question": "how do i move a piano"},
+    ]
+    listed = tmp_path / "new.jsonl"
+    listed.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert read_questions(listed, quality, None)["question_id"].tolist() == [big, big + 2, -1]
+    # Integers only, one row without: pandas reads a float64 column, which lost the digit.
+    listed.write_text("".join(json.dumps(row) + "\n" for row in [rows[1], rows[2]]))
+    with pytest.raises(DataFormatError, match="send it as a string"):
+        read_questions(listed, quality, None)
+    table = tmp_path / "new.csv"
+    table.write_text(f"question_id,question\n{big},how do i sell a piano\n,how do i tune one\n")
+    assert read_questions(table, quality, None)["question_id"].tolist() == [big, -1]
+    table.write_text("question_id,question\n12abc,how do i sell a piano\n")
+    with pytest.raises(DataFormatError, match="question_id"):
+        read_questions(table, quality, None)
+
+
+def test_a_question_id_given_as_a_string_is_deleted(models: Path) -> None:
+    out = delete_questions(models, [str(MAIN_IDS[5]), MAIN_IDS[6]])
+    assert out["deleted"] == sorted([MAIN_IDS[5], MAIN_IDS[6]])

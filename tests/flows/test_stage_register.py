@@ -204,7 +204,7 @@ def test_champion_loads_as_one_pyfunc_and_finds_the_indexed_question(history, tm
     assert list(out.columns) == list(registry.PREDICTION_COLUMNS)
     firsts = out[out["rank"] == 1]
     assert firsts["text"].tolist() == asked
-    assert firsts["question_id"].tolist() == [105, 120]
+    assert firsts["question_id"].tolist() == ["105", "120"]
     assert firsts["distance"].max() < 1e-5
     assert len(model.predict([QUESTIONS[5]], params={"k": 3})) == 3
 

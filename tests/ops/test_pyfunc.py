@@ -7,6 +7,7 @@ MLflow store is the session's throw-away sqlite one (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ from qpr.ops.pyfunc import (
     QPRSearchModel,
     _frame,
     _questions,
+    _signature,
     digests,
     parse_filters,
     verify_artifacts,
@@ -60,13 +62,14 @@ QUESTIONS = [
 # The questions' metadata, filterable: one answer per verb, one locale per object.
 ANSWER_IDS = [f"ans-{q.split()[3]}" for q in QUESTIONS]
 LOCALES = [{"printer": "en", "garden": "de", "laptop": "fr"}[q.split()[-1]] for q in QUESTIONS]
-QIDS = [100 + i for i in range(len(QUESTIONS))]
-FILTERS = [  # {filter: the question ids it keeps}
-    ({"locale": "de"}, {QIDS[i] for i, loc in enumerate(LOCALES) if loc == "de"}),
-    ({"locale": ["de", "fr"]}, {QIDS[i] for i, loc in enumerate(LOCALES) if loc != "en"}),
+# Above 2^53, and odd: no double holds them, so a JSON number would lose their last digit.
+QIDS = [2**53 + 1 + 2 * i for i in range(len(QUESTIONS))]
+FILTERS = [  # {filter: the question ids it keeps, as predict writes them}
+    ({"locale": "de"}, {str(QIDS[i]) for i, loc in enumerate(LOCALES) if loc == "de"}),
+    ({"locale": ["de", "fr"]}, {str(QIDS[i]) for i, loc in enumerate(LOCALES) if loc != "en"}),
     (
         {"locale": ["de", "fr"], "answer_id": "ans-reset"},
-        {QIDS[i] for i, loc in enumerate(LOCALES) if loc != "en" and "reset" in QUESTIONS[i]},
+        {str(QIDS[i]) for i, loc in enumerate(LOCALES) if loc != "en" and "reset" in QUESTIONS[i]},
     ),
 ]
 
@@ -240,7 +243,23 @@ def test_no_filters_give_the_unfiltered_search(model, models):
     expected = _frame(Bundle.load(models).search_batch([QUESTIONS[3]], 4))
     for params in ({"k": 4}, {"k": 4, "filters": ""}, {"k": 4, "filters": "{}"}):
         pd.testing.assert_frame_equal(model.predict(None, [QUESTIONS[3]], params=params), expected)
-    assert expected["question_id"].iloc[0] == QIDS[3]  # a filter on "de" must drop it
+    assert expected["question_id"].iloc[0] == str(QIDS[3])  # a filter on "de" must drop it
+
+
+def test_ids_come_through_a_json_serving_layer_exactly(model):
+    """`mlflow models serve` writes predict's frame as JSON, and a JavaScript client reads
+    every number as a double: the ids are strings, so they arrive whole."""
+    from mlflow.pyfunc.scoring_server import predictions_to_json
+
+    out = model.predict(None, [QUESTIONS[3]], params={"k": 3})
+    written = io.StringIO()
+    predictions_to_json(out, written)
+    rows = json.loads(written.getvalue(), parse_int=float)["predictions"]  # as JavaScript reads
+    assert (rows[0]["question_id"], rows[0]["cluster_id"]) == (str(QIDS[3]), "3")
+    assert int(rows[0]["question_id"]) == QIDS[3] > 2**53
+    assert all(isinstance(r["question_id"], str) for r in rows)
+    declared = {column.name: column.type.name for column in _signature().outputs.inputs}
+    assert declared["question_id"] == declared["cluster_id"] == "string"
 
 
 def test_a_bad_filter_is_the_services_filter_error(model):

@@ -71,5 +71,5 @@ def test_predict_names_hit_columns_as_the_cli_and_the_service(tmp_path: Path) ->
     assert tuple(frame.columns) == PREDICTION_COLUMNS == ("query", "rank", *HIT_FIELDS, "answered")
     top = frame[frame["rank"] == 1]
     assert top["answer_id"].tolist() == ["ans-3", "ans-1"]
-    assert top["question_id"].tolist() == [QIDS[7], QIDS[3]]
+    assert top["question_id"].tolist() == [str(QIDS[7]), str(QIDS[3])]
     assert top["score"].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)

@@ -63,8 +63,20 @@ SETTINGS = ServeSettings(
 )
 
 
-def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int = 0) -> Path:
-    """models/ as the pipeline writes it (torch only here, to make the encoder)."""
+# Ids as the pipeline makes them (hashes): above 2^53 and odd, so no double holds them,
+# and the largest int64. As JSON numbers, a JavaScript client would round every one.
+BIG_QIDS = [2**53 + 1 + 2 * i for i in range(len(QUESTIONS) - 1)] + [2**63 - 1]
+
+
+def build_bundle(
+    models: Path,
+    questions: list[str],
+    qids: list[int],
+    seed: int = 0,
+    cluster_ids: list[int] | None = None,
+) -> Path:
+    """models/ as the pipeline writes it (torch only here, to make the encoder). The
+    clusters are pairs of questions, numbered 0, 1, ..., unless `cluster_ids` are given."""
     import torch
 
     from qpr.model import CNNEncoder
@@ -93,7 +105,9 @@ def build_bundle(models: Path, questions: list[str], qids: list[int], seed: int 
         {
             "question_id": pa.array(qids, pa.int64()),
             "text": pa.array(questions, pa.string()),
-            "cluster_id": pa.array([i // 2 for i in range(len(questions))], pa.int64()),
+            "cluster_id": pa.array(
+                cluster_ids or [i // 2 for i in range(len(questions))], pa.int64()
+            ),
             "answer_id": pa.array([f"ans-{i // 2}" for i in range(len(questions))], pa.string()),
         }
     )
@@ -139,7 +153,7 @@ def test_search_returns_ranked_paraphrases(client: TestClient, bundle_dir: Path)
     assert len(body["hits"]) == 3
     top = body["hits"][0]
     assert tuple(top) == HIT_FIELDS  # the CLI's and the pyfunc's names; no explain asked
-    assert (top["question_id"], top["text"], top["cluster_id"]) == (QIDS[7], QUESTIONS[7], 3)
+    assert (top["question_id"], top["text"], top["cluster_id"]) == (str(QIDS[7]), QUESTIONS[7], "3")
     assert top["answer_id"] == "ans-3"
     assert top["distance"] == pytest.approx(0.0, abs=1e-5)
     assert top["score"] == pytest.approx(1.0, abs=1e-5)
@@ -528,13 +542,16 @@ def test_serve_command_rejects_two_sources(bundle_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
-    """`qpr serve` end to end: uvicorn on a free loopback port, one search, clean stop."""
+def test_serve_command_answers_over_http(tmp_path: Path) -> None:
+    """`qpr serve` end to end: uvicorn on a free loopback port, one search, clean stop.
+    Ids above 2^53 reach a client whole, even one that reads numbers as doubles."""
     import socket
     import time
 
     import httpx
 
+    clusters = [BIG_QIDS[i - i % 2] for i in range(len(QUESTIONS))]  # a pair's first id
+    bundle_dir = build_bundle(tmp_path / "models", QUESTIONS, BIG_QIDS, cluster_ids=clusters)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -556,10 +573,15 @@ def test_serve_command_answers_over_http(bundle_dir: Path) -> None:
             assert server.poll() is None, server.stdout.read() if server.stdout else ""
             assert time.monotonic() < deadline, "the service did not become ready in 60 s"
             time.sleep(0.2)
-        response = httpx.post(
-            f"http://127.0.0.1:{port}/search", json={"question": QUESTIONS[2], "k": 2}
-        )
-        assert response.status_code == 200 and response.json()["hits"][0]["question_id"] == QIDS[2]
+        for i in (3, len(QUESTIONS) - 1):
+            response = httpx.post(
+                f"http://127.0.0.1:{port}/search", json={"question": QUESTIONS[i], "k": 2}
+            )
+            assert response.status_code == 200
+            # JavaScript's JSON.parse: every number a double.
+            top = json.loads(response.text, parse_int=float)["hits"][0]
+            assert (top["question_id"], top["cluster_id"]) == (str(BIG_QIDS[i]), str(clusters[i]))
+            assert int(top["question_id"]) == BIG_QIDS[i] and float(BIG_QIDS[i]) != BIG_QIDS[i]
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
@@ -635,7 +657,7 @@ def test_filters_select_the_questions_searched(client: TestClient) -> None:
         "/search", json={"question": QUESTIONS[7], "k": 10, "filters": {"answer_id": wanted}}
     ).json()
     assert body["hits"] and {h["answer_id"] for h in body["hits"]} == set(wanted)
-    assert body["hits"][0]["question_id"] == QIDS[7] and body["answered"]
+    assert body["hits"][0]["question_id"] == str(QIDS[7]) and body["answered"]
     batch = client.post(
         "/search/batch",
         json={"questions": [QUESTIONS[7], UNSEEN], "filters": {"answer_id": "ans-20"}},

@@ -120,7 +120,7 @@ def test_a_keyless_client_is_refused_before_it_sends_its_body(bundle_dir: Path) 
 def test_either_header_opens(keyed: TestClient, headers: dict[str, str]) -> None:
     response = keyed.post("/search", json=SEARCH, headers=headers)
     assert response.status_code == 200, response.text
-    assert response.json()["hits"][0]["question_id"] == QIDS[0]
+    assert response.json()["hits"][0]["question_id"] == str(QIDS[0])
     batch = keyed.post("/search/batch", json={"questions": [QUESTIONS[1]]}, headers=headers)
     assert batch.status_code == 200, batch.text
 

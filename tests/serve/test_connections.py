@@ -80,7 +80,7 @@ def read_all(sock: socket.socket) -> bytes:
 
 def search_ok(client: httpx.Client, url: str, timeout: float = 5) -> bool:
     response = client.post(f"{url}/search", json={"question": Q1[3]}, timeout=timeout)
-    return response.status_code == 200 and response.json()["hits"][0]["question_id"] == IDS1[3]
+    return response.status_code == 200 and response.json()["hits"][0]["question_id"] == str(IDS1[3])
 
 
 def test_half_sent_body_gets_408_and_is_closed(bundle_dir: Path) -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
+from qpr.ids import ID_PATTERN
 from qpr.serve.app import create_app
 from qpr.serve.docs import (
     ASSETS_DIR,
@@ -90,6 +92,11 @@ def test_openapi_documents_responses_with_examples(client: TestClient) -> None:
         "score",
         "explain",
     }
+    for name in ("question_id", "cluster_id"):  # 64-bit: a JSON number would be rounded
+        assert hit[name]["type"] == "string" and hit[name]["pattern"] == ID_PATTERN
+        assert "decimal string" in hit[name]["description"]
+        example = schemas["SearchResponse"]["example"]["hits"][0][name]
+        assert re.fullmatch(ID_PATTERN, example) and int(example) > 2**53
     assert schemas["ErrorBody"]["example"]["error"]
     for path in ("/healthz", "/readyz", "/version"):
         assert "200" in spec["paths"][path]["get"]["responses"]
@@ -98,6 +105,10 @@ def test_openapi_documents_responses_with_examples(client: TestClient) -> None:
 def test_real_responses_fit_the_documented_models(client: TestClient) -> None:
     searched = client.post("/search", json={"question": QUESTIONS[0], "k": 2, "explain": True})
     SearchResponse.model_validate(searched.json(), strict=False)
+    with pytest.raises(ValidationError, match="question_id"):  # an int id no longer fits
+        SearchResponse.model_validate(
+            {**searched.json(), "hits": [{**searched.json()["hits"][0], "question_id": 7}]}
+        )
     batch = client.post("/search/batch", json={"questions": QUESTIONS[:2], "k": 2})
     BatchResponse.model_validate(batch.json())
     ErrorBody.model_validate(client.post("/search", json={"question": ""}).json())

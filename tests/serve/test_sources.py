@@ -79,7 +79,7 @@ def test_start_in_an_outage_serves_the_kept_bundle(bundle_dir: Path, tmp_path: P
         assert ready.status_code == 200 and ready.json()["model"]["version"] == "3"
         assert PASSWORD not in ready.text and "***@127.0.0.1" in ready.json()["source_unreachable"]
         hit = client.post("/search", json={"question": Q1[4]}).json()["hits"][0]
-        assert hit["question_id"] == IDS1[4]
+        assert hit["question_id"] == str(IDS1[4])
 
 
 def test_keep_prunes_old_versions(bundle_dir: Path, tmp_path: Path) -> None:

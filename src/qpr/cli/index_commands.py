@@ -23,6 +23,7 @@ from qpr.cli.common import (
     run_stage,
     shown,
 )
+from qpr.ids import id_text, id_texts
 
 index_app = typer.Typer(
     help="Stage 4 without a sub-command: the full build, as `dvc repro` runs it. With one: "
@@ -121,7 +122,10 @@ def index_delete(
     from qpr.deltas.format import DeltaError
     from qpr.deltas.lock import WriterBusy
 
-    ids = read_ids(question_id or [], ids_file)
+    try:
+        ids = read_ids(question_id or [], ids_file)
+    except (OSError, ValueError) as err:
+        fail(f"--ids-file {ids_file}: {err}")
     if not ids:
         fail("give --question-id or --ids-file")
     try:
@@ -131,6 +135,8 @@ def index_delete(
     if out["deleted"]:
         reason = f"index delete: {len(out['deleted'])} questions"
         out = _published(out, models_dir, params, local, reason)
+    # The ids as the service writes them: decimal strings (qpr.ids).
+    out |= {key: id_texts(out[key]) for key in ("deleted", "unknown")}
     typer.echo(json.dumps(out))
 
 
@@ -158,6 +164,8 @@ def index_list(
     if as_json:
         out = manifest.as_dict() | {"absorbed_version": absorbed}
         out["deltas"] = [{**delta, "state": state(delta)} for delta in manifest.deltas]
+        # [question_id, version]: the id as the service writes it, a decimal string (qpr.ids).
+        out["tombstones"] = [[id_text(q), v] for q, v in manifest.tombstones]
         typer.echo(json.dumps(out, indent=2))
         return
     table = Table("delta", "version", "questions", "unknown BM25 words", "state", "sources")

@@ -56,7 +56,8 @@ def search(
     except (BundleError, ValueError) as err:
         fail(str(err))
     if as_json:
-        # Hit.as_dict: the same field names as the service and the MLflow pyfunc.
+        # Hit.as_dict: the same field names as the service and the MLflow pyfunc, and the
+        # same ids as decimal strings (qpr.ids).
         hits = [h.as_dict() for h in result.hits]
         console.print_json(
             json.dumps({"query": result.query, "answered": result.answered, "hits": hits})

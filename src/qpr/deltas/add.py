@@ -62,6 +62,7 @@ from qpr.deltas.format import (
     write_delta,
 )
 from qpr.deltas.lock import writer_lock
+from qpr.ids import parse_id
 from qpr.io import file_sha256, replace_dir
 from qpr.retrieval.bm25 import BM25Index, count_terms
 from qpr.text.normalize import normalize
@@ -107,8 +108,23 @@ def read_questions(path: Path, quality: QualitySettings, report_dir: Path | None
     lengths = frame["text"].str.len()
     keep = (lengths >= quality.min_question_chars) & (lengths <= quality.max_question_chars)
     frame = frame[keep].drop_duplicates("text")
-    frame["question_id"] = pd.to_numeric(frame["question_id"]).fillna(-1).astype(np.int64)
+    frame["question_id"] = np.asarray([_given_id(v, path) for v in frame["question_id"]], np.int64)
     return frame[["question_id", "text", ANSWER_ID]].reset_index(drop=True)
+
+
+def _given_id(value: object, path: Path) -> int:
+    """A listed question_id: a decimal string or an integer; -1 when none is given. Not
+    through pandas' numbers, whose float64 would round ids above 2^53 (`qpr.ids`)."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            return -1
+    elif value is None or pd.isna(value):  # NaN, pd.NA: a row without one
+        return -1
+    try:
+        return parse_id(value)
+    except ValueError as exc:
+        raise DataFormatError(f"{path}: question_id: {exc}") from None
 
 
 def _table(path: Path) -> pd.DataFrame:
@@ -213,14 +229,15 @@ def _add_files(
     return out | {"added": len(frame), "replaced": entry["replaced"], "delta": entry}
 
 
-def read_ids(values: Sequence[int], file: Path | None) -> list[int]:
-    """Question ids given one by one and / or in a file (one a line, or an .npy)."""
-    ids = [int(v) for v in values]
+def read_ids(values: Sequence[int | str], file: Path | None) -> list[int]:
+    """Question ids given one by one and / or in a file (one a line, or an .npy); decimal
+    strings or integers (`qpr.ids.parse_id`: ValueError for anything else)."""
+    ids = [parse_id(v) for v in values]
     if file is not None:
         if Path(file).suffix == ".npy":
             ids += np.load(file, allow_pickle=False).astype(np.int64).tolist()
         else:
-            ids += [int(line) for line in Path(file).read_text().split() if line.strip()]
+            ids += [parse_id(word) for word in Path(file).read_text().split()]
     return ids
 
 
@@ -412,16 +429,20 @@ def reencode_deltas(
 
 
 def delete_questions(
-    models_dir: str | os.PathLike[str], question_ids: Sequence[int], *, wait: float | None = None
+    models_dir: str | os.PathLike[str],
+    question_ids: Sequence[int | str],
+    *,
+    wait: float | None = None,
 ) -> dict:
-    """Tombstone the served questions among `question_ids` (one new version). Returns
+    """Tombstone the served questions among `question_ids` (ints or decimal strings, as the
+    service writes them; ValueError for others) in one new version. Returns
     {"deleted": ids tombstoned, "unknown": ids the bundle does not serve, "version"}.
     wait: how long to wait for the writer lock (`qpr.deltas.lock`). DeltaError, nothing
     written, on a delta that fails its check."""
     root = Path(models_dir)
     with manifest_update(root, wait=wait) as manifest:
         require_sound(root)
-        wanted = sorted({int(q) for q in question_ids})
+        wanted = sorted({parse_id(q) for q in question_ids})
         live = set(live_questions(root)["question_id"].tolist())
         deleted = [q for q in wanted if q in live]
         unknown = [q for q in wanted if q not in live]

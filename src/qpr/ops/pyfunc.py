@@ -69,9 +69,11 @@ _COLUMN_TYPES = {
     "query": ("str", "string"),
     "rank": ("int64", "long"),
     "answer_id": ("object", "string"),
-    "question_id": ("int64", "long"),
+    # Decimal strings, as in the service's JSON: `mlflow models serve` writes this frame as
+    # JSON, where a 64-bit id as a number loses digits in JavaScript (qpr.ids).
+    "question_id": ("str", "string"),
     "text": ("str", "string"),
-    "cluster_id": ("int64", "long"),
+    "cluster_id": ("str", "string"),
     "distance": ("float64", "double"),
     "score": ("float64", "double"),
     "answered": ("bool", "boolean"),
@@ -170,7 +172,8 @@ class QPRSearchModel(PythonModel):
     predict(model_input, params={"k": 10, "filters": '{"locale": "en"}'}): model_input is
     a question, a list/Series of questions, or a DataFrame with a "question" column (or a
     single column). The result is one row per (query, hit), columns `PREDICTION_COLUMNS`,
-    rank 1 = closest; "answered" is the bundle's no-answer decision for the query (top-1
+    rank 1 = closest; question_id and cluster_id are decimal strings, as in the service's
+    JSON (`qpr.ids`); "answered" is the bundle's no-answer decision for the query (top-1
     distance within the stored threshold). An empty question raises ValueError (a whole
     batch fails, as the bundle does: a silently dropped row would misalign the caller's
     results). filters (`parse_filters`) apply to every question: only the matching
@@ -199,11 +202,12 @@ class QPRSearchModel(PythonModel):
 
 
 def _frame(results: Iterable[SearchResult]) -> pd.DataFrame:
-    """Search results as predict returns them: one row per (query, hit)."""
+    """Search results as predict returns them: one row per (query, hit), each hit's fields
+    as the service's JSON has them (`Hit.as_dict`: ids as decimal strings)."""
     rows = [
-        (r.query, rank, *(getattr(h, name) for name in HIT_FIELDS), r.answered)
+        (r.query, rank, *(hit[name] for name in HIT_FIELDS), r.answered)
         for r in results
-        for rank, h in enumerate(r.hits, 1)
+        for rank, hit in enumerate((h.as_dict() for h in r.hits), 1)
     ]
     frame = pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
     return frame.astype({name: kind for name, (kind, _) in _COLUMN_TYPES.items()})

@@ -44,6 +44,7 @@ import faiss
 import numpy as np
 
 from qpr.artifacts import SearchConfig
+from qpr.ids import with_id_texts
 from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.dense import IdMap, ef_search_of
 from qpr.retrieval.encoders import embed_sequences
@@ -106,6 +107,7 @@ class Explanation:
 
 # A hit's fields as every interface names them: the CLI's --json, the service's JSON and
 # the MLflow pyfunc's columns (one set of names, so a client can switch between them).
+# There the ids are decimal strings (`Hit.as_dict`, `qpr.ids`).
 HIT_FIELDS = ("answer_id", "question_id", "text", "cluster_id", "distance", "score")
 
 
@@ -137,8 +139,10 @@ class Hit:
     explain: Explanation | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """`HIT_FIELDS`, plus ``explain`` when the search asked for it."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in HIT_FIELDS}
+        """The hit as every client-facing JSON carries it: `HIT_FIELDS`, question_id and
+        cluster_id as decimal strings (64-bit ids lose digits as JSON numbers: `qpr.ids`),
+        plus ``explain`` when the search asked for it. The attributes keep the int ids."""
+        out: dict[str, Any] = with_id_texts({name: getattr(self, name) for name in HIT_FIELDS})
         if self.explain is not None:
             out["explain"] = self.explain.as_dict()
         return out

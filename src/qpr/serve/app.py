@@ -3,7 +3,8 @@
 Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID``):
 
 - ``POST /search`` ``{"question": str, "k"?: int, "threshold"?: number|null}`` → the k
-  closest known questions (`qpr.retrieval.bundle.HIT_FIELDS`), ``answered``
+  closest known questions (`qpr.retrieval.bundle.HIT_FIELDS`; question_id and cluster_id
+  as decimal strings, `qpr.ids`), ``answered``
   (top-1 within the threshold: the request's, else the model's stored one), the threshold
   used, and which model answered. ``"explain": true`` adds each hit's score parts.
   ``"filters": {"locale": "en", "tenant": ["a", "b"]}`` searches only the questions
@@ -437,7 +438,8 @@ def _respond(payload: Any, status: int = 200) -> Response:
 
 
 def _hits(result: SearchResult) -> list[dict[str, Any]]:
-    # Hit.as_dict: the field names the CLI and the MLflow pyfunc use too.
+    # Hit.as_dict: the field names the CLI and the MLflow pyfunc use too, and the ids as
+    # decimal strings (qpr.ids: JavaScript clients would round them as numbers).
     return [h.as_dict() for h in result.hits]
 
 

@@ -8,6 +8,8 @@ works on a machine without internet access.
 enforce: question length, k's range, the batch size, the body size, the filter fields of
 the serving model and, with an API key set, how to send it (Swagger UI's "Authorize").
 
+Question and cluster ids are documented as strings: the service writes them so (`qpr.ids`).
+
 The models below only document the responses. The endpoints still build their JSON by hand
 (`qpr.serve.app`), so documenting them changes no byte of a response; tests check that
 real responses validate against these models.
@@ -27,6 +29,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
+from qpr.ids import ID_PATTERN
 from qpr.serve.settings import ServeSettings
 
 DOCS_PATH = "/docs"
@@ -55,13 +58,18 @@ class Explain(_Doc):
     fused_score: float = Field(description="α·dense_scaled + (1 - α)·bm25_scaled")
 
 
+_ID_TEXT = "a 64-bit id as a decimal string: as a JSON number, JavaScript would round it"
+
+
 class Hit(_Doc):
     """A known question that asks the same thing."""
 
     answer_id: str | None = Field(description="the answer of the hit's paraphrase cluster")
-    question_id: int
+    question_id: str = Field(pattern=ID_PATTERN, description=f"the known question's id; {_ID_TEXT}")
     text: str = Field(description="the known question")
-    cluster_id: int = Field(description="its paraphrase cluster; -1: none")
+    cluster_id: str = Field(
+        pattern=ID_PATTERN, description=f'its paraphrase cluster ("-1": none); {_ID_TEXT}'
+    )
     distance: float = Field(description="L2 distance, >= 0; the no-answer threshold's unit")
     score: float = Field(description="what hits are ranked by, higher first")
     explain: Explain | None = Field(default=None, description='only with "explain": true')
@@ -75,9 +83,9 @@ class ModelBrief(_Doc):
 
 _HIT = {
     "answer_id": "a-reset-password",
-    "question_id": 1040,
+    "question_id": "9007199254740993",
     "text": "how can i reset my password",
-    "cluster_id": 17,
+    "cluster_id": "4611686018427387914",
     "distance": 0.0421,
     "score": 0.9596,
 }
@@ -181,7 +189,7 @@ class Version(_Doc):
         json_schema_extra={
             "example": {
                 "model": {"name": "qpr", "version": "3", "alias": "champion"},
-                "service": {"package_version": "0.1.0", "git_commit": "c91284a"},
+                "service": {"package_version": "0.2.0", "git_commit": "c91284a"},
                 "reload": {"checks": 12, "swaps": 1, "refused": 0, "errors": 0},
                 "limits": {"max_k": 100, "default_k": 10, "max_batch": 64},
             }
