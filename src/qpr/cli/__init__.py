@@ -21,8 +21,9 @@ from qpr.cli.evaluate_file import evaluate
 from qpr.cli.experiments import experiments
 from qpr.cli.index_commands import index_app
 from qpr.cli.model_commands import model_app
+from qpr.cli.terminal import command_group
 
-app = typer.Typer(
+app = command_group(
     name="qpr",
     help=(
         "Question paraphrase retrieval: map new, noisy questions onto the questions you "
@@ -31,7 +32,6 @@ app = typer.Typer(
         "sub-command here. Settings come from params.yaml."
     ),
     no_args_is_help=True,
-    rich_markup_mode="markdown",
 )
 
 

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from qpr import environment
+from qpr.cli.terminal import FittingConsole
 from qpr.errors import printable
 
-console = Console()
-errors = Console(stderr=True)
+# Every table printed fits the terminal's width (qpr.cli.terminal).
+console = FittingConsole()
+errors = FittingConsole(stderr=True)
 
 ParamsOption = Annotated[
     Path, typer.Option("--params", "-p", help="Parameter file (the pipeline's knobs).")

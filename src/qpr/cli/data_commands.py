@@ -13,8 +13,9 @@ import typer
 
 from qpr import environment
 from qpr.cli.common import ParamsOption, console, fail, shown
+from qpr.cli.terminal import command_group
 
-data_app = typer.Typer(
+data_app = command_group(
     help="Make, check and version the raw question-answer logs.", no_args_is_help=True
 )
 

@@ -231,16 +231,17 @@ def evaluate(
     nDCG@10, recall@20) against the baselines; choose the no-answer threshold on
     validation. With FILE: the trained bundle on that file, without retraining.
 
-    **qpr evaluate FILE** evaluates the trained bundle (--models-dir, or a registered
+    qpr evaluate FILE evaluates the trained bundle (--models-dir, or a registered
     --model models:/NAME@ALIAS) on any Quora pairs file or QA-log file. The file is
     clustered by the cluster stage's own code (logs: gates, cleaning, one cluster per
     answer, coherence filter; Quora: transitive closure of the duplicate pairs). Every
     question of a cluster of size >= 2 is a query, its relevant documents are the other
-    questions of its cluster, it is excluded from its own results. Rows: **served** (the
+    questions of its cluster, it is excluded from its own results. Rows: "served" (the
     bundle's search as the service runs it over the file's questions: depth, BM25 fusion,
-    re-ranker, no-answer threshold), **encoder alone** and **BM25 alone**, all over the
+    re-ranker, no-answer threshold), "encoder alone" and "BM25 alone", all over the
     file's questions (with --with-model-index the bundle's own questions join them as
-    distractors). Writes results.json and results.md to --out; prints the table.
+    distractors). Writes results.json and results.md to --out; prints the table. Every
+    option but --params is for FILE only.
     """
     if data is not None:
         if file is not None:

@@ -23,9 +23,10 @@ from qpr.cli.common import (
     run_stage,
     shown,
 )
+from qpr.cli.terminal import command_group
 from qpr.ids import id_text, id_texts
 
-index_app = typer.Typer(
+index_app = command_group(
     help="Stage 4 without a sub-command: the full build, as `dvc repro` runs it. With one: "
     "fresh questions into a served bundle without retraining: add, delete, list, drop, "
     "compact (docs/operations.md).",

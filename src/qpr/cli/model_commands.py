@@ -12,8 +12,9 @@ from rich.table import Table
 
 from qpr import environment
 from qpr.cli.common import ParamsOption, actor_name, console, errors, fail
+from qpr.cli.terminal import command_group
 
-model_app = typer.Typer(
+model_app = command_group(
     help="The MLflow model registry: list versions, promote one to champion, roll back.",
     no_args_is_help=True,
 )
