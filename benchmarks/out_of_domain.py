@@ -119,6 +119,7 @@ def row_of(bundle: Spec, data: Spec, summary: dict[str, Any]) -> dict[str, Any]:
         "served_minus_bm25_points": points(served["p_at_1"], bm25["p_at_1"]),
         "encoder_minus_bm25_points": points(systems["encoder"]["p_at_1"], bm25["p_at_1"]),
         "served_index": summary["served_index"],
+        "calibration": summary.get("calibration"),
         "seconds": round(summary["seconds"]["total"], 1),
     }
 
@@ -148,6 +149,7 @@ def measure(bundle: Spec, data: Spec, args: argparse.Namespace, settings: Any) -
             models_dir=bundle.path,
             split=data.split,  # type: ignore[arg-type]
             max_queries=args.queries,
+            calibrate=True,
         )
         started = time.perf_counter()
         result = evaluate_file(config, settings, log=log)
@@ -237,6 +239,7 @@ def markdown(payload: dict) -> str:
         )
     lines += ["", "## The target: served P@1 at least BM25 alone's out of domain", ""]
     lines += [verdict(row) for row in rows if not row["in_domain"]] or ["- no row out of domain"]
+    lines += ["", *no_answer_section(rows)]
     lines += ["", "What each bundle serves:", ""]
     seen: dict[str, dict] = {r["bundle"]: r for r in rows}
     for name, row in seen.items():
@@ -251,6 +254,52 @@ def markdown(payload: dict) -> str:
             f"query encoder {row['query_encoder']}{student}, {fusion}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _outcome(check: dict[str, Any]) -> str:
+    return (
+        f"{_share(check['answered_share'])} | {_share(check['precision_at_1'])} | "
+        f"{_share(check['false_answer_rate'])}"
+    )
+
+
+def no_answer_section(rows: list[dict]) -> list[str]:
+    """The bundle's "no answer" threshold against one calibrated on the set's own clusters
+    (`qpr evaluate FILE --calibrate`), both on the half of the clusters not used to choose."""
+    calibrated = [r for r in rows if r.get("calibration")]
+    if not calibrated:
+        return []
+    lines = [
+        "## No answer across domains: the bundle's threshold against a calibrated one",
+        "",
+        "`qpr evaluate FILE --calibrate` chooses a threshold on a seeded half of the set's "
+        "clusters, by the evaluate stage's rule (P@1 answered at least the target, false "
+        "answers within the bound). Both thresholds are then measured on the other half. "
+        "False answers: the check half's queries searched with their own cluster left out, "
+        "and the set's questions with no paraphrase.",
+        "",
+        "| bundle | data set | domain | bundle's threshold | answered | P@1 answered | "
+        "false answers | calibrated threshold (rule) | answered | P@1 answered | "
+        "false answers | check queries / with no paraphrase |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in calibrated:
+        cal = row["calibration"]
+        bundle, mine = cal["check"]["bundle"], cal["check"]["calibrated"]
+        own = row["served_index"].get("threshold")
+        chosen = cal["threshold"]
+        lines.append(
+            f"| {row['bundle']} | {row['data']} ({row['split']}) | "
+            f"{'in' if row['in_domain'] else 'out'} | "
+            f"{'none' if own is None else f'{own:.3f}'} | {_outcome(bundle)} | "
+            f"{'none' if chosen is None else f'{chosen:.3f}'} ({cal['rule']}) | "
+            f"{_outcome(mine)} | {mine['answerable']:,} / {mine['unanswerable']:,} |"
+        )
+    return lines
 
 
 def verdict(row: dict) -> str:
