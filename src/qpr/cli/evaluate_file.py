@@ -342,7 +342,8 @@ def _evaluate_file(params: Path, data: Path, options: FileOptions) -> None:
         )
     console.print(table)
     if summary.get("calibration") is not None:
-        console.print(calibration_lines(summary["calibration"]), highlight=False)
+        threshold = summary["no_answer"]["threshold"]
+        console.print(calibration_lines(summary["calibration"], threshold), highlight=False)
     console.print(
         f"P@N = success@N (a paraphrase among the first N). {summary['seconds']['total']:.1f} s; "
         f"wrote {json_path} and {md_path}",
@@ -350,27 +351,29 @@ def _evaluate_file(params: Path, data: Path, options: FileOptions) -> None:
     )
 
 
-def calibration_lines(calibration: dict[str, Any]) -> str:
-    """What --calibrate chose and how both thresholds do on the check half, as text."""
+def calibration_lines(calibration: dict[str, Any], bundle_threshold: float | None) -> str:
+    """What --calibrate chose and how both thresholds do on the check half, as lines
+    under 80 characters."""
 
     def threshold(value: float | None) -> str:
-        return "none (every hit answered)" if value is None else f"{value:.4f}"
+        return "none" if value is None else f"{value:.4f}"
 
     def share(value: float | None) -> str:
         return "-" if value is None else f"{value:.1%}"
 
     chose = calibration["calibration"]
+    mine = calibration["check"]["calibrated"]
     lines = [
         f"calibrated threshold {threshold(calibration['threshold'])} (rule "
-        f"{calibration['rule']}), chosen on {chose['clusters']:,} clusters: answers "
-        f"{share(chose['answered_share'])} of their queries",
-        f"checked on the other {chose['check_clusters']:,} clusters:",
+        f"{calibration['rule']}), chosen on {chose['clusters']:,} clusters",
+        f"checked on the other {chose['check_clusters']:,} clusters ({mine['answerable']:,} "
+        f"queries, {mine['unanswerable']:,} with no paraphrase):",
     ]
-    for name, label in (("bundle", "bundle's"), ("calibrated", "calibrated")):
-        check = calibration["check"][name]
+    for name, value in (("bundle's", bundle_threshold), ("calibrated", calibration["threshold"])):
+        check = calibration["check"]["bundle" if name == "bundle's" else "calibrated"]
         lines.append(
-            f"  {label} threshold: answered {share(check['answered_share'])}, P@1 answered "
-            f"{share(check['precision_at_1'])}, false answers {share(check['false_answer_rate'])}"
-            f" of {check['unanswerable']:,} with no paraphrase"
+            f"  {name} {threshold(value)}: answered {share(check['answered_share'])}, "
+            f"P@1 {share(check['precision_at_1'])}, false answers "
+            f"{share(check['false_answer_rate'])}"
         )
     return "\n".join(lines)
