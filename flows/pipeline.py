@@ -1,8 +1,9 @@
 """The whole pipeline as one Prefect flow: cluster → train → export → index → evaluate →
 register.
 
-Each stage is a subflow with its own MLflow run. `dvc repro` is the way to rerun only
-what changed; this flow reruns everything.
+Each stage is a subflow with its own MLflow run, nested under one parent run named
+"pipeline <commit>". `dvc repro` is the way to rerun only what changed; this flow reruns
+everything.
 
     python -m flows.pipeline [--params params.yaml]
 """
@@ -14,13 +15,17 @@ from typing import Any
 
 from prefect import flow
 
-from flows.stage import STAGES, run_cli, stage_flow
+from flows import tracking
+from flows.stage import STAGES, run_cli, settings_and_paths, stage_flow
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(params: str | None = None) -> dict[str, Any]:
     """Run every stage in order; a failing gate stops the line."""
-    return {name: stage_flow(name)(params=params) for name in STAGES}
+    settings, paths = settings_and_paths(params)
+    commit = tracking.git_commit(paths.root)[0][:7]
+    with tracking.parent_run("pipeline", f"pipeline {commit}", settings, root=paths.root):
+        return {name: stage_flow(name)(params=params) for name in STAGES}
 
 
 def main(argv: list[str] | None = None) -> None:

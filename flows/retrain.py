@@ -194,13 +194,17 @@ def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Pa
 def _tracked_cycle(
     cycle: ops.Cycle, summary: dict[str, Any], settings: Settings, root: Path, started: float
 ) -> None:
-    """The cycle inside its MLflow run, whose id is on disk before anything else happens."""
+    """The cycle inside its MLflow run, whose id is on disk before anything else happens;
+    the stage runs of its `dvc repro` nest under it."""
     # Nothing the run stores may hold a credential (a token in a path, a password in a URI).
-    with tracking.stage_run("retrain", settings, root=root, scrub=redact_tree) as mlflow_run:
+    with tracking.stage_run(
+        "retrain", settings, root=root, scrub=redact_tree, run_name=f"retrain {cycle.run}"
+    ) as mlflow_run:
         extra = {"mlflow_run_id": mlflow_run.info.run_id}
         write_json_atomic(cycle.layout.active_run, {**extra, "run": cycle.run})
         try:
-            ops.run_cycle(cycle, summary, journal_extra=extra)
+            with tracking.children_of(mlflow_run.info.run_id):
+                ops.run_cycle(cycle, summary, journal_extra=extra)
         except BaseException as err:
             record_failure(summary, err)
             raise

@@ -272,7 +272,8 @@ def _stage_task(name: str, settings: Settings, paths: ProjectPaths) -> dict[str,
 
 
 def run_stage(name: str, params: str | Path | None = None) -> dict[str, Any]:
-    """Run stage `name` inside its MLflow run; write and log its metrics and artifacts.
+    """Run stage `name` inside its MLflow run; write and log its metrics and artifacts
+    (the headline numbers also on the pipeline's parent run, `flows.tracking`).
 
     A failed gate still logs the gate reports, and the run is marked FAILED."""
     stage = STAGES[name]
@@ -291,6 +292,7 @@ def run_stage(name: str, params: str | Path | None = None) -> dict[str, Any]:
             write_metrics(stage.full_metrics(paths), metrics)
         write_headline(paths, stage, stable)
         tracking.log_metrics(_numbers(metrics))
+        tracking.log_parent_metrics(headline_numbers(stable, stage.headline))
         tracking.log_artifacts({"gates": gate_reports, "metrics": target, **stage.artifacts(paths)})
     return metrics
 

@@ -1,18 +1,42 @@
 """MLflow adapter: one MLflow run per flow run, tagged so any number can be traced back to
-the code (git commit), the data (DVC hash) and the stage that produced it."""
+the code (git commit), the data (DVC hash) and the stage that produced it.
+
+Stage runs nest under one parent run per pipeline invocation, so MLflow's run list reads
+like the pipeline: one row per `dvc repro`, DVC experiment, pipeline flow or retraining
+cycle, its stages under it. Which parent a stage run takes, in this order:
+
+1. the run named by `PARENT_RUN_ENV`: set by a caller that opened the parent itself (the
+   retraining cycle for the `dvc repro` it starts, the in-process pipeline flow), which
+   also closes it;
+2. under DVC (`DVC_STAGE` set), the parent of that very dvc process: found by the tag
+   `TAG_INVOCATION` (host, pid and start time of the nearest dvc process above this one,
+   and the DVC experiment's name), else opened by the first stage that runs. A repro's
+   stages run one at a time under one dvc process, so they share it; two repros are two
+   processes (another pid, or another start time for a reused pid), so they never share
+   one. Each stage leaves the parent's status as its own (FINISHED, or FAILED);
+3. otherwise (a stage run by hand, `python -m flows.stage NAME`) no parent.
+
+A parent is named by the DVC experiment when there is one, else "repro <commit>",
+"pipeline <commit>" or "retrain <run>"; it carries the params and the headline numbers.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import socket
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import yaml
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from qpr.config import Settings
@@ -71,19 +95,27 @@ def _flow_run_id() -> str | None:
         return None
 
 
-@contextmanager
-def stage_run(
+Scrub = Callable[[dict[str, Any]], dict[str, Any]]
+
+# A run id: the stage runs this process and its children start nest under it (rule 1).
+PARENT_RUN_ENV = "QPR_MLFLOW_PARENT_RUN_ID"
+DVC_STAGE_ENV = "DVC_STAGE"  # DVC sets it for every stage command it runs
+DVC_EXPERIMENT_ENV = "DVC_EXP_NAME"  # `dvc exp run` names its experiment here
+PARENT_STAGE = "pipeline"  # a parent run's qpr.stage
+TAG_PIPELINE = "qpr.pipeline"  # what a parent groups: repro, experiment, pipeline
+TAG_INVOCATION = "qpr.invocation"  # the dvc process a parent belongs to (rule 2)
+TAG_EXPERIMENT = "qpr.dvc_experiment"
+_PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: how the UI nests a run
+
+
+def _record(
     stage: str,
     settings: Settings,
-    *,
-    root: Path | None = None,
-    extra_params: Mapping[str, Any] = (),
-    scrub: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> Iterator[mlflow.ActiveRun]:
-    """Open an MLflow run for one stage, with params, and tags; a failure marks it FAILED.
-    `scrub` rewrites the params and the tags first (the retrain flow masks credentials)."""
-    root = (root or Path.cwd()).resolve()
-    experiment_id = _ensure_experiment(settings.mlflow.experiment)
+    root: Path,
+    extra_params: Mapping[str, Any],
+    scrub: Scrub | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tags, params) of a run: the stage, the code, the data and every setting."""
     commit, dirty = git_commit(root)
     tags = {
         "qpr.stage": stage,
@@ -99,9 +131,197 @@ def stage_run(
     params = {**settings.flat(), **dict(extra_params)}
     if scrub is not None:
         params, tags = scrub(params), scrub(tags)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
-        mlflow.log_params(params)
-        yield run
+    return tags, params
+
+
+@contextmanager
+def stage_run(
+    stage: str,
+    settings: Settings,
+    *,
+    root: Path | None = None,
+    extra_params: Mapping[str, Any] = (),
+    scrub: Scrub | None = None,
+    run_name: str | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """Open an MLflow run for one stage, with params, and tags, nested under its
+    pipeline's parent run (the module's rules); a failure marks it FAILED. `scrub`
+    rewrites the params and the tags first (the retrain flow masks credentials);
+    `run_name` (default: the stage) is what the run list shows."""
+    root = (root or Path.cwd()).resolve()
+    experiment_id = _ensure_experiment(settings.mlflow.experiment)
+    tags, params = _record(stage, settings, root, extra_params, scrub)
+    parent, owned = _given_parent()
+    if parent is None:
+        parent = _dvc_parent(experiment_id, tags, params)
+        owned = parent is not None
+    try:
+        with mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name or stage,
+            tags=tags,
+            parent_run_id=parent,
+        ) as run:
+            mlflow.log_params(params)
+            yield run
+    except BaseException:
+        if owned:
+            _leave_parent(parent, "FAILED")
+        raise
+    if owned:
+        _leave_parent(parent, "FINISHED")
+
+
+@contextmanager
+def parent_run(
+    kind: str,
+    name: str,
+    settings: Settings,
+    *,
+    root: Path | None = None,
+    scrub: Scrub | None = None,
+) -> Iterator[str]:
+    """A parent run for a pipeline run in this process (rule 1): every stage run started
+    inside, here or in a child process, nests under it. Yields its id; FINISHED at the
+    end, FAILED when the body raises."""
+    root = (root or Path.cwd()).resolve()
+    experiment_id = _ensure_experiment(settings.mlflow.experiment)
+    tags, params = _record(PARENT_STAGE, settings, root, {}, scrub)
+    run_id = _open_parent(experiment_id, name, {**tags, TAG_PIPELINE: kind}, params)
+    try:
+        with children_of(run_id):
+            yield run_id
+    except BaseException:
+        MlflowClient().set_terminated(run_id, "FAILED")
+        raise
+    MlflowClient().set_terminated(run_id, "FINISHED")
+
+
+@contextmanager
+def children_of(run_id: str) -> Iterator[None]:
+    """Stage runs started meanwhile, here or in a child process (which inherits the
+    environment), nest under `run_id`; the environment is restored after."""
+    before = os.environ.get(PARENT_RUN_ENV)
+    os.environ[PARENT_RUN_ENV] = run_id
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_RUN_ENV, None)
+        else:
+            os.environ[PARENT_RUN_ENV] = before
+
+
+def _given_parent() -> tuple[str | None, bool]:
+    """(the caller's parent run, False: its caller closes it), or (None, False) when
+    none is given or it cannot be used (gone, deleted): the stage then runs on its own."""
+    run_id = os.environ.get(PARENT_RUN_ENV, "").strip()
+    if not run_id:
+        return None, False
+    try:
+        usable = MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        usable = False
+    if not usable:
+        print(
+            f"MLflow parent run {run_id} ({PARENT_RUN_ENV}) not found: not nested", file=sys.stderr
+        )
+    return (run_id if usable else None), False
+
+
+def dvc_invocation() -> str | None:
+    """Who "one dvc command" is, for a stage process it started: "host:pid:start" of the
+    nearest dvc process above this one, and the DVC experiment's name; None when no dvc
+    process started this one (DVC_STAGE unset, or none found among the ancestors)."""
+    if not os.environ.get(DVC_STAGE_ENV):
+        return None
+    try:
+        import psutil  # a dependency of DVC itself
+    except ImportError:
+        return None
+    try:
+        ancestors = psutil.Process().parents()
+    except psutil.Error:
+        return None
+    for process in ancestors:
+        with suppress(psutil.Error):
+            if _is_dvc(process.cmdline()):
+                started = f"{process.create_time():.3f}"
+                experiment = os.environ.get(DVC_EXPERIMENT_ENV, "")
+                return f"{socket.gethostname()}:{process.pid}:{started}:{experiment}"
+    return None
+
+
+def _is_dvc(cmdline: list[str]) -> bool:
+    """`dvc ...`, `python .../bin/dvc ...` (a console script) or `python -m dvc ...`."""
+    names = {arg.replace("\\", "/").rsplit("/", 1)[-1].lower() for arg in cmdline[:2]}
+    return bool({"dvc", "dvc.exe"} & names) or cmdline[1:3] == ["-m", "dvc"]
+
+
+def _dvc_parent(
+    experiment_id: str, tags: Mapping[str, Any], params: Mapping[str, Any]
+) -> str | None:
+    """The parent run of this dvc command (rule 2): found by its tag, else opened; marked
+    RUNNING again while this stage runs."""
+    key = dvc_invocation()
+    if key is None:
+        return None
+    client = MlflowClient()
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_INVOCATION}` = '{_quote(key)}'",
+        max_results=1,
+    )
+    if found:
+        client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
+    experiment = os.environ.get(DVC_EXPERIMENT_ENV)
+    commit = str(tags.get("mlflow.source.git.commit", "unknown"))
+    name = experiment or f"repro {commit[:7]}"
+    parent_tags = {
+        **{k: v for k, v in tags.items() if k not in ("qpr.stage", "prefect.flow_run_id")},
+        "qpr.stage": PARENT_STAGE,
+        TAG_PIPELINE: "experiment" if experiment else "repro",
+        TAG_INVOCATION: key,
+        **({TAG_EXPERIMENT: experiment} if experiment else {}),
+    }
+    return _open_parent(experiment_id, name, parent_tags, params)
+
+
+def _open_parent(
+    experiment_id: str, name: str, tags: Mapping[str, Any], params: Mapping[str, Any]
+) -> str:
+    client = MlflowClient()
+    tags = {k: v for k, v in tags.items() if k != "prefect.flow_run_id"}
+    run = client.create_run(experiment_id, tags={**tags, "qpr.stage": PARENT_STAGE}, run_name=name)
+    items = [Param(key, str(value)) for key, value in params.items()]
+    for start in range(0, len(items), 100):  # MLflow takes at most 100 params a call
+        client.log_batch(run.info.run_id, params=items[start : start + 100])
+    return run.info.run_id
+
+
+def _leave_parent(run_id: str, status: str) -> None:
+    """The stage's outcome as its parent's status (the last stage's is the repro's)."""
+    try:
+        MlflowClient().set_terminated(run_id, status)
+    except MlflowException as exc:  # never fail a stage for its parent's status
+        print(f"MLflow parent run {run_id}: status not set ({exc})", file=sys.stderr)
+
+
+def log_parent_metrics(metrics: Mapping[str, float | int]) -> None:
+    """Numbers of the active stage run on its parent too (the headline columns), so the
+    run list compares repros and experiments by their parents' rows."""
+    active = mlflow.active_run()
+    parent = active.data.tags.get(_PARENT_TAG) if active is not None else None
+    if not parent or not metrics:
+        return
+    now = int(time.time() * 1000)
+    items = [Metric(key, float(value), now, 0) for key, value in metrics.items()]
+    MlflowClient().log_batch(parent, metrics=items)
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def log_metrics(metrics: Mapping[str, float | int], step: int | None = None) -> None:

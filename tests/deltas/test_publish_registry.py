@@ -46,8 +46,8 @@ def test_a_delta_is_a_version_and_rollback_takes_it_out(models: Path, tmp_path: 
     )
     info, said = register_deltas(models, name=NAME, actor="tests", reason="delta 1")
     assert said == "promoted" and info is not None and info.is_champion
-    assert info.tags[registry.TAG_BASE] == base.tags[registry.TAG_BASE]
-    assert json.loads(info.tags[registry.TAG_DELTAS])["deltas"] == [1]
+    assert info.tag(registry.TAG_BASE) == base.tag(registry.TAG_BASE)
+    assert json.loads(info.tag(registry.TAG_DELTAS))["deltas"] == [1]
     assert 9001 in _served_ids(tmp_path / "with", NEW)
 
     registry.rollback(NAME, reason="bad delta", actor="tests")
@@ -60,7 +60,7 @@ def test_a_delta_is_a_version_and_rollback_takes_it_out(models: Path, tmp_path: 
     drop_delta(models, 1, reason="bad delta")
     after, said = register_deltas(models, name=NAME, actor="tests", reason="drop 1")
     assert said == "promoted" and after.version > info.version
-    assert json.loads(after.tags[registry.TAG_DELTAS])["deltas"] == []
+    assert json.loads(after.tag(registry.TAG_DELTAS))["deltas"] == []
 
 
 def test_a_champion_of_another_base_keeps_the_change_local(models: Path) -> None:

@@ -70,6 +70,12 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     runs = mlflow.search_runs(experiment_names=["qpr-tests"], output_format="list")
     stages = {r.data.tags["qpr.stage"] for r in runs if r.info.status == "FINISHED"}
     assert {"cluster", "train", "export", "index", "evaluate"} <= stages
+    # One parent run for the whole flow, every stage run nested under it.
+    (parent,) = [r for r in runs if r.data.tags["qpr.stage"] == "pipeline"]
+    assert parent.info.run_name.startswith("pipeline ") and parent.info.status == "FINISHED"
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["qpr.stage"] for r in nested) == sorted(STAGES)
+    assert parent.data.metrics["test_p1"] == evaluation["success_1"]  # the headline numbers
     train_run = next(r for r in runs if r.data.tags["qpr.stage"] == "train")
     history = mlflow.MlflowClient().get_metric_history(train_run.info.run_id, "epoch/val_mrr")
     assert len(history) == train["epochs"]  # one point per epoch: the learning curve

@@ -27,6 +27,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 
@@ -165,6 +166,13 @@ def test_first_cycle_quarantines_bad_files_and_promotes_the_first_model(
     register = summary["register"]
     assert register["promoted"] == 1 and register["champion"] is None  # the first model
     assert registry.champion(NAME).version == register["version"]
+    # The cycle's run is the parent of the stage runs its `dvc repro` started.
+    from flows.stage import STAGES
+
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    (cycle,) = [r for r in runs if r.info.run_name == f"retrain {summary['run']}"]
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == cycle.info.run_id]
+    assert sorted(r.data.tags["qpr.stage"] for r in nested) == sorted(STAGES)
     # Versioned: data.dvc and dvc.lock committed by the flow; the work tree is clean.
     assert _sh(project, "git", "rev-parse", "HEAD") != head
     assert "retrain" in _sh(project, "git", "log", "-1", "--format=%s")

@@ -146,7 +146,7 @@ def test_first_registration_becomes_champion(history):
     assert first["reason"].startswith("first champion (none before): challenger")
     v1 = registry.get_version(NAME, 1)
     assert v1.metric == "val.recip_rank" and v1.value == pytest.approx(0.60)
-    assert v1.tags["qpr.promoted_by"] == "register-flow"
+    assert registry.last_event(v1, "promoted")["actor"] == "register-flow"
     assert "qpr.previous_champion" not in v1.tags
 
 
@@ -156,11 +156,11 @@ def test_better_version_is_promoted_and_the_old_one_recorded(history, project):
     assert second["champion"] == pytest.approx(0.60) and second["champion_version"] == 1
     v2 = registry.get_version(NAME, 2)
     assert v2.tags["qpr.previous_champion"] == "1"
-    assert v2.tags["qpr.promoted_by"] == "register-flow"
-    assert "beats champion" in v2.tags["qpr.promoted_reason"]
-    assert v2.tags["qpr.promoted_at"]
+    promoted = registry.last_event(v2, "promoted")
+    assert promoted["actor"] == "register-flow" and promoted["at"]
+    assert "beats champion" in promoted["reason"]
     v1 = registry.get_version(NAME, 1)
-    assert v1.tags["qpr.replaced_by"] == "register-flow"
+    assert registry.last_event(v1, "replaced")["actor"] == "register-flow"
     assert [e["action"] for e in registry.events(v1)] == ["promoted", "replaced"]
     assert registry.events(v1)[1]["by_version"] == 2
 
@@ -172,7 +172,7 @@ def test_worse_version_stays_challenger(history, project):
     assert "less than the margin" in third["reason"]
     assert _aliases() == {3: ("challenger",), 2: ("champion",), 1: ("previous-champion",)}
     v3 = registry.get_version(NAME, 3)
-    assert v3.tags["qpr.kept_challenger_reason"] == third["reason"]
+    assert registry.last_event(v3, "kept_challenger")["reason"] == third["reason"]
     # metrics/register.json is what the flow returned (dvc metrics reads it)
     written = json.loads((project / "metrics" / "register.json").read_text())
     assert written["version"] == 3 and written["promoted"] == 0
@@ -192,6 +192,13 @@ def test_version_carries_bundle_metrics_and_lineage(history):
     assert v2.measures["success_1"] == pytest.approx(0.65)
     assert "baselines.bm25.success_1" not in v2.measures
     assert v2.tags["qpr.git_commit"] and v2.tags["qpr.data_hash"]
+    # Readable in MLflow's version table: a description and few tags (the rest: details).
+    mv = mlflow.MlflowClient().get_model_version(NAME, "2")
+    assert mv.description.startswith("CNN; test P@1 0.650, val.recip_rank 0.700; ")
+    decided = ("qpr.committed", "qpr.previous_champion", "qpr.event.")  # set after registering
+    registered = {k for k in mv.tags if not k.startswith(decided)}
+    assert registered <= set(registry.VERSION_TAGS) and len(registered) <= 6
+    assert registry.TAG_BASE not in v2.tags and len(v2.tag(registry.TAG_BASE)) == 64
     run = mlflow.get_run(v2.run_id)
     assert run.data.tags["qpr.stage"] == "register"
     assert run.data.tags["qpr.registered_version"] == "2"
@@ -219,8 +226,6 @@ def test_rollback_restores_the_previous_champion(history, project):
     assert restored.version == 1
     assert _aliases() == {3: ("challenger",), 2: (), 1: ("champion",)}
     v2 = registry.get_version(NAME, 2)
-    assert v2.tags["qpr.rolled_back_by"] == "alice"
-    assert v2.tags["qpr.rolled_back_reason"] == "v2 answers badly in production"
     assert registry.events(v2)[-1] | {"at": None} == {
         "seq": 2,
         "action": "rolled_back",
@@ -229,7 +234,7 @@ def test_rollback_restores_the_previous_champion(history, project):
         "at": None,
         "to": 1,
     }
-    assert registry.get_version(NAME, 1).tags["qpr.restored_by"] == "alice"
+    assert registry.last_event(registry.get_version(NAME, 1), "restored")["actor"] == "alice"
     with pytest.raises(registry.RegistryError, match="nothing to roll back to"):
         registry.rollback(NAME, reason="again", actor="alice")
 
@@ -261,7 +266,7 @@ def test_cli_list_promote_rollback(history, project, monkeypatch):
     said = " ".join(promoted.output.split())
     assert "version 3 of" in said and "version 1 is previous-champion" in said
     v3 = registry.get_version(NAME, 3)
-    assert v3.tags["qpr.promoted_by"] == "bob" and v3.aliases == ("champion",)
+    assert registry.last_event(v3, "promoted")["actor"] == "bob" and v3.aliases == ("champion",)
 
     rolled = runner.invoke(app, ["model", "rollback", "--actor", "bob", *params])
     assert rolled.exit_code == 0, rolled.output

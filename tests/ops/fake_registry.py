@@ -3,6 +3,7 @@ the retraining cycle do to the registry, without a tracking server or a real bun
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,8 @@ class FakeRegistry:
         return self.get_version(name, version)
 
     def keep_challenger(self, name: str, version: int, *, reason: str, actor: str):
-        self.versions[int(version)]["qpr.kept_challenger_at"] = "now"
+        event = {"seq": 1, "action": "kept_challenger", "actor": actor, "reason": reason}
+        self.versions[int(version)][f"{promotion.EVENT_PREFIX}001"] = json.dumps(event)
         self.calls.append(("kept", int(version)))
         return self.get_version(name, version)
 

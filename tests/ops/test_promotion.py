@@ -17,8 +17,10 @@ from qpr.ops.promotion import (
     RegistryError,
     VersionInfo,
     decide_promotion,
+    events,
     is_committed,
     judge,
+    last_event,
     metric_value,
     promotion_refusal,
 )
@@ -109,6 +111,50 @@ def test_version_measure_prefers_the_judged_metric_then_the_recorded_ones():
     assert info.measure("val.recip_rank") == 0.9
     assert info.measure("val.success_1") == 0.88
     assert info.measure("val.map") is None
+
+
+def test_tags_the_version_lacks_are_read_from_its_details_once():
+    """A version keeps few tags; the rest of its registration record is read when first
+    asked for, once. A version registered before that file holds every tag itself."""
+    reads: list[int] = []
+
+    def load() -> dict[str, str]:
+        reads.append(1)
+        return {"qpr.measures": '{"val.success_1": 0.88}', "qpr.metric": "ignored"}
+
+    info = VersionInfo(
+        name="m",
+        version=3,
+        aliases=(),
+        metric="val.recip_rank",
+        value=0.9,
+        created=datetime.now(UTC),
+        run_id=None,
+        tags={"qpr.metric": "val.recip_rank"},
+        load_details=load,
+    )
+    assert info.tag("qpr.metric") == "val.recip_rank" and reads == []  # a tag: no read
+    assert info.measure("val.success_1") == 0.88 and info.tag("qpr.deltas") is None
+    assert reads == [1]
+    assert _version(1, **{"qpr.measures": '{"val.map": 0.5}'}).measure("val.map") == 0.5
+
+
+def test_last_event_reads_the_event_log_then_the_older_latest_action_tags():
+    promoted = '{"action": "promoted", "actor": "a", "at": "t1", "reason": "r", "seq": 1}'
+    again = '{"action": "promoted", "actor": "b", "at": "t3", "reason": "r3", "seq": 3}'
+    kept = '{"action": "kept_challenger", "actor": "c", "at": "t2", "reason": "r2", "seq": 2}'
+    info = _version(1, **{"qpr.event.001": promoted, "qpr.event.003": again})
+    info.tags["qpr.event.002"] = kept
+    assert [e["seq"] for e in events(info)] == [1, 2, 3]
+    assert last_event(info, "promoted")["actor"] == "b"
+    assert last_event(info, "rolled_back") is None
+    older = _version(2, **{"qpr.rolled_back_at": "t", "qpr.rolled_back_by": "alice"})
+    assert last_event(older, "rolled_back") == {
+        "action": "rolled_back",
+        "actor": "alice",
+        "at": "t",
+        "reason": None,
+    }
 
 
 def _judge(challenger: VersionInfo, value: float, champion: VersionInfo | None, **kw):

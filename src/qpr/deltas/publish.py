@@ -103,12 +103,12 @@ def register_deltas(
     current = registry.champion(name)
     if current is None:
         return None, f"model {name!r} has no champion: the change stays local"
-    if current.tags.get(registry.TAG_BASE) != registry.base_fingerprint(models_dir):
+    if current.tag(registry.TAG_BASE) != registry.base_fingerprint(models_dir):
         return None, (
             f"champion version {current.version} serves another base than {models_dir} "
             "(or was registered before deltas were): the change stays local"
         )
-    measures = json.loads(current.tags.get(registry.TAG_MEASURES, "{}"))
+    measures = json.loads(current.tag(registry.TAG_MEASURES) or "{}")
     metrics: dict[str, Any] = {k: v for k, v in measures.items() if not k.startswith("val.")}
     metrics["val"] = {k[4:]: v for k, v in measures.items() if k.startswith("val.")}
     keep = (registry.TAG_DATA_SOURCE, registry.TAG_DATA_HASH, registry.TAG_GIT_COMMIT)
@@ -116,12 +116,12 @@ def register_deltas(
         models_dir,
         metrics,
         name=name,
-        metric=current.tags.get(registry.TAG_METRIC, "val.recip_rank"),
-        tags={key: current.tags[key] for key in keep if key in current.tags},
+        metric=current.tag(registry.TAG_METRIC) or "val.recip_rank",
+        tags={key: value for key in keep if (value := current.tag(key)) is not None},
     )
     if info.version == current.version:
         return info, f"version {info.version} already serves this state"
-    if "qpr.rolled_back_at" in info.tags:
+    if registry.last_event(info, "rolled_back") is not None:
         return info, f"version {info.version} holds this state and was rolled back: not promoted"
     registry.mark_committed(name, info.version, by=actor)
     return registry.promote(name, info.version, reason=reason, actor=actor), "promoted"

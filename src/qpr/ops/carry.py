@@ -158,9 +158,7 @@ def register_carried(
         return []
     try:
         with writer_lock(models_dir):
-            held = json.loads(
-                registry.get_version(name, version).tags.get(registry.TAG_DELTAS, "{}")
-            )
+            held = json.loads(registry.get_version(name, version).tag(registry.TAG_DELTAS) or "{}")
             if held.get("manifest_sha256") == _manifest_sha256(models_dir):
                 return []
             info, said = register_deltas(models_dir, name=name, actor=actor, reason=reason)

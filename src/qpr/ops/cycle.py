@@ -118,7 +118,7 @@ def settle_registry(cycle: Cycle, journal: Journal) -> list[str]:
             steps.append(f"registry: version {version} promoted to champion")
     elif register.get("new_version"):
         info = registry.get_version(name, version)
-        if "qpr.kept_challenger_at" not in info.tags:
+        if promotion.last_event(info, "kept_challenger") is None:
             registry.keep_challenger(name, version, reason=reason, actor=ACTOR)
         if registry.CHALLENGER not in info.aliases:
             registry.set_challenger(name, version)

