@@ -12,6 +12,14 @@ those of matching files in the find-links folders (``--find-links``, and pip's
 ``PIP_FIND_LINKS``): a machine whose pip takes a local build (this project's CPU torch,
 ``torch-2.13.0+cpu``) instead of PyPI's file installs with ``--require-hashes`` too.
 A pin that has no file anywhere is an error: a lock pip cannot install is worse than none.
+
+A freeze holds what the interpreter that froze needs. Another supported Python may need
+more: redis requires async-timeout only below Python 3.11.3, so a lock frozen on 3.11.7
+failed in the Docker image (Debian's 3.11.2). For each ``--python`` (default
+``SUPPORTED_PYTHONS``), every locked distribution's requirements whose markers hold there
+are added when missing, at the newest version on the index that satisfies them (one level:
+their own requirements are not followed, as they are not installed here)
+(`missing_requirements`, `newest_version`).
 """
 
 from __future__ import annotations
@@ -25,14 +33,16 @@ import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 try:
+    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
     from packaging.version import InvalidVersion, Version
 except ImportError:  # a fresh venv (make install, before the lock): pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import (
         canonicalize_name,
         parse_sdist_filename,
@@ -47,6 +57,9 @@ HEADER = """\
 # then the project itself: pip install --no-deps -e . (an editable install has no hash).
 # Regenerate with `make lock` (tools/hash_lock.py): never edit a hash by hand.
 """
+# The Pythons the lock must install on: the Docker image's (Debian bookworm's python3) and
+# the newest 3.11 patch release a host may have. Markers on python_full_version split there.
+SUPPORTED_PYTHONS = ("3.11.2", "3.11.14")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
@@ -70,6 +83,70 @@ def read_lock(lines: Iterable[str]) -> dict[str, tuple[str, set[str]]]:
             hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
             entries[canonicalize_name(match.group(1))] = (match.group(2), hashes)
     return entries
+
+
+def marker_environment(python: str) -> dict[str, str]:
+    """The PEP 508 marker values of CPython `python` (e.g. "3.11.2") on x86-64 Linux."""
+    return {
+        "python_full_version": python,
+        "python_version": ".".join(python.split(".")[:2]),
+        "implementation_name": "cpython",
+        "implementation_version": python,
+        "platform_python_implementation": "CPython",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "sys_platform": "linux",
+        "os_name": "posix",
+        "extra": "",
+    }
+
+
+def missing_requirements(
+    pins: list[tuple[str, str]],
+    pythons: Iterable[str],
+    requires: Callable[[str], list[str] | None] | None = None,
+) -> dict[str, Requirement]:
+    """{canonical name: requirement} of what a locked distribution requires on one of
+    `pythons` (its markers evaluated there, no extras) that the lock lacks. `requires`
+    gives a distribution's Requires-Dist lines (default: the installed metadata, that of
+    the venv that froze); a distribution not installed is skipped."""
+    from importlib import metadata
+
+    def installed(name: str) -> list[str] | None:
+        try:
+            return metadata.distribution(name).requires
+        except metadata.PackageNotFoundError:
+            return None
+
+    requires = requires or installed
+    locked = {canonicalize_name(name) for name, _ in pins}
+    missing: dict[str, Requirement] = {}
+    for python in pythons:
+        environment = marker_environment(python)
+        for name, _ in pins:
+            for line in requires(name) or []:
+                requirement = Requirement(line)
+                key = canonicalize_name(requirement.name)
+                if key in locked or key in missing:
+                    continue
+                if requirement.marker is None or requirement.marker.evaluate(environment):
+                    missing[key] = requirement
+    return missing
+
+
+def newest_version(requirement: Requirement, index: str = INDEX) -> str:
+    """The newest final release on the index that satisfies `requirement`."""
+    request = urllib.request.Request(
+        f"{index}/{canonicalize_name(requirement.name)}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    versions = {found[1] for f in files if (found := _file_version(f["filename"]))}
+    good = [v for v in versions if not v.is_prerelease and v in requirement.specifier]
+    if not good:
+        raise LookupError(f"no release of {requirement} on {index}")
+    return str(max(good))
 
 
 def local_wheels(lock: dict[str, tuple[str, set[str]]], folders: Iterable[Path]) -> list[str]:
@@ -173,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the find-links files PINS (a hashed lock) has a hash for, then stop",
     )
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=None,
+        metavar="X.Y.Z",
+        help=f"a Python the lock must also install on (default: {', '.join(SUPPORTED_PYTHONS)})",
+    )
     args = parser.parse_args(argv)
     source = sys.stdin if args.pins == "-" else open(args.pins, encoding="utf-8")  # noqa: SIM115
     with source:
@@ -183,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("".join(f"{line}\n" for line in found))
         return 0
     pins = read_pins(lines)
+    for requirement in missing_requirements(pins, args.python or SUPPORTED_PYTHONS).values():
+        version = newest_version(requirement, args.index)
+        print(f"added {requirement.name}=={version}: {requirement}", file=sys.stderr)
+        pins.append((requirement.name, version))
 
     def hashes_of(pin: tuple[str, str]) -> set[str]:
         return index_hashes(*pin, index=args.index) | local_hashes(*pin, folders)
