@@ -3,15 +3,20 @@
 
     python benchmarks/isa_pinning.py                  # tiny CNN and tiny student, 3 repeats
     python benchmarks/isa_pinning.py --repeats 5 --only cnn
+    python benchmarks/isa_pinning.py --only embedded --repeats 2 --keep   # minutes a run
+    python benchmarks/isa_pinning.py --only cnn-embedded --repeats 2 --keep
 
 Two tiny projects of the tests' configuration (tests.conftest.tiny_overrides) are made
 once in this process: the paper's CNN, clustered; the product default (packaged MiniLM,
-static query student), clustered, indexed and ready for its student stage. Then each
+static query student), clustered, indexed and ready for its student stage; with
+`--only embedded`, the product default on the embedded data of params.yaml, and with
+`--only cnn-embedded` one epoch of the paper's CNN on them. Then each
 stage runs in a fresh process per repeat, pinned and native (QPR_NATIVE_MATH=1) in
 alternating order, so that load on a shared machine falls on both. Pinned runs rotate
 through the instruction-set settings of tests/test_environment_math.py: their files must
 be byte-identical. A stage's time is its stage function's wall clock in that process;
-`uptime`'s load average is recorded beside each run.
+`uptime`'s load average is recorded beside each run. `--keep` keeps the other stages'
+figures already in the results file.
 
 Writes docs/results/isa_pinning.{json,md}.
 """
@@ -67,10 +72,27 @@ STUDENT = {"enabled": "auto", "max_epochs": 3, "batch_size": 64, "val_queries": 
 STAGES = {
     "cnn": ("train", "models/encoder.pt", ("models", "artifacts/train")),
     "student": ("student", "models/student/query_encoder.onnx", ("models/student",)),
+    "embedded": ("student", "models/student/query_encoder.onnx", ("models/student",)),
+    "cnn-embedded": ("train", "models/encoder.pt", ("models", "artifacts/train")),
+}
+
+
+DATA = {
+    "cnn": "tiny, the paper's CNN",
+    "student": "tiny",
+    "embedded": "embedded logs",
+    "cnn-embedded": "embedded logs, the paper's CNN, one epoch",
 }
 
 
 def _tree(root: Path, kind: str) -> dict:
+    if kind.endswith("embedded"):  # the project's own params: the embedded logs
+        tree = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+        tree["data"]["path"] = str(root / "data" / "logs")
+        if kind == "cnn-embedded":  # the paper's CNN (its family's defaults), one epoch
+            tree["model"]["encoder"] = "cnn"
+            tree["train"]["max_epochs"] = 1
+        return tree
     if kind == "cnn":
         return tiny_overrides(root, model={"encoder": "cnn"}, train={"threads": 2})
     return tiny_overrides(
@@ -99,7 +121,7 @@ def prepare(work: Path, kind: str) -> Path:
     run_cluster(
         settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
     )
-    if kind == "student":
+    if kind in ("student", "embedded"):
         from qpr.pipeline.export import run_export
         from qpr.pipeline.index import run_index
         from qpr.pipeline.train import run_train
@@ -177,13 +199,13 @@ def markdown(result: dict[str, Any]) -> str:
         f"load average {result['load_min']}–{result['load_max']} during the runs "
         f"(`uptime`, 1 min).",
         "",
-        "| stage (tiny config) | runs each | native median s | pinned median s | pinned / "
+        "| stage (data) | runs each | native median s | pinned median s | pinned / "
         "native | distinct outputs pinned | distinct outputs native |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for kind, r in result["stages"].items():
         lines.append(
-            f"| {kind} ({r['stage']} stage) | {len(r['runs']['pinned'])} | "
+            f"| {r['stage']} ({DATA[kind]}) | {len(r['runs']['pinned'])} | "
             f"{r['median_seconds']['native']:.1f} | {r['median_seconds']['pinned']:.1f} | "
             f"{r['ratio']:.2f} | {r['pinned_distinct_outputs']} | "
             f"{r['native_distinct_outputs']} |"
@@ -202,12 +224,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=sorted(STAGES), default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the other stages' figures")
     args = parser.parse_args()
-    kinds = [args.only] if args.only else list(STAGES)
+    kinds = [args.only] if args.only else ["cnn", "student"]
     with tempfile.TemporaryDirectory(prefix="isa-pinning-") as tmp:
         work = Path(tmp)
         os.environ.setdefault("QPR_CACHE_DIR", str(work / "cache"))
         stages = {kind: measure(prepare(work, kind), kind, args.repeats, work) for kind in kinds}
+    saved = RESULTS / "isa_pinning.json"
+    if args.keep and saved.is_file():
+        stages = {**json.loads(saved.read_text())["stages"], **stages}
     loads = [r["load_before"] for s in stages.values() for rs in s["runs"].values() for r in rs]
     import torch
 

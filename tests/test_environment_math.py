@@ -2,9 +2,9 @@
 
 This machine stands in for the CPUs we do not have: each setting below is what another
 CPU would make PyTorch, MKL, oneDNN, OpenBLAS and NumPy pick (as far as this CPU accepts
-it). A stage trained in a real process under each of them, the math pinned first as
-`python -m flows.stage` pins it, must write byte-identical files. The same runs with
-QPR_NATIVE_MATH=1 show that the settings do change the model when nothing is pinned.
+it). The tiny CNN's train stage and its evaluate stage, run in a real process under each
+of them with the math pinned first as `python -m flows.stage` pins it, must write
+byte-identical files. With QPR_NATIVE_MATH=1 the same settings change them.
 """
 
 from __future__ import annotations
@@ -53,12 +53,18 @@ environment.pin_math()
 import torch
 from qpr.config import load_settings
 from qpr.paths import ProjectPaths
-from qpr.pipeline.train import run_train
-root = Path(sys.argv[1])
-settings = load_settings(root / "params.yaml")
-run_train(settings, ProjectPaths(root), progress=False, log=lambda _: None)
+root, stage = Path(sys.argv[1]), sys.argv[2]
+settings, paths = load_settings(root / "params.yaml"), ProjectPaths(root)
+if stage == "train":
+    from qpr.pipeline.train import run_train
+    run_train(settings, paths, progress=False, log=lambda _: None)
+else:
+    from qpr.pipeline.evaluate import run_evaluate
+    run_evaluate(settings, paths, log=lambda _: None)
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability()}))
 """
+# What each stage writes that DVC hashes (the evaluate stage's metrics hold timings).
+OUTPUTS = {"train": ("models/encoder.pt",), "evaluate": ("models/search.json", "reports/evaluate")}
 
 
 # Prints the pinned variables as the process sees them after pin_math().
@@ -132,40 +138,54 @@ def _sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def clustered(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny project of the paper's CNN, clustered (in this process) and ready to train."""
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny project of the paper's CNN run through the index stage (in this process)."""
     from qpr.config import load_settings
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
+    from qpr.pipeline.export import run_export
+    from qpr.pipeline.index import run_index
+    from qpr.pipeline.train import run_train
 
     root = tmp_path_factory.mktemp("cnn")
     tree = tiny_overrides(root, model={"encoder": "cnn"}, train={"threads": 2})
     (root / "params.yaml").write_text(yaml.safe_dump(tree), encoding="utf-8")
-    settings = load_settings(root / "params.yaml")
+    settings, paths = load_settings(root / "params.yaml"), ProjectPaths(root)
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
-    paths = ProjectPaths(root)
+    quiet = lambda _: None  # noqa: E731
     run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=print
+        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
     )
+    run_train(settings, paths, progress=False, log=quiet)
+    run_export(settings, paths, log=quiet)
+    run_index(settings, paths, log=quiet)
     return root
 
 
-def _train(clustered: Path, target: Path, outer: dict[str, str]) -> dict:
-    """Train in a copy of the clustered project in a fresh process under `outer`; the
-    encoder's digest, torch's capability and how many oneDNN kernels ran."""
-    shutil.copytree(clustered, target)
+def _digests(root: Path, names: tuple[str, ...]) -> dict[str, str]:
+    files = [f for name in names for f in sorted((root / name).rglob("*")) or [root / name]]
+    return {str(f.relative_to(root)): _sha256(f) for f in files if f.is_file()}
+
+
+def _run(project: Path, target: Path, stage: str, outer: dict[str, str]) -> dict:
+    """`stage` in a copy of `project` in a fresh process under `outer`: the digests of
+    what it wrote, torch's capability and how many oneDNN kernels ran."""
+    shutil.copytree(project, target)
     params = target / "params.yaml"
     params.write_text(
-        params.read_text(encoding="utf-8").replace(str(clustered), str(target)),
+        params.read_text(encoding="utf-8").replace(str(project), str(target)),
         encoding="utf-8",
     )
+    if stage == "train":  # from scratch, not from the project's own checkpoints
+        shutil.rmtree(target / "models")
+        shutil.rmtree(target / "artifacts" / "train")
     env = {key: value for key, value in os.environ.items() if key not in environment.PINNED_MATH}
     env.pop(environment.NATIVE_MATH_VARIABLE, None)
     # oneDNN lists every kernel it runs: none may run where the math is pinned.
     env.update({**outer, "ONEDNN_VERBOSE": "1", "PYTHONPATH": f"{REPO_ROOT / 'src'}:{REPO_ROOT}"})
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(target)],
+        [sys.executable, "-c", DRIVER, str(target), stage],
         cwd=target,
         env=env,
         capture_output=True,
@@ -178,30 +198,40 @@ def _train(clustered: Path, target: Path, outer: dict[str, str]) -> dict:
     return {
         **json.loads(lines[-1]),
         "onednn_runs": sum("onednn_verbose" in line and ",exec," in line for line in lines),
-        "encoder": _sha256(target / "models" / "encoder.pt"),
+        "outputs": _digests(target, OUTPUTS[stage]),
     }
 
 
 @pytest.mark.slow
-def test_the_cnn_trains_byte_identical_under_every_instruction_set(
-    clustered: Path, tmp_path: Path
+@pytest.mark.parametrize("stage", ["train", "evaluate"])
+def test_a_stage_writes_the_same_bytes_under_every_instruction_set(
+    indexed: Path, tmp_path: Path, stage: str
 ) -> None:
-    runs = {name: _train(clustered, tmp_path / name, outer) for name, outer in OTHER_CPUS.items()}
+    """train: torch, MKL, oneDNN; evaluate: NumPy's loops (BM25's ranking among them)."""
+    runs = {
+        name: _run(indexed, tmp_path / name, stage, outer) for name, outer in OTHER_CPUS.items()
+    }
     assert {run["capability"] for run in runs.values()} == {"DEFAULT"}, runs
     assert all(run["onednn_runs"] == 0 for run in runs.values()), runs
-    assert len({run["encoder"] for run in runs.values()}) == 1, runs
+    first = runs["plain"]["outputs"]
+    differ = {
+        name: sorted(f for f in first if run["outputs"].get(f) != first[f])
+        for name, run in runs.items()
+    }
+    assert first and not any(differ.values()), differ
 
 
 @pytest.mark.slow
-def test_native_math_trains_another_cnn_under_another_instruction_set(
-    clustered: Path, tmp_path: Path
+@pytest.mark.parametrize("stage", ["train", "evaluate"])
+def test_native_math_writes_other_bytes_under_another_instruction_set(
+    indexed: Path, tmp_path: Path, stage: str
 ) -> None:
-    """The control: without the pin the same settings give different models, so the test
+    """The control: without the pin the same settings change the outputs, so the test
     above would see a setting that the pin failed to override."""
     native = {environment.NATIVE_MATH_VARIABLE: "1"}
-    plain = _train(clustered, tmp_path / "plain", {**OTHER_CPUS["plain"], **native})
-    fast = _train(clustered, tmp_path / "fast", {"MKL_CBWR": "AUTO", **native})
-    if fast["capability"] == "DEFAULT":
-        pytest.skip("this CPU has no AVX2: the plain path is its only one")
-    assert fast["onednn_runs"] > 0
-    assert plain["encoder"] != fast["encoder"]
+    plain = _run(indexed, tmp_path / "plain", stage, {**OTHER_CPUS["plain"], **native})
+    fast = _run(indexed, tmp_path / "fast", stage, {"MKL_CBWR": "AUTO", **native})
+    if fast["capability"] in ("DEFAULT", "AVX2"):
+        pytest.skip("this CPU has no AVX-512: the settings leave it fewer code paths")
+    assert fast["onednn_runs"] > 0 or stage == "evaluate"
+    assert plain["outputs"] != fast["outputs"]

@@ -109,8 +109,9 @@ def encode_texts(
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
     """The torch path to float32 [N, D] question vectors (the ONNX one:
-    qpr.retrieval.encoders.encode)."""
+    qpr.retrieval.encoders.encode), on the pinned backends where the math is pinned; the
+    caller's thread count (the untrained baseline's: every core)."""
     token_ids, lengths = vocab.encode_batch(texts, max_len=max_len)
-    return embed_token_ids(
-        encoder, token_ids, lengths, batch_size=batch_size, device=device
-    ).numpy()
+    with torch_math(None):
+        vectors = embed_token_ids(encoder, token_ids, lengths, batch_size=batch_size, device=device)
+    return vectors.numpy()
