@@ -25,7 +25,7 @@ from prefect.logging import get_run_logger
 from flows import tracking
 from qpr.artifacts import RERANK_DIR, STUDENT_DIR
 from qpr.config import Settings, flatten, load_settings
-from qpr.environment import project_root
+from qpr.environment import math_summary, project_root
 from qpr.errors import QPRError
 from qpr.io import split_timings, write_json_atomic
 from qpr.paths import ProjectPaths
@@ -268,7 +268,9 @@ def write_headline(paths: ProjectPaths, stage: Stage, metrics: Mapping[str, Any]
 
 @task(name="run-stage", cache_policy=NO_CACHE)
 def _stage_task(name: str, settings: Settings, paths: ProjectPaths) -> dict[str, Any]:
-    return dict(STAGES[name].work(settings, paths, get_run_logger().info))
+    log = get_run_logger().info
+    log(math_summary())  # pinned by flows/__init__.py, or native (QPR_NATIVE_MATH)
+    return dict(STAGES[name].work(settings, paths, log))
 
 
 def run_stage(name: str, params: str | Path | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The process environment every entry point shares (CLI, flows, tests, Makefile).
+"""The process environment every entry point shares (CLI, flows, tests, Makefile), and
+the pinned math of the pipeline's stages (`pin_math`).
 
 Prefect and MLflow read their settings from environment variables at import time, so
 `apply()` must run before either is imported. Values already set by the caller win:
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 QUIET_DEFAULTS: dict[str, str] = {
@@ -160,3 +162,81 @@ def apply(root: Path | None = None) -> dict[str, str]:
     for key, value in wanted.items():
         os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in wanted}
+
+
+# Same outputs on any x86-64 CPU (docs/pipeline.md: Same results on another CPU). The math
+# libraries pick their code by the CPU they find: PyTorch's kernels by instruction set,
+# Intel MKL by instruction set and vendor, NumPy's loops and OpenBLAS by instruction set
+# and core type. Each path rounds and orders its sums its own way, so another CPU trained
+# another model. These variables are read when each library loads, so `pin_math()` runs
+# before numpy or torch is imported. Forced, not defaulted: a caller's other value would
+# change the model. oneDNN and NNPACK are switched off in torch itself (training.embed).
+NATIVE_MATH_VARIABLE = "QPR_NATIVE_MATH"
+PINNED_MATH: dict[str, str] = {
+    # PyTorch's own kernels: the plain build every x86-64 CPU runs, no AVX2 / AVX-512.
+    "ATEN_CPU_CAPABILITY": "default",
+    # MKL (torch's BLAS): its SSE2 branch without approximate reciprocals, documented to
+    # give the same results on Intel and AMD CPUs, for a fixed thread count (the params').
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_DYNAMIC": "FALSE",
+    "OMP_DYNAMIC": "FALSE",
+    # oneDNN is not used by pinned torch; anything that still reaches it gets SSE4.1 code.
+    "DNNL_MAX_CPU_ISA": "SSE41",
+    # NumPy's SIMD loops (sorts, exp, ...): its baseline build on every CPU.
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+}
+# OpenBLAS (NumPy's, FAISS's) on its Haswell kernels (AVX2 + FMA), what it picks on this
+# project's AMD EPYC. Only where the CPU has both: elsewhere they would stop the process.
+OPENBLAS_PIN = ("OPENBLAS_CORETYPE", "Haswell")
+OPENBLAS_NEEDS = frozenset({"avx2", "fma"})
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def native_math() -> bool:
+    """True when QPR_NATIVE_MATH asks for each CPU's fastest code (CPU-dependent results)."""
+    return os.environ.get(NATIVE_MATH_VARIABLE, "").strip().lower() in ("1", "true", "yes")
+
+
+def pinned_math() -> dict[str, str]:
+    """The variables `pin_math()` sets on this CPU."""
+    wanted = dict(PINNED_MATH)
+    if OPENBLAS_NEEDS.issubset(_cpu_flags()):
+        wanted[OPENBLAS_PIN[0]] = OPENBLAS_PIN[1]
+    return wanted
+
+
+def math_pinned() -> bool:
+    """True when this process runs the pinned math (its variables are in force)."""
+    return all(os.environ.get(key) == value for key, value in PINNED_MATH.items())
+
+
+def pin_math() -> None:
+    """Force the pinned math variables, unless QPR_NATIVE_MATH is set. Numpy and torch
+    read them when they load: calling this after either is imported is a mistake."""
+    if native_math():
+        return
+    late = sorted(name for name in ("numpy", "torch") if name in sys.modules)
+    if late:
+        raise RuntimeError(f"pin_math() must run before {' and '.join(late)} is imported")
+    os.environ.update(pinned_math())
+
+
+def math_summary() -> str:
+    """One line for a stage's log: the math in force in this process."""
+    if native_math():
+        return f"math: native to this CPU ({NATIVE_MATH_VARIABLE}=1): results depend on the CPU"
+    if not math_pinned():
+        return "math: not pinned: results may depend on the CPU"
+    pinned = " ".join(f"{key}={os.environ[key]}" for key in pinned_math())
+    return f"math: pinned, the same results on any x86-64 CPU ({pinned})"

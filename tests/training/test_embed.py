@@ -40,3 +40,21 @@ def test_chunks_report_progress_and_match_one_call() -> None:
     by_hand = encoder.table.weight[[4, 5, 6]].mean(0).detach().numpy()
     np.testing.assert_allclose(vectors[2], by_hand, atol=1e-6)
     assert encoder.training  # embed_token_ids restores the mode it found
+
+
+def test_pinned_torch_math_runs_without_onednn_or_nnpack(monkeypatch) -> None:
+    """Where the process pinned its math, convolutions must not reach oneDNN or NNPACK
+    (they pick their code by the CPU); the switches are put back after the block."""
+    from qpr import environment
+    from qpr.training.embed import torch_math
+
+    before = torch.get_num_threads()
+    with torch_math(1):
+        assert torch.backends.mkldnn.enabled  # not pinned: this process's own math
+        assert torch.get_num_threads() == 1
+    for key, value in environment.PINNED_MATH.items():
+        monkeypatch.setenv(key, value)
+    with torch_math(1):
+        assert not torch.backends.mkldnn.enabled and not torch._C._get_nnpack_enabled()
+    assert torch.backends.mkldnn.enabled and torch._C._get_nnpack_enabled()
+    assert torch.get_num_threads() == before

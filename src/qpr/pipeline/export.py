@@ -48,6 +48,7 @@ def run_export(
 ) -> dict[str, float | int]:
     """The whole stage; raises GateFailed (and leaves no ONNX file) when parity fails."""
     from qpr.model.onnx import export_onnx, padding_invariance_check, parity_check
+    from qpr.training.embed import torch_math
 
     encoder, max_len = load_trained_encoder(paths.encoder_checkpoint)
     vocab = load_tokenizer(paths.vocab)
@@ -71,7 +72,9 @@ def run_export(
             },
         )
         batches = parity_batches(vocab, sample, max_len=max_len, seed=settings.seed)
-        parity = parity_check(encoder, staging, batches)
+        # torch on train.threads, as in training: its sums depend on the thread count.
+        with torch_math(settings.train.threads):
+            parity = parity_check(encoder, staging, batches)
         padded, _ = vocab.encode_batch(sample[:64], max_len=max_len)
         padding = padding_invariance_check(staging, padded, extra=16)
         tolerance = settings.export.parity_tolerance

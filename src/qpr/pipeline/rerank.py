@@ -59,7 +59,7 @@ def run_rerank(
         log(f"rerank.enabled is false: no re-ranker trained; {out} says so")
         return {"enabled": 0}
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.training.embed import torch_threads
+    from qpr.training.embed import torch_math
     from qpr.training.rerank_data import GroupSpec, rerank_groups
 
     rerank, lexical = settings.rerank, settings.index.lexical
@@ -82,7 +82,7 @@ def run_rerank(
     model, result = _train(settings, paths, (groups, checks), tokenizer, log)
     # The parity check runs torch too: on rerank.threads, as the training did (on 2 shared
     # cores 2 threads trained 5x slower than 1).
-    with torch_threads(rerank.threads):
+    with torch_math(rerank.threads):
         exported = export_reranker(model, tokenizer, checks, settings, paths, log=log)
     return {"enabled": 1, "train_groups": len(groups), **_training_metrics(result), **exported}
 

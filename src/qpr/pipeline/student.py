@@ -86,6 +86,7 @@ def run_student(
         return {"enabled": 0}
     from qpr.retrieval.dense import stored_vectors
     from qpr.text.vocab import pad_sequences
+    from qpr.training.embed import torch_math
 
     started = time.perf_counter()
     require_exported_encoder(paths)
@@ -99,7 +100,9 @@ def run_student(
     if cfg.noise > 0:
         noisy = _noisy_tokens(settings, vocab, questions, width=tokens.shape[1])
         data = dataclasses.replace(data, noisy=noisy)
-    student = _build(settings, teacher, vocab, documents.shape[1], log)
+    # The teacher's word-piece vectors: torch math as in training (threads, pinned backends).
+    with torch_math(cfg.threads):
+        student = _build(settings, teacher, vocab, documents.shape[1], log)
     del teacher
     result = _train(settings, paths, student, data, log)
     if result.stopped_by_budget:
@@ -315,7 +318,7 @@ def _export(
     """staging/query_encoder.onnx with its metadata; parity and probe measured."""
     from qpr.model.onnx import export_onnx, parity_check
     from qpr.retrieval.encoders import load_session, probe_cosine
-    from qpr.training.embed import torch_threads
+    from qpr.training.embed import torch_math
 
     cfg = settings.student
     val = np.flatnonzero(questions["split"].to_numpy() == "val")
@@ -335,7 +338,7 @@ def _export(
     sample = rng.choice(val, size=min(settings.export.sample, val.size), replace=False)
     batches = [tokens[sample[s : s + 64]] for s in range(0, sample.size, 64)]
     # torch on student.threads, as in training.
-    with torch_threads(cfg.threads):
+    with torch_math(cfg.threads):
         parity = parity_check(student, exported, batches)
     if int8:
         from qpr.model.quantize import quantize_query_encoder

@@ -14,19 +14,31 @@ import numpy as np
 import torch
 from torch import nn
 
+from qpr.environment import math_pinned
 from qpr.text.vocab import Vocabulary
 
 
 @contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to `threads` inside the block (None: unchanged)."""
+def torch_math(threads: int | None) -> Iterator[None]:
+    """torch's math inside the block: `threads` intra-op threads (None: unchanged) and,
+    where the process pinned its math (qpr.environment.pin_math), no oneDNN or NNPACK:
+    they pick their code by the CPU they find, so convolutions go through ATen and MKL's
+    pinned branch instead (docs/pipeline.md: Same results on another CPU)."""
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    pinned = math_pinned()
+    mkldnn = torch.backends.mkldnn.enabled
+    if pinned:
+        torch.backends.mkldnn.enabled = False
+        (nnpack,) = torch.backends.nnpack.set_flags(False)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
+        if pinned:
+            torch.backends.mkldnn.enabled = mkldnn
+            torch.backends.nnpack.set_flags(nnpack)
 
 
 @torch.no_grad()
@@ -97,8 +109,9 @@ def encode_texts(
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
     """The torch path to float32 [N, D] question vectors (the ONNX one:
-    qpr.retrieval.encoders.encode)."""
+    qpr.retrieval.encoders.encode), on the pinned backends where the math is pinned; the
+    caller's thread count (the untrained baseline's: every core)."""
     token_ids, lengths = vocab.encode_batch(texts, max_len=max_len)
-    return embed_token_ids(
-        encoder, token_ids, lengths, batch_size=batch_size, device=device
-    ).numpy()
+    with torch_math(None):
+        vectors = embed_token_ids(encoder, token_ids, lengths, batch_size=batch_size, device=device)
+    return vectors.numpy()

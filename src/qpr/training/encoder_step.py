@@ -39,7 +39,7 @@ from torch import nn
 
 from qpr.model.losses import needs_labels, needs_teacher
 from qpr.text.vocab import Vocabulary
-from qpr.training.embed import torch_threads
+from qpr.training.embed import torch_math
 from qpr.training.loop import EpochCallback, ProgressCallback, TrainResult, fit
 from qpr.training.pairs import TrainData
 from qpr.training.sampler import ClusterDisjointBatchSampler
@@ -255,6 +255,6 @@ def train_encoder(
     the last). result.counts: {"train_pairs", "train_classes"} (after max_pairs).
     Seed before building the encoder (seed_everything) for reproducible initial weights.
     """
-    with torch_threads(config.threads):
+    with torch_math(config.threads):
         step = EncoderStep(config, data, encoder=encoder, loss=loss, vocab=vocab)
         return fit(step, config, out_dir, on_epoch=on_epoch, on_progress=on_progress)

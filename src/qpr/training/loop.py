@@ -67,7 +67,7 @@ from qpr.training.checkpoint import (
     seed_everything,
     set_rng_state,
 )
-from qpr.training.embed import torch_threads
+from qpr.training.embed import torch_math
 
 EpochCallback = Callable[[dict[str, Any]], None]
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -234,7 +234,7 @@ def fit(
     Seed before building the model (seed_everything) for reproducible initial weights.
     """
     started = time.perf_counter()
-    with torch_threads(config.threads):
+    with torch_math(config.threads):
         run = _Run.prepare(family, config, Path(out_dir))
         state = _resume_or_start(run)
         while _goes_on(run, state):

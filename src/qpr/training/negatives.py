@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from qpr.io import VectorCache, digest
-from qpr.training.embed import embed_with_progress, torch_threads
+from qpr.training.embed import embed_with_progress, torch_math
 from qpr.training.pairs import select_training_pairs
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def _pool_vectors(
         )
 
     token_ids, lengths = vocab.encode_batch(texts, max_len=config.max_len)
-    with torch_threads(config.threads):
+    with torch_math(config.threads):
         vectors = embed_with_progress(
             encoder.to(config.device),
             token_ids,

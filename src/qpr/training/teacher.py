@@ -51,7 +51,7 @@ def teacher_vectors(
     this package and max_len, else store it there (atomically)."""
     from qpr.model.transformer import TransformerEncoder
     from qpr.text.wordpiece import WordPieceTokenizer
-    from qpr.training.embed import embed_with_progress, torch_threads
+    from qpr.training.embed import embed_with_progress, torch_math
 
     if len(texts) == 0:
         raise ValueError("teacher_vectors needs at least one text")
@@ -73,7 +73,7 @@ def teacher_vectors(
         )
 
     ids, lengths = tokenizer.encode_batch(list(texts), max_len=max_len)
-    with torch_threads(threads):
+    with torch_math(threads):
         vectors = embed_with_progress(
             encoder, ids, lengths, chunk=PROGRESS_EVERY, report=report, batch_size=batch_size
         )
