@@ -173,7 +173,7 @@ def untrained_encoder_search(
     seeded initial weights (see untrained_description)."""
     from qpr.retrieval.dense import IndexConfig, build_index
     from qpr.training.build import build_encoder_and_loss
-    from qpr.training.embed import encode_texts
+    from qpr.training.embed import encode_texts, torch_math
 
     encoder, _ = build_encoder_and_loss(settings, vocab.size)
     index_texts, queries = task.index_texts, task.queries
@@ -192,8 +192,10 @@ def untrained_encoder_search(
             index_vectors = encode(session, vocab, index_texts, batch_size=batch, max_len=max_len)
             query_vectors = encode(session, vocab, queries.texts, batch_size=batch, max_len=max_len)
     else:
-        index_vectors = encode_texts(encoder, vocab, index_texts, max_len=max_len)
-        query_vectors = encode_texts(encoder, vocab, queries.texts, max_len=max_len)
+        # train.threads, as training: a sum split over another core count rounds otherwise.
+        with torch_math(settings.train.threads):
+            index_vectors = encode_texts(encoder, vocab, index_texts, max_len=max_len)
+            query_vectors = encode_texts(encoder, vocab, queries.texts, max_len=max_len)
     flat = build_index(
         index_vectors, IndexConfig("Flat", nprobe=1), seed=settings.seed, log=lambda _: None
     )
