@@ -201,6 +201,23 @@ def test_a_shorter_run_does_not_resume_a_longer_ones_checkpoint(
     assert short.history[-1]["val_mrr"] == alone.history[-1]["val_mrr"]
 
 
+def test_epochs_run_under_other_math_are_not_resumed(
+    tiny_paraphrases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of native math (QPR_NATIVE_MATH) is another run for pinned math: its
+    epochs rounded otherwise, so the stage trains afresh instead of mixing the two."""
+    from qpr.environment import PINNED_MATH
+
+    for name in PINNED_MATH:
+        monkeypatch.delenv(name, raising=False)
+    _train(tiny_paraphrases, tmp_path, max_epochs=1)
+    for name, value in PINNED_MATH.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(TrainingStateError, match="math"):
+        _train(tiny_paraphrases, tmp_path, max_epochs=1)
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["fingerprint"]["math"] == "native"
+
+
 def test_early_stopping_on_validation_auc(tiny_paraphrases, tmp_path: Path) -> None:
     result = _train(tiny_paraphrases, tmp_path, max_epochs=30, patience=2, lr=1e-2)
     assert result.stopped_early

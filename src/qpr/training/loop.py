@@ -55,6 +55,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from qpr.environment import math_pinned
 from qpr.training.checkpoint import (
     CHECKPOINT_VERSION,
     TrainingStateError,
@@ -276,6 +277,9 @@ class _Run:
             **config.fingerprint(),
             "encoder": encoder_info(family.model),
             **family.fingerprint(),
+            # Epochs run on another code path round otherwise: resuming them would give a
+            # model that neither pinned nor native math gives (qpr.environment.pin_math).
+            "math": "pinned" if math_pinned() else "native",
         }
         return cls(family, config, fingerprint, ckpt_dir / "last.pt", ckpt_dir / "best.pt")
 
