@@ -100,6 +100,7 @@ __all__ = [
     "TAG_COMMITTED",
     "TAG_FINGERPRINT",
     "TAG_GIT_COMMIT",
+    "VERSION_DETAILS_FILE",
     "VOCAB_FILE",
     "VOCAB_SHA256_KEY",
     "WRITER_LOCK_FILE",
@@ -219,6 +220,10 @@ def stage_metrics_file(stage: str) -> Path:
     in the timings folder)."""
     return Path(f"{stage}.json")
 
+
+# Beside the model of every registry version: its description and every registration tag
+# (qpr.ops.registry writes and reads it; only a few tags stay on the version itself).
+VERSION_DETAILS_FILE = "qpr_version.json"
 
 # Registry version tags (qpr.ops.registry writes them; qpr.serve.sources reads them).
 TAG_FINGERPRINT = "qpr.bundle_fingerprint"  # Bundle.fingerprint of the stored files

@@ -70,6 +70,7 @@ from qpr.artifacts import (
     TAG_COMMITTED,
     TAG_FINGERPRINT,
     TAG_GIT_COMMIT,
+    VERSION_DETAILS_FILE,
     VOCAB_FILE,
     search_config_file,
 )
@@ -168,7 +169,7 @@ VERSION_TAGS = (
 )
 # Beside the model of every version: {"format", "description", "tags": every registration
 # tag, the few above included}, JSON values as JSON (a tag's JSON text is parsed back).
-DETAILS_FILE = "qpr_version.json"
+DETAILS_FILE = VERSION_DETAILS_FILE
 DETAILS_FORMAT = 1
 # Set by a retraining cycle for `dvc repro`: the register stage then leaves the aliases
 # and the committed mark to the cycle's commit.
