@@ -57,9 +57,10 @@ def tiny_overrides(tmp: Path, **sections: dict) -> dict:
     return tree
 
 
-def run_stages(settings, root: Path) -> dict:
+def run_stages(settings, root: Path, until: str = "evaluate") -> dict:
     """Synthetic logs of `settings`, then cluster → train → export → index → evaluate in
-    `root` (quietly); returns the evaluate stage's metrics."""
+    `root` (quietly), stopping after the stage `until`; returns the evaluate stage's
+    metrics ({} when it stops before)."""
     from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
@@ -71,13 +72,22 @@ def run_stages(settings, root: Path) -> dict:
     quiet = lambda _: None  # noqa: E731
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     paths = ProjectPaths(root)
-    run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
-    )
-    run_train(settings, paths, progress=False, log=quiet)
-    run_export(settings, paths, log=quiet)
-    run_index(settings, paths, log=quiet)
-    return run_evaluate(settings, paths, log=quiet)
+    steps = {
+        "cluster": lambda: run_cluster(
+            settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
+        ),
+        "train": lambda: run_train(settings, paths, progress=False, log=quiet),
+        "export": lambda: run_export(settings, paths, log=quiet),
+        "index": lambda: run_index(settings, paths, log=quiet),
+        "evaluate": lambda: run_evaluate(settings, paths, log=quiet),
+    }
+    if until not in steps:
+        raise ValueError(f"until must be one of {list(steps)}, got {until!r}")
+    for name, step in steps.items():
+        metrics = step()
+        if name == until:
+            return metrics if name == "evaluate" else {}
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture

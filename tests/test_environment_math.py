@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from qpr import environment
-from tests.conftest import REPO_ROOT, tiny_overrides
+from tests.conftest import REPO_ROOT, run_stages, tiny_overrides
 
 # What the libraries would pick on other CPUs (or what a user's shell may hold). Only
 # code paths every x86-64 CPU runs or that the library itself checks: OpenBLAS starts a
@@ -141,25 +141,11 @@ def _sha256(path: Path) -> str:
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny project of the paper's CNN run through the index stage (in this process)."""
     from qpr.config import load_settings
-    from qpr.data.synth import SynthSpec, write_logs
-    from qpr.paths import ProjectPaths
-    from qpr.pipeline.cluster import run_cluster
-    from qpr.pipeline.export import run_export
-    from qpr.pipeline.index import run_index
-    from qpr.pipeline.train import run_train
 
     root = tmp_path_factory.mktemp("cnn")
     tree = tiny_overrides(root, model={"encoder": "cnn"}, train={"threads": 2})
     (root / "params.yaml").write_text(yaml.safe_dump(tree), encoding="utf-8")
-    settings, paths = load_settings(root / "params.yaml"), ProjectPaths(root)
-    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
-    quiet = lambda _: None  # noqa: E731
-    run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
-    )
-    run_train(settings, paths, progress=False, log=quiet)
-    run_export(settings, paths, log=quiet)
-    run_index(settings, paths, log=quiet)
+    run_stages(load_settings(root / "params.yaml"), root, until="index")
     return root
 
 

