@@ -357,6 +357,31 @@ class RetrainSettings(_Section):
     min_new_rows: int = Field(0, ge=0)
 
 
+class MonitorSettings(_Section):
+    """The monitor deployment (flows/monitor.py): the service's query log against the
+    served model's own questions, and the thresholds that raise an alarm."""
+
+    query_log: Path = Path("logs/service")  # the service's QPR_SERVE_QUERY_LOG folder
+    model: str = "models"  # the served bundle: a folder or models:/<name>@<alias>
+    state_dir: Path = Path(".monitor")  # where the last run's position is kept
+    reports: Path = Path("reports/monitor")  # one folder per run: JSON, HTML, plot
+    cron: str = Field("0 * * * *", min_length=9)  # hourly
+    timezone: str = "UTC"
+    min_questions: int = Field(200, ge=20)  # fewer: the report waits for more
+    max_questions: int = Field(2000, ge=20)  # the newest ones read per run
+    reference_questions: int = Field(2000, ge=20)  # a seeded sample of the index
+    embedding_min_auc: float = Field(0.6, gt=0.5, le=1.0)  # the classifier's effect size
+    embedding_z: float = Field(4.0, gt=0.0)  # ... and its distance from chance
+    max_unseen_words: float = Field(0.1, gt=0.0, le=1.0)  # increase over the reference's
+    length_alpha: float = Field(0.001, gt=0.0, lt=1.0)  # KS test on words per question
+    length_min_statistic: float = Field(0.15, gt=0.0, le=1.0)
+    max_no_answer_rate: float = Field(0.6, gt=0.0, le=1.0)
+    min_acceptance: float = Field(0.5, ge=0.0, le=1.0)  # taken / (taken + rejected)
+    min_feedback: int = Field(20, ge=1)  # fewer verdicts: acceptance decides nothing
+    max_p99_ms: float = Field(50.0, gt=0.0)  # the search itself, as the log records it
+    retrain_on_alarm: bool = False  # an alarm starts `qpr retrain` at once
+
+
 class MlflowSettings(_Section):
     experiment: str = "qpr"
 
@@ -409,6 +434,7 @@ class Settings(_Section):
     retrain: RetrainSettings = RetrainSettings()
     mlflow: MlflowSettings = MlflowSettings()
     rerank: RerankSettings = RerankSettings()
+    monitor: MonitorSettings = MonitorSettings()
 
     @model_validator(mode="after")
     def _amsoftmax_needs_unit_vectors(self) -> Settings:

@@ -70,7 +70,18 @@ def test_words_from_the_same_topic_are_not_flagged() -> None:
 def test_longer_questions_are_flagged_and_equal_lengths_are_not() -> None:
     rng = np.random.default_rng(0)
     reference = rng.poisson(8, 500)
-    same = drift.length_drift(reference, rng.poisson(8, 500), alpha=0.01, min_statistic=0.1)
-    longer = drift.length_drift(reference, rng.poisson(14, 500), alpha=0.01, min_statistic=0.1)
+    same = drift.ks_drift("length", reference, rng.poisson(8, 500), alpha=0.01, min_statistic=0.1)
+    longer = drift.ks_drift(
+        "length", reference, rng.poisson(14, 500), alpha=0.01, min_statistic=0.1
+    )
     assert not same.drifted
     assert longer.drifted and longer.detail["live_median"] > longer.detail["reference_median"]
+
+
+def test_larger_only_ignores_a_shift_down() -> None:
+    rng = np.random.default_rng(0)
+    reference = rng.normal(1.0, 0.1, 500)
+    closer = rng.normal(0.5, 0.1, 500)
+    assert drift.ks_drift("d", reference, closer, alpha=0.01, min_statistic=0.1).drifted
+    kept = drift.ks_drift("d", reference, closer, alpha=0.01, min_statistic=0.1, larger_only=True)
+    assert not kept.drifted

@@ -50,6 +50,22 @@ def load_source(settings: Settings, report_dir: Path, log: Callable[[str], None]
     return load_quora(settings, log)
 
 
+def source_questions(settings: Settings) -> list[str]:
+    """Every question of data.source as asked, repeats kept (a log's popular questions
+    weigh as their traffic did), read and cleaned as the cluster stage reads them, without
+    its gates. The monitor's picture of the training traffic (`qpr.monitor.report`)."""
+    quality = settings.quality
+    if settings.data.source == "logs":
+        clean, _ = clean_logs(
+            read_logs(settings.data.path),
+            min_chars=quality.min_question_chars,
+            max_chars=quality.max_question_chars,
+        )
+        return clean["question"].tolist()
+    pairs, _ = read_quora(settings.data.path)
+    return pairs["question1"].tolist() + pairs["question2"].tolist()
+
+
 def coherence_threshold(settings: Settings) -> float:
     """The coherence filter is for clusters mined from logs, where a generic answer gathers
     unrelated questions (paper section 4.1.1). Quora clusters come from human duplicate

@@ -11,7 +11,8 @@ Three measures, each with a decision that holds on samples of a few hundred ques
 - **Vocabulary drift**: the share of live words the reference never used, against the
   same share for a held-out half of the reference itself (a fair baseline: no finite
   sample covers its own domain's vocabulary).
-- **Length drift**: the two-sample Kolmogorov-Smirnov test on words per question.
+- **Length and distance drift**: the two-sample Kolmogorov-Smirnov test on words per
+  question, and on each question's rank-1 distance (how far the nearest known question is).
 
 Why not Evidently itself: its wheel brings some twenty packages (a second web framework,
 statsmodels, plotly, a telemetry client that calls home), for three measures that
@@ -31,7 +32,7 @@ __all__ = [
     "auc_null_sd",
     "domain_classifier_auc",
     "embedding_drift",
-    "length_drift",
+    "ks_drift",
     "vocabulary_drift",
 ]
 
@@ -140,24 +141,36 @@ def vocabulary_drift(
     return DriftResult("unseen_words", increase, max_increase, increase > max_increase, detail)
 
 
-def length_drift(
-    reference_lengths: np.ndarray, live_lengths: np.ndarray, *, alpha: float, min_statistic: float
+def ks_drift(
+    measure: str,
+    reference: np.ndarray,
+    live: np.ndarray,
+    *,
+    alpha: float,
+    min_statistic: float,
+    larger_only: bool = False,
 ) -> DriftResult:
-    """Drifted when the Kolmogorov-Smirnov test rejects equal word-count distributions at
-    `alpha` and its statistic (the largest gap between the two CDFs) is over `min_statistic`."""
+    """Drifted when the two-sample Kolmogorov-Smirnov test rejects equal distributions at
+    `alpha` and its statistic (the largest gap between the two CDFs) is over
+    `min_statistic`; with `larger_only`, only when the live median is the larger (a
+    rank-1 distance that shrank is no alarm). Used on words per question and on rank-1
+    distances."""
     from scipy.stats import ks_2samp
 
-    ref = np.asarray(reference_lengths, np.float64)
-    cur = np.asarray(live_lengths, np.float64)
+    ref = np.asarray(reference, np.float64)
+    cur = np.asarray(live, np.float64)
     if ref.size == 0 or cur.size == 0:
-        raise ValueError("need lengths on both sides")
+        raise ValueError(f"{measure}: need values on both sides")
     test = ks_2samp(ref, cur)
     statistic, p_value = float(test.statistic), float(test.pvalue)
+    ref_median, live_median = float(np.median(ref)), float(np.median(cur))
     drifted = p_value < alpha and statistic > min_statistic
+    if larger_only:
+        drifted = drifted and live_median > ref_median
     detail = {
         "p_value": p_value,
         "alpha": alpha,
-        "reference_median": float(np.median(ref)),
-        "live_median": float(np.median(cur)),
+        "reference_median": ref_median,
+        "live_median": live_median,
     }
-    return DriftResult("length_ks", statistic, min_statistic, drifted, detail)
+    return DriftResult(measure, statistic, min_statistic, drifted, detail)

@@ -507,6 +507,16 @@ class Bundle:
             results = [self._explained(result, depth, allowed) for result in results]
         return results
 
+    def embed(self, questions: Sequence[str], batch: int = 256) -> np.ndarray:
+        """float32 [N, D]: the vectors a search looks up for `questions` (the query encoder,
+        the student where the bundle has one), in input order. ValueError names the first
+        question with no words."""
+        if isinstance(questions, str):
+            raise TypeError("embed takes a sequence of questions, not one string")
+        sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
+        parts = [self._embed(sequences[s : s + batch]) for s in range(0, len(sequences), batch)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
+
     # -- internals ------------------------------------------------------------------------
 
     def _excluded_rows(self, exclude: Sequence[int], count: int) -> np.ndarray:
