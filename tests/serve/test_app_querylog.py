@@ -5,6 +5,7 @@ never fails a search, only counts."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -206,7 +207,7 @@ def test_a_full_disk_never_fails_a_search(tmp_path: Path) -> None:
     port = _free_port()
     log_dir = tmp_path / "log"
     env = {
-        **__import__("os").environ,
+        **os.environ,
         "QPR_SERVE_QUERY_LOG": str(log_dir),
         "PYTHONDONTWRITEBYTECODE": "1",
     }

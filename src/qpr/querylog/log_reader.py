@@ -55,6 +55,14 @@ def _age(path: Path) -> str:
     return path.name.partition("-")[2]
 
 
+def _modified(path: Path) -> float:
+    """When the file was last written; +inf when it went (renamed: read it anyway)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
 def _complete_lines(path: Path) -> list[bytes]:
     """The file's whole lines; for an open file, those before its last newline."""
     try:
@@ -75,7 +83,7 @@ def _read_stream(
     start = None if since is None else _utc(since)
     cutoff = None if start is None else start.timestamp()
     for path in stream_files(folder, stream):
-        if cutoff is not None and path.stat().st_mtime < cutoff:
+        if cutoff is not None and _modified(path) < cutoff:
             continue  # last written before `since`: none of its lines can be newer
         for line in _complete_lines(path):
             if not line.strip():
