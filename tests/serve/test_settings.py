@@ -27,6 +27,18 @@ def test_variables_are_parsed_and_blank_ones_ignored(monkeypatch: pytest.MonkeyP
         ("QPR_SERVE_CANARIES", "0", r"canaries must be >= 1, got 0 \(QPR_SERVE_CANARIES='0'\)"),
         ("QPR_SERVE_POLL_SECONDS", "nan", r"poll_seconds .* \(QPR_SERVE_POLL_SECONDS='nan'\)"),
         ("QPR_SERVE_DEFAULT_K", "200", r"above max_k=100 \(QPR_SERVE_DEFAULT_K='200'\)"),
+        (
+            "QPR_SERVE_QUERY_LOG_SAMPLE",
+            "1.5",
+            r"query_log_sample must be between 0 and 1, got 1.5 \(QPR_SERVE_QUERY_LOG_SAMPLE=",
+        ),
+        (
+            "QPR_SERVE_QUERY_LOG_TOTAL_BYTES",
+            "4096",
+            r"query_log_total_bytes \(4096\) must be at least twice query_log_file_bytes "
+            r".*\(QPR_SERVE_QUERY_LOG_TOTAL_BYTES='4096'\)",
+        ),
+        ("QPR_SERVE_QUERY_LOG_QUEUE", "0", r"query_log_queue must be >= 1, got 0 \(QPR_SERVE_"),
     ],
 )
 def test_bad_values_are_refused(
@@ -41,3 +53,15 @@ def test_an_option_out_of_range_is_named_as_the_option(monkeypatch: pytest.Monke
     monkeypatch.setenv("QPR_SERVE_THREADS", "2")
     with pytest.raises(SettingsError, match=r"^threads must be >= 1, got 0$"):
         ServeSettings.from_env(threads=0)  # the CLI's --threads, not the variable
+
+
+def test_the_query_log_is_on_with_a_folder_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not ServeSettings().query_log_on  # no folder: no log
+    monkeypatch.setenv("QPR_SERVE_QUERY_LOG", "logs/service")
+    monkeypatch.setenv("QPR_SERVE_QUERY_LOG_SAMPLE", "0.25")
+    on = ServeSettings.from_env()
+    assert on.query_log_on and on.query_log_limits().sample == 0.25
+    monkeypatch.setenv("QPR_SERVE_QUERY_LOG_ENABLED", "off")
+    assert not ServeSettings.from_env().query_log_on

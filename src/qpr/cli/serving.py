@@ -147,7 +147,7 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Run the search service (POST /search, /search/batch; GET /healthz, /readyz,
+    """Run the search service (POST /search, /search/batch, /feedback; GET /healthz, /readyz,
     /version, /metrics). It polls its model source and swaps in a new model once it passed
     its checks. Off loopback it needs an API key (QPR_SERVE_API_KEY_FILE). Limits and other
     knobs: QPR_SERVE_* variables (docs/serving.md)."""

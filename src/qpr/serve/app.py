@@ -11,6 +11,10 @@ Endpoints (JSON unless said otherwise; every response carries an ``X-Request-ID`
   whose metadata match (exact value or one of a list); an unknown field gets 400.
 - ``POST /search/batch`` ``{"questions": [str, ...], "k"?, "threshold"?}`` → ``results``
   in input order, same fields.
+- ``POST /feedback`` ``{"request_id": str, "outcome": "taken"|"rejected", "answer_id"?:
+  str, "position"?: int}`` → 202: a person's verdict on a search's answer, appended to
+  the query log (`qpr.querylog`) beside that search's line; ``"logged": false`` and the
+  reason when it was not (log off, sampled out, queue full).
 - ``GET /healthz`` liveness: 200 while the process runs.
 - ``GET /readyz`` readiness: 200 once a model serves, else 503 (load balancers wait);
   the model or the reason only with the API key, when one is set.
@@ -33,7 +37,9 @@ to the log only.
 
 Speed: the per-request path is parse → `Bundle.search` in a worker thread (ONNX Runtime
 and FAISS release the GIL, so two searches use two cores) → `json.dumps`. Nothing on it
-imports torch.
+imports torch. With the query log on (``QPR_SERVE_QUERY_LOG``), a search also puts one
+event into the log's bounded queue: no file I/O, JSON or redaction on the request path
+(`qpr.querylog.log_writer`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qpr.errors import printable
+from qpr.quality.suites import ANSWER_ID_REGEX
+from qpr.querylog.log_records import OUTCOMES
+from qpr.querylog.log_writer import QueryLog
 from qpr.redact import RedactingFilter, hide_paths, redact_tree
 from qpr.retrieval.bundle import Bundle, SearchResult
 from qpr.serve import docs
@@ -91,9 +100,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Paths reported as themselves in metrics; anything else is "other", so that scanners
 # probing random URLs cannot create unbounded label values.
 _ENDPOINTS = frozenset(
-    {"/search", "/search/batch", "/healthz", "/readyz", "/version", "/metrics", "/openapi.json"}
+    {
+        "/search",
+        "/search/batch",
+        "/feedback",
+        "/healthz",
+        "/readyz",
+        "/version",
+        "/metrics",
+        "/openapi.json",
+    }
 )
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_ANSWER_ID = re.compile(ANSWER_ID_REGEX)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Characters of a request path an error message quotes.
 _PATH_CHARS = 100
@@ -317,8 +336,17 @@ class _BatchBody(BaseModel):
     filters: dict[str, str | list[str]] | None = None
 
 
+class _FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    request_id: str  # the X-Request-ID of the search
+    outcome: str  # one of OUTCOMES
+    answer_id: str | None = None  # the right answer, when the person named it
+    position: int = 0  # which question of a /search/batch request
+
+
 _SEARCH_EXAMPLE = '{"question": "how do i reset my password?", "k": 10}'
 _BATCH_EXAMPLE = '{"questions": ["how do i reset my password?"], "k": 10}'
+_FEEDBACK_EXAMPLE = '{"request_id": "3f2b9c1e8a7d4e6f9b0c1d2e3f4a5b6c", "outcome": "taken"}'
 
 
 def _reject_constant(name: str) -> Any:
@@ -473,6 +501,7 @@ class _ServiceState:
     openmp: OpenMPThreads
     git_commit: str | None
     started_at: float
+    query_log: QueryLog | None = None  # None: QPR_SERVE_QUERY_LOG unset or switched off
 
     def serving(self) -> Served:
         """The serving model, read once: a request uses it to the end. 503 when none."""
@@ -544,6 +573,7 @@ def create_app(
     _add_error_handlers(app)
     docs.add_docs_routes(app)
     _add_search_routes(app, state)
+    _add_feedback_route(app, state)
     _add_status_routes(app, state)
     docs.add_openapi_extras(
         app, settings, keyed=key is not None, filter_fields=lambda: _filter_fields(state)
@@ -600,6 +630,11 @@ def _service_state(
         on_event=lambda outcome, message: telemetry.reloads.labels(outcome).inc(),
     )
     telemetry.watch_model(lambda: holder.current)
+    query_log = None
+    if settings.query_log_on:
+        # Its errors go to the service's logger, which is rate-limited (log_throttle).
+        query_log = QueryLog(settings.query_log or "", settings.query_log_limits(), log=log)
+        telemetry.watch_query_log(query_log)
     return _ServiceState(
         settings=settings,
         source=source,
@@ -609,6 +644,7 @@ def _service_state(
         openmp=openmp,
         git_commit=_git_commit(),
         started_at=time.time(),
+        query_log=query_log,
     )
 
 
@@ -622,6 +658,10 @@ def _lifespan(
         # Not awaited: a registry that does not answer must not keep the port closed (it
         # once did for 250 s, /healthz included).
         state.reloader.start()
+        if state.query_log is not None:
+            state.query_log.start()
+            limits = state.query_log.limits
+            log.info("query log: %s (sample %g)", state.query_log.folder, limits.sample)
         wait = state.settings.startup_wait
         if wait > 0:
             await run_in_threadpool(state.reloader.first_check.wait, wait)
@@ -629,6 +669,9 @@ def _lifespan(
             yield
         finally:
             state.reloader.stop()
+            if state.query_log is not None:
+                # What is queued is written, and the open files closed (renamed).
+                await run_in_threadpool(state.query_log.close)
 
     return lifespan
 
@@ -680,6 +723,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         threshold = _check_threshold(body.threshold)
         served = state.serving()
         _check_filters(body.filters, served.bundle)
+        started = time.perf_counter()
         try:
             result = await run_in_threadpool(
                 openmp.call,
@@ -692,14 +736,18 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
             )
         except ValueError as exc:  # e.g. only punctuation: no words to search with
             raise ApiError(422, "invalid_question", str(exc)) from None
+        took = time.perf_counter() - started
         telemetry.questions.labels("true" if result.answered else "false").inc()
+        used = served.bundle.threshold if threshold is None else threshold
+        model = _model_brief(served)
+        _log_search(state, request, [result], model, k, used, took)
         return _respond(
             {
                 "query": result.query,
                 "answered": result.answered,
-                "threshold": served.bundle.threshold if threshold is None else threshold,
+                "threshold": used,
                 "hits": _hits(result),
-                "model": _model_brief(served),
+                "model": model,
             }
         )
 
@@ -721,6 +769,7 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
         threshold = _check_threshold(body.threshold)
         served = state.serving()
         _check_filters(body.filters, served.bundle)
+        started = time.perf_counter()
         try:
             results = await run_in_threadpool(
                 openmp.call,
@@ -733,19 +782,105 @@ def _add_search_routes(app: FastAPI, state: _ServiceState) -> None:
             )
         except ValueError as exc:
             raise ApiError(422, "invalid_question", str(exc)) from None
+        took = time.perf_counter() - started
         answered = sum(r.answered for r in results)
         if answered:
             telemetry.questions.labels("true").inc(answered)
         if len(results) - answered:
             telemetry.questions.labels("false").inc(len(results) - answered)
+        used = served.bundle.threshold if threshold is None else threshold
+        model = _model_brief(served)
+        _log_search(state, request, results, model, k, used, took)
         return _respond(
             {
                 "results": [
                     {"query": r.query, "answered": r.answered, "hits": _hits(r)} for r in results
                 ],
-                "threshold": served.bundle.threshold if threshold is None else threshold,
-                "model": _model_brief(served),
+                "threshold": used,
+                "model": model,
             }
+        )
+
+
+def _log_search(
+    state: _ServiceState,
+    request: Request,
+    results: list[SearchResult],
+    model: dict[str, Any],
+    k: int,
+    threshold: float | None,
+    seconds: float,
+) -> None:
+    """Hand a search to the query log, when it is on: one queued event, no I/O here."""
+    if state.query_log is not None:
+        state.query_log.queries(
+            _request_id(request),
+            results,
+            endpoint=request.scope["path"],
+            model=model,
+            k=k,
+            threshold=threshold,
+            latency_ms=seconds * 1000,
+        )
+
+
+def _add_feedback_route(app: FastAPI, state: _ServiceState) -> None:
+    """POST /feedback: a verdict on a search's answer, into the query log."""
+    settings = state.settings
+    schema = {"requestBody": _body_schema(_FeedbackBody, _FEEDBACK_EXAMPLE, settings)}
+
+    @app.post("/feedback", status_code=202, openapi_extra=schema, responses=docs.FEEDBACK_RESPONSES)
+    async def feedback(request: Request) -> Response:
+        """Whether the answer of a search was taken or rejected (and, when known, the right
+        answer), joined to the search's query log line by its request id."""
+        body = _parse(await request.body(), request.headers, _FeedbackBody, _FEEDBACK_EXAMPLE)
+        _check_feedback(body, settings)
+        if state.query_log is None:
+            reason: str | None = "the query log is off"
+        else:
+            reason = state.query_log.feedback(
+                body.request_id,
+                body.outcome,
+                position=body.position,
+                answer_id=body.answer_id,
+                feedback_id=_request_id(request),
+            )
+        return _respond(
+            {
+                "request_id": body.request_id,
+                "position": body.position,
+                "outcome": body.outcome,
+                "answer_id": body.answer_id,
+                "logged": reason is None,
+                "reason": reason,
+            },
+            status=202,
+        )
+
+
+def _check_feedback(body: _FeedbackBody, settings: ServeSettings) -> None:
+    if not _REQUEST_ID.fullmatch(body.request_id):
+        raise ApiError(
+            422,
+            "invalid_request_id",
+            "request_id must be the X-Request-ID of a search: 1 to 64 letters, digits or ._:-",
+        )
+    if body.outcome not in OUTCOMES:
+        got = printable(body.outcome, limit=40)
+        raise ApiError(
+            422, "invalid_outcome", f"outcome must be one of {', '.join(OUTCOMES)}, got {got!r}"
+        )
+    if body.answer_id is not None and not _ANSWER_ID.search(body.answer_id):
+        raise ApiError(
+            422,
+            "invalid_answer_id",
+            "answer_id must be an answer's id: a letter or digit, then up to 127 of them or ._:-",
+        )
+    if not 0 <= body.position < settings.max_batch:
+        raise ApiError(
+            422,
+            "position_out_of_range",
+            f"position must be between 0 and {settings.max_batch - 1}, got {body.position}",
         )
 
 

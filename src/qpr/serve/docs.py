@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from qpr.ids import ID_PATTERN
+from qpr.querylog.log_records import OUTCOMES
 from qpr.serve.settings import ServeSettings
 
 DOCS_PATH = "/docs"
@@ -160,6 +161,32 @@ class ErrorBody(_Doc):
     )
 
 
+class FeedbackResponse(_Doc):
+    """POST /feedback: what was recorded, and whether it reached the query log."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "example": {
+                "request_id": "3f2b9c1e8a7d4e6f9b0c1d2e3f4a5b6c",
+                "position": 0,
+                "outcome": "taken",
+                "answer_id": None,
+                "logged": True,
+                "reason": None,
+            }
+        },
+    )
+    request_id: str = Field(description="the search the verdict is about")
+    position: int = Field(description="which question of that request (0 for /search)")
+    outcome: str = Field(description='"taken" or "rejected"')
+    answer_id: str | None = Field(description="the right answer, when named")
+    logged: bool = Field(description="queued for the query log")
+    reason: str | None = Field(
+        description='why not: "the query log is off", "sampled out", "queue full"'
+    )
+
+
 class Health(_Doc):
     model_config = ConfigDict(extra="allow", json_schema_extra={"example": {"status": "ok"}})
     status: str
@@ -208,6 +235,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 # `responses=` of each route: what /openapi.json shows; nothing is validated at run time.
 SEARCH_RESPONSES = {200: {"model": SearchResponse}, **_errors(400, 401, 413, 415, 422, 503)}
 BATCH_RESPONSES = {200: {"model": BatchResponse}, **_errors(400, 401, 413, 415, 422, 503)}
+FEEDBACK_RESPONSES = {202: {"model": FeedbackResponse}, **_errors(400, 401, 413, 415, 422)}
 HEALTH_RESPONSES = {200: {"model": Health}}
 READY_RESPONSES = {200: {"model": Ready}, 503: {"model": Ready}}
 VERSION_RESPONSES = {200: {"model": Version}, **_errors(401)}
@@ -235,6 +263,10 @@ def add_docs_routes(app: FastAPI) -> None:
 
 # A question must hold a non-space character (qpr.serve.app._check_question).
 _NOT_BLANK = r"\S"
+# What /feedback takes (qpr.serve.app): a request id as the service makes or echoes them,
+# an answer id as the pipeline's quality gate takes them (ECMA regex: $ for \Z).
+_REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+_ANSWER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 BEARER_SCHEME = "bearerAuth"
 HEADER_SCHEME = "apiKeyHeader"
 
@@ -260,7 +292,24 @@ def request_schema(schema: dict[str, Any], settings: ServeSettings) -> dict[str,
     if "threshold" in props:
         _non_null(props["threshold"]).update(minimum=0)
         props["threshold"]["description"] = "a distance; null: the model's stored one"
+    if "outcome" in props:  # POST /feedback
+        _feedback_schema(props, settings)
     return schema
+
+
+def _feedback_schema(props: dict[str, Any], settings: ServeSettings) -> None:
+    """What /feedback checks (qpr.serve.app._check_feedback), in the schema's words."""
+    props["request_id"].update(
+        pattern=_REQUEST_ID_PATTERN, description="the X-Request-ID of the search"
+    )
+    props["outcome"].update(enum=list(OUTCOMES), description="was the answer taken?")
+    _non_null(props["answer_id"]).update(pattern=_ANSWER_ID_PATTERN)
+    props["answer_id"]["description"] = "the right answer, when the person named it"
+    props["position"].update(
+        minimum=0,
+        maximum=settings.max_batch - 1,
+        description="which question of a /search/batch request (0 for /search)",
+    )
 
 
 def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
@@ -283,10 +332,10 @@ def add_openapi_extras(
     def openapi() -> dict[str, Any]:
         spec = copy.deepcopy(base())
         fields = filter_fields()
-        for path in ("/search", "/search/batch"):
+        for path in ("/search", "/search/batch", "/feedback"):
             body = spec["paths"][path]["post"]["requestBody"]
             body["description"] = f"JSON, UTF-8, at most {settings.max_body_bytes:,} bytes"
-            if fields is not None:
+            if fields is not None and path != "/feedback":
                 filters = _non_null(
                     body["content"]["application/json"]["schema"]["properties"]["filters"]
                 )

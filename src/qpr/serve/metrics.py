@@ -18,17 +18,21 @@ library's, process-wide (`prometheus_client.disable_created_metrics`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from qpr.querylog.log_records import STREAMS
 
 if TYPE_CHECKING:
+    from qpr.querylog.log_writer import QueryLog
     from qpr.serve.reload import Served
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "Telemetry"]
+__all__ = ["CONTENT_TYPE", "DROP_REASONS", "LATENCY_BUCKETS", "Telemetry"]
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -107,6 +111,11 @@ class Telemetry:
         self._served: Callable[[], Served | None] = lambda: None
         self._lock = threading.Lock()
 
+    def watch_query_log(self, query_log: QueryLog) -> None:
+        """Show the query log's counts (read at each scrape: the request path only adds to
+        the writer's own counters)."""
+        self.registry.register(_QueryLogCollector(query_log))
+
     def observe(self, endpoint: str, method: str, status: int, seconds: float) -> None:
         """One request: counted, and its time in the latency histogram."""
         self.requests.labels(endpoint, method, str(status)).inc()
@@ -136,3 +145,45 @@ class Telemetry:
         self.model_questions.set(info.questions)
         self.failed_deltas.set(len(info.failed_deltas))
         self.ready.set(1)
+
+
+# Ways a query log line is lost (qpr.querylog.log_writer), always shown, 0 until one is.
+DROP_REASONS = ("queue_full", "write_error")
+
+
+class _QueryLogCollector:
+    """qpr_query_log_* from a `QueryLog`'s counts."""
+
+    def __init__(self, query_log: QueryLog) -> None:
+        self.query_log = query_log
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.query_log.counts()
+        written = CounterMetricFamily(
+            "qpr_query_log_written", "Query log lines written, by stream.", labels=["stream"]
+        )
+        dropped = CounterMetricFamily(
+            "qpr_query_log_dropped",
+            "Query log lines lost, by stream and reason (queue_full, write_error, closed).",
+            labels=["stream", "reason"],
+        )
+        sampled = CounterMetricFamily(
+            "qpr_query_log_sampled_out",
+            "Query log lines left out by the sampling rate, by stream.",
+            labels=["stream"],
+        )
+        for stream in STREAMS:
+            written.add_metric([stream], counts.get((stream, "written"), 0))
+            sampled.add_metric([stream], counts.get((stream, "sampled_out"), 0))
+            for reason in DROP_REASONS:
+                dropped.add_metric([stream, reason], counts.get((stream, reason), 0))
+            if counts.get((stream, "closed")):
+                dropped.add_metric([stream, "closed"], counts[stream, "closed"])
+        yield written
+        yield dropped
+        yield sampled
+        yield GaugeMetricFamily(
+            "qpr_query_log_queue",
+            "Requests waiting for the query log's writer.",
+            value=self.query_log.waiting(),
+        )

@@ -60,6 +60,15 @@ variable                           default    meaning
 ``QPR_SERVE_SHUTDOWN_SECONDS``     10         grace for in-flight requests at shutdown
 ``QPR_SERVE_LOG_BURST``            10         log records of one kind let through per interval
 ``QPR_SERVE_LOG_INTERVAL``         60         ... the interval, seconds; the rest are counted
+``QPR_SERVE_QUERY_LOG``            (none)     folder of the query log and feedback
+                                              (`qpr.querylog`); unset: no log
+``QPR_SERVE_QUERY_LOG_ENABLED``    true       ``false``: no log even with the folder set
+``QPR_SERVE_QUERY_LOG_SAMPLE``     1.0        share of requests logged (by request id)
+``QPR_SERVE_QUERY_LOG_FILE_BYTES`` 67108864   a log file is closed before it passes this
+``QPR_SERVE_QUERY_LOG_TOTAL_BYTES`` 1073741824 the folder's bound; oldest files deleted
+``QPR_SERVE_QUERY_LOG_ROTATE_SECONDS`` 3600   a log file is closed at this age
+``QPR_SERVE_QUERY_LOG_QUEUE``      10000      requests waiting for the log's writer; past
+                                              it new ones are dropped (and counted)
 =================================  =========  ==============================================
 
 Why parsed here and not by pydantic-settings: compared input by input
@@ -85,10 +94,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from qpr.config import SettingsError
+from qpr.querylog.log_writer import LogLimits
 
 __all__ = ["ENV_PREFIX", "ServeSettings", "SettingsError"]
 
 ENV_PREFIX = "QPR_SERVE_"
+# LogLimits' fields that are QPR_SERVE_QUERY_LOG_<NAME>.
+_LIMIT_NAMES = ("sample", "file_bytes", "total_bytes", "rotate_seconds")
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,13 @@ class ServeSettings:
     shutdown_seconds: int = 10
     log_burst: int = 10
     log_interval: float = 60.0
+    query_log: str | None = None
+    query_log_enabled: bool = True
+    query_log_sample: float = 1.0
+    query_log_file_bytes: int = 64 * 2**20
+    query_log_total_bytes: int = 2**30
+    query_log_rotate_seconds: float = 3600.0
+    query_log_queue: int = 10_000
 
     def __post_init__(self) -> None:
         positive = {
@@ -172,6 +191,34 @@ class ServeSettings:
             raise SettingsError("QPR_SERVE_AUTH=off but an API key is set: drop one of them")
         if self.allowed_hosts is not None and not self.allowed_hosts:
             raise SettingsError("allowed_hosts is empty: name a host, or * for any")
+        self._check_query_log()
+
+    def _check_query_log(self) -> None:
+        # The writer's own rules (qpr.querylog.LogLimits), said in the settings' words.
+        try:
+            self.query_log_limits()
+        except ValueError as err:
+            names = {
+                **{n: f"query_log_{n}" for n in _LIMIT_NAMES},
+                "queue_events": "query_log_queue",
+            }
+            text = re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m[1]], str(err))
+            raise SettingsError(text) from None
+
+    def query_log_limits(self) -> LogLimits:
+        """The query log's limits from these settings."""
+        return LogLimits(
+            sample=self.query_log_sample,
+            file_bytes=self.query_log_file_bytes,
+            total_bytes=self.query_log_total_bytes,
+            rotate_seconds=self.query_log_rotate_seconds,
+            queue_events=self.query_log_queue,
+        )
+
+    @property
+    def query_log_on(self) -> bool:
+        """A folder is set and the switch is not off."""
+        return bool(self.query_log) and self.query_log_enabled
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ServeSettings:
@@ -267,4 +314,11 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "shutdown_seconds": ("integer (seconds)", int),
     "log_burst": ("integer", int),
     "log_interval": ("number of seconds", float),
+    "query_log": ("folder", str),
+    "query_log_enabled": ("boolean (true/false)", _parse_bool),
+    "query_log_sample": ("number between 0 and 1", float),
+    "query_log_file_bytes": ("integer (bytes)", int),
+    "query_log_total_bytes": ("integer (bytes)", int),
+    "query_log_rotate_seconds": ("number of seconds", float),
+    "query_log_queue": ("integer", int),
 }
