@@ -177,3 +177,32 @@ def test_a_student_stopped_by_its_budget_says_so(asymmetric, tmp_path: Path) -> 
     assert warning and warning[0].startswith("WARNING") and "after epoch 1" in warning[0]
     assert "another model" in warning[0]
     assert (root / "models" / STUDENT_FILE).read_bytes() == served  # nothing replaced
+
+
+def test_the_service_loads_a_student_bundle_and_refuses_a_foreign_index(
+    asymmetric, tmp_path: Path
+) -> None:
+    """The canaries of a student bundle go through its document encoder: the student lands
+    near its question, never on it, and once refused every product-default bundle."""
+    import faiss
+    import numpy as np
+
+    from qpr.artifacts import INDEX_FILE, QUESTIONS_FILE, SEARCH_FILE
+    from qpr.pipeline.evaluate import run_evaluate
+    from qpr.serve.reload import ReloadRefused, check_bundle, pick_canaries
+
+    settings, paths, _ = asymmetric
+    if not (paths.models_dir / SEARCH_FILE).is_file():  # the evaluate stage completes it
+        run_evaluate(settings, paths, log=lambda _: None)
+    canaries = pick_canaries(paths.models_dir / QUESTIONS_FILE, 5)
+    assert check_bundle(Bundle.load(paths.models_dir), canaries) == len(canaries)
+
+    # The same index with its vectors shuffled between rows: another encoder's index.
+    broken = _copy_bundle(paths, tmp_path / "models")
+    index = faiss.read_index(str(broken / INDEX_FILE))
+    vectors = index.reconstruct_n(0, index.ntotal)
+    index.reset()
+    index.add(np.ascontiguousarray(vectors[np.random.default_rng(0).permutation(len(vectors))]))
+    faiss.write_index(index, str(broken / INDEX_FILE))
+    with pytest.raises(ReloadRefused, match="did not retrieve itself"):
+        check_bundle(Bundle.load(broken), canaries)

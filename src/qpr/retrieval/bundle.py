@@ -517,6 +517,26 @@ class Bundle:
         parts = [self._embed(sequences[s : s + batch]) for s in range(0, len(sequences), batch)]
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
+    def document_neighbours(
+        self, questions: Sequence[str], k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(distances float32 [N, k], question ids int64 [N, k]; -1: none) of `questions`
+        encoded by the document encoder (encoder.onnx) and looked up in the dense index
+        alone, the deleted questions left out. An indexed question comes back at distance
+        ~0 when the index was built by that encoder: the service's canary check of a
+        bundle whose queries go through a student, which lands near, never on, it."""
+        from qpr.artifacts import ENCODER_FILE
+        from qpr.retrieval.dense import search
+        from qpr.retrieval.encoders import encode, load_session
+
+        session = load_session(self._models_dir / ENCODER_FILE)
+        vectors = encode(session, self._vocab, list(questions), max_len=self._max_len)
+        distances, rows = search(
+            self._index, vectors, min(k, int(self._index.ntotal)), allowed=self._live_rows
+        )
+        qids = np.asarray(self._qids, np.int64)
+        return distances, np.where(rows >= 0, qids[np.maximum(rows, 0)], -1)
+
     # -- internals ------------------------------------------------------------------------
 
     def _excluded_rows(self, exclude: Sequence[int], count: int) -> np.ndarray:

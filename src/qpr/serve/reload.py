@@ -188,6 +188,19 @@ def pick_canaries(questions_path: Path, count: int) -> list[tuple[int, str]]:
     )
 
 
+def _canary_neighbours(bundle: Bundle, text: str) -> tuple[list[float], list[int]]:
+    """(distances, question ids) of a canary's nearest questions, as served; through the
+    document encoder for a bundle whose queries go through a student (its vectors land near
+    their questions, never on them, so only the document encoder can show the index is
+    its own; the student's own fit is checked at load, `qpr.retrieval.loading`)."""
+    if bundle.asymmetric:
+        distances, ids = bundle.document_neighbours([text], _CANARY_K)
+        found = ids[0] >= 0
+        return distances[0][found].tolist(), ids[0][found].tolist()
+    hits = bundle.search(text, k=_CANARY_K, threshold=math.inf).hits
+    return [h.distance for h in hits], [h.question_id for h in hits]
+
+
 def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
     """Raise ReloadRefused unless every usable canary retrieves itself first.
 
@@ -199,14 +212,12 @@ def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
     checked = 0
     for qid, text in canaries:
         try:
-            result = bundle.search(text, k=_CANARY_K, threshold=math.inf)
+            distances, ids = _canary_neighbours(bundle, text)
         except ValueError:
             continue  # e.g. a question of punctuation only: nothing to check with it
         checked += 1
-        hits = result.hits
-        if not hits:
+        if not distances:
             raise ReloadRefused(f"canary question {qid} ({text!r}) retrieved nothing")
-        distances = [h.distance for h in hits]
         if not all(math.isfinite(d) for d in distances):
             raise ReloadRefused(f"canary question {qid}: non-finite distances {distances[:3]}")
         tolerance = _CANARY_RTOL * max(1.0, distances[-1])
@@ -216,11 +227,11 @@ def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
                 f"{distances[0]:.4g}, expected ~0 (its own vector): the index was not built "
                 "by this encoder and vocabulary"
             )
-        tied = [h.question_id for h in hits if h.distance <= distances[0] + tolerance]
+        tied = [i for i, d in zip(ids, distances, strict=True) if d <= distances[0] + tolerance]
         if qid not in tied:
             raise ReloadRefused(
                 f"canary question {qid} ({text!r}) did not retrieve itself first: got "
-                f"{hits[0].question_id} ({hits[0].text!r}) at distance {distances[0]:.4g}"
+                f"question {ids[0]} at distance {distances[0]:.4g}"
             )
     if checked == 0:
         raise ReloadRefused("no canary question could be encoded: vocabulary and index disagree")
