@@ -41,7 +41,16 @@ def test_recovery_runs_every_five_minutes_on_its_own(deployments):
     assert _entrypoint_exists(deployment)
     (schedule,) = deployment.schedules
     assert schedule.cron == "*/5 * * * *"
-    assert set(deployments) == {"retrain", "recover", "refresh"}
+    assert set(deployments) == {"retrain", "recover", "refresh", "monitor"}
+
+
+def test_the_monitor_reports_on_the_params_schedule(deployments):
+    deployment = deployments["monitor"]
+    assert deployment.entrypoint == "flows/monitor.py:monitor_flow"
+    assert _entrypoint_exists(deployment)
+    cfg = load_settings(ROOT / "params.yaml").monitor
+    (schedule,) = deployment.schedules
+    assert (schedule.cron, schedule.timezone) == (cfg.cron, cfg.timezone)
 
 
 def test_refresh_puts_new_questions_in_the_index_every_few_minutes(deployments):

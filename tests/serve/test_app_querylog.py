@@ -167,6 +167,23 @@ def test_sampled_out_requests_are_counted_not_written(bundle_dir: Path, tmp_path
     assert not list((tmp_path / "log").rglob("*.jsonl"))
 
 
+def test_the_monitors_verdict_on_the_log_shows_on_metrics(bundle_dir: Path, tmp_path: Path):
+    from qpr.monitor.status import write_status
+
+    settings = SETTINGS.replace(query_log=str(tmp_path / "log"))
+    with TestClient(create_app(LocalSource(bundle_dir), settings)) as client:
+        assert "qpr_monitor" not in client.get("/metrics").text  # no report yet
+        measures = {"embedding_auc": {"value": 0.91, "alarm": True}}
+        measures["acceptance"] = {"value": None, "alarm": False}
+        write_status(
+            tmp_path / "log", {"at": 123.0, "alarms": ["embedding_auc"], "measures": measures}
+        )
+        assert metric(client, "qpr_monitor_alarm", measure="embedding_auc") == 1
+        assert metric(client, "qpr_monitor_alarm", measure="acceptance") == 0
+        assert metric(client, "qpr_monitor_value", measure="embedding_auc") == 0.91
+        assert metric(client, "qpr_monitor_report_timestamp_seconds") == 123.0
+
+
 def test_an_unwritable_folder_never_fails_a_search(bundle_dir: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")

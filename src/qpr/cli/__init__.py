@@ -63,6 +63,7 @@ for _command in (
     stages.register,
     stages.pipeline,
     stages.retrain,
+    stages.monitor,
     stages.ui,
     serving.search,
     serving.serve,

@@ -99,6 +99,18 @@ def retrain(
         raise typer.Exit(code)
 
 
+def monitor(params: ParamsOption = Path("params.yaml")) -> None:
+    """Write one monitoring report now: the service's query log (monitor.query_log) since
+    the last report against the training questions (drift), and the "no answer" rate,
+    feedback and latency, with the alarms they trip. Files in monitor.reports; the service
+    shows the alarms on /metrics. Scheduled: `python -m flows.monitor --serve` or the
+    prefect.yaml deployment. Exit codes: 0 no alarm, 1 failed, 3 an alarm
+    (docs/operations.md)."""
+    code = run_flow("flows.monitor", "--params", str(params.resolve()))
+    if code != 0:
+        raise typer.Exit(code)
+
+
 def ui(
     prefect_port: Annotated[
         int, typer.Option(help="Port of the Prefect UI.", envvar="QPR_UI_PREFECT_PORT")

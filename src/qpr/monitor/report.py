@@ -1,8 +1,8 @@
-"""One monitoring report: live questions from the query log against the served model's
-own questions, and the service's health as the log records it.
+"""One monitoring report: live questions from the query log against the questions the
+model was trained on, and the service's health as the log records it.
 
-`measure` takes the joined log frame (`qpr.querylog.read_joined`) and the served bundle,
-and returns a JSON-ready dict. The reference is a seeded sample of the training data's
+`measure` takes the query and feedback lines of a window (`qpr.querylog`) and the served
+bundle, and returns a JSON-ready dict. The reference is a seeded sample of the training data's
 questions, as asked (`reference_sample`). It reads and writes no file: the monitor flow
 (flows/monitor.py) does.
 
@@ -11,10 +11,10 @@ Every measure is ``{"value", "threshold", "alarm", "detail"}``.
 Alarms, each a threshold of `monitor.*` in params.yaml:
 
 ==================  ======================================================================
-``embedding_auc``   a classifier tells live questions from indexed ones (drift.py)
-``unseen_words``    live questions use words the model's questions never use
+``embedding_auc``   a classifier tells live questions from training ones (drift.py)
+``unseen_words``    live questions use words the training questions never use
 ``length_ks``       live questions are longer or shorter
-``top1_distance``   the nearest known question is farther away than for known questions
+``top1_distance``   the nearest known question is farther away than for training ones
 ``no_answer_rate``  the service says "no answer" too often
 ``acceptance``      people reject the answers (once enough verdicts came in)
 ``latency_p99``     the search itself got slow
@@ -91,9 +91,11 @@ def _top1(frame: pd.DataFrame) -> np.ndarray:
     )
 
 
-def _service(frame: pd.DataFrame, settings: MonitorSettings) -> dict[str, Any]:
+def _service(
+    frame: pd.DataFrame, feedback: pd.DataFrame, settings: MonitorSettings
+) -> dict[str, Any]:
     """No-answer rate, feedback and latency over the whole window."""
-    verdicts = frame["feedback"].dropna() if "feedback" in frame else pd.Series([], dtype=object)
+    verdicts = feedback["outcome"].dropna()
     taken, rejected = int((verdicts == "taken").sum()), int((verdicts == "rejected").sum())
     latency = frame["latency_ms"].dropna().to_numpy(np.float64)
     return {
@@ -134,19 +136,21 @@ def _threshold_alarms(service: dict[str, Any], settings: MonitorSettings) -> dic
 
 def measure(
     live: pd.DataFrame,
+    feedback: pd.DataFrame,
     bundle: Bundle,
     reference: Reference,
     settings: MonitorSettings,
     *,
     seed: int,
 ) -> dict[str, Any]:
-    """The report for `live` (query-log lines, oldest first; the newest
-    `settings.max_questions` are read): drift against `reference`, the service's figures,
-    the alarms. `bundle` embeds the live questions as the search does. With fewer than
-    `settings.min_questions` lines it measures the service alone and says that drift waits
-    for more questions."""
+    """The report for `live` (query-log lines of `qpr.querylog.read_queries`, oldest first;
+    the newest `settings.max_questions` are read) and `feedback` (the feedback lines that
+    came in over the same window, `read_feedback`): drift against `reference`, the
+    service's figures, the alarms. `bundle` embeds the live questions as the search does.
+    With fewer than `settings.min_questions` lines it measures the service alone and says
+    that drift waits for more questions."""
     live = live.tail(settings.max_questions)
-    service = _service(live, settings)
+    service = _service(live, feedback, settings)
     measures: dict[str, dict[str, Any]] = _threshold_alarms(service, settings)
     enough = len(live) >= settings.min_questions
     histograms: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import prometheus_client
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from qpr.monitor.status import read_status
 from qpr.querylog.log_records import STREAMS
 
 if TYPE_CHECKING:
@@ -113,8 +115,10 @@ class Telemetry:
 
     def watch_query_log(self, query_log: QueryLog) -> None:
         """Show the query log's counts (read at each scrape: the request path only adds to
-        the writer's own counters)."""
+        the writer's own counters), and the monitor's verdict on that log when it wrote
+        one (`qpr.monitor.status`)."""
         self.registry.register(_QueryLogCollector(query_log))
+        self.registry.register(_MonitorCollector(query_log.folder))
 
     def observe(self, endpoint: str, method: str, status: int, seconds: float) -> None:
         """One request: counted, and its time in the latency histogram."""
@@ -186,4 +190,36 @@ class _QueryLogCollector:
             "qpr_query_log_queue",
             "Requests waiting for the query log's writer.",
             value=self.query_log.waiting(),
+        )
+
+
+class _MonitorCollector:
+    """qpr_monitor_* from the monitor's status file in the query log folder: nothing until
+    the monitor wrote one. Read at each scrape (a small file; scrapes are rare)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterator[Metric]:
+        status = read_status(self.folder)
+        if status is None:
+            return
+        alarm = GaugeMetricFamily(
+            "qpr_monitor_alarm",
+            "1 when the monitor's last report tripped this measure's threshold.",
+            labels=["measure"],
+        )
+        value = GaugeMetricFamily(
+            "qpr_monitor_value", "The monitor's last value of each measure.", labels=["measure"]
+        )
+        for name, measure in sorted(status["measures"].items()):
+            alarm.add_metric([name], 1.0 if measure.get("alarm") else 0.0)
+            if isinstance(measure.get("value"), int | float):
+                value.add_metric([name], float(measure["value"]))
+        yield alarm
+        yield value
+        yield GaugeMetricFamily(
+            "qpr_monitor_report_timestamp_seconds",
+            "When the monitor wrote its last report.",
+            value=float(status.get("at", 0.0)),
         )

@@ -1,0 +1,75 @@
+"""flows/monitor.py on a tiny project: the service's query log read since the last
+report, a report on disk and in MLflow, the status the service shows, the position kept;
+questions of another topic raise alarms, and the command line exits 3 on them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from qpr.data.synth import generate_day
+from qpr.querylog import QueryLog
+from qpr.searcher import Searcher
+from tests.conftest import run_stages
+
+PLACES = ("paris", "lima", "oslo", "cairo", "delhi", "quito", "hanoi", "accra", "riga", "doha")
+OTHER_TOPIC = [
+    t.format(p=p)
+    for p, t in itertools.product(
+        PLACES,
+        (
+            "what is the population and the official currency of {p} today",
+            "which famous museums should a tourist visit first in {p} during winter",
+            "how expensive is a hotel near the old town of {p} in december",
+        ),
+    )
+]
+
+
+def _log(root: Path, questions: list[str], start: int) -> None:
+    searcher = Searcher.load(root / "models")
+    with QueryLog(root / "logs" / "service") as log:
+        for i, question in enumerate(questions, start):
+            result = searcher.search(question, k=3)
+            log.queries(
+                f"r{i}", [result], endpoint="/search", model={}, k=3, threshold=None, latency_ms=1.0
+            )
+
+
+@pytest.mark.slow
+def test_the_monitor_reports_drift_only_on_another_topic(
+    prefect_harness, tiny_settings, tiny_params_file: Path
+) -> None:
+    from flows.monitor import main, monitor_flow
+
+    root = tiny_params_file.parent
+    run_stages(tiny_settings, root)
+    synth = tiny_settings.data.synth
+    day = generate_day(dt.date(2027, 1, 1), seed=synth.seed, rows=400, intents=synth.intents)
+    _log(root, [r["question"] for r in day if str(r["question"] or "").strip()][:300], 0)
+
+    report = monitor_flow(params=str(tiny_params_file))
+    assert report["drift_measured"] and report["service"]["questions"] == 300
+    assert report["alarms"] == []
+    assert {Path(p).name for p in report["files"].values()} == {
+        "report.json",
+        "report.png",
+        "report.html",
+    }
+    status = json.loads((root / "logs" / "service" / "monitor.json").read_text())
+    assert status["alarms"] == [] and "embedding_auc" in status["measures"]
+    assert (root / ".monitor" / "position.json").is_file()
+
+    again = monitor_flow(params=str(tiny_params_file))  # nothing new since the position
+    assert again["service"]["questions"] == 0 and not again["drift_measured"]
+
+    _log(root, OTHER_TOPIC * 10, 1000)
+    with pytest.raises(SystemExit) as exited:
+        main(["--params", str(tiny_params_file)])
+    assert exited.value.code == 3
+    status = json.loads((root / "logs" / "service" / "monitor.json").read_text())
+    assert {"embedding_auc", "unseen_words"} <= set(status["alarms"])
