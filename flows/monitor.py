@@ -1,6 +1,6 @@
 """Watching the service: one Prefect flow run = one monitoring report (qpr.monitor).
 
-    read the query log since the last report (monitor.query_log; the position is kept in
+    read the query log since the last report (query_log; the position is kept in
     monitor.state_dir) → load the served bundle (monitor.model) and a seeded sample of
     the training questions (data.*) → qpr.monitor.report.measure → report.json,
     report.html and report.png in monitor.reports/<time> → one MLflow run (metrics, the
@@ -106,7 +106,7 @@ def monitor_flow(params: str | None = None) -> dict[str, Any]:
     logger = get_run_logger()
     settings, paths = settings_and_paths(params)
     cfg, root = settings.monitor, paths.root
-    folder, state_dir = _under(root, cfg.query_log), _under(root, cfg.state_dir)
+    folder, state_dir = _under(root, settings.query_log), _under(root, cfg.state_dir)
     since = _since(state_dir)
     queries, feedback = _window(folder, since)
     print(f"read {len(queries):,} questions and {len(feedback):,} verdicts from {folder}")

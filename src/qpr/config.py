@@ -361,7 +361,6 @@ class MonitorSettings(_Section):
     """The monitor deployment (flows/monitor.py): the service's query log against the
     served model's own questions, and the thresholds that raise an alarm."""
 
-    query_log: Path = Path("logs/service")  # the service's QPR_SERVE_QUERY_LOG folder
     model: str = "models"  # the served bundle: a folder or models:/<name>@<alias>
     state_dir: Path = Path(".monitor")  # where the last run's position is kept
     reports: Path = Path("reports/monitor")  # one folder per run: JSON, HTML, plot
@@ -420,6 +419,9 @@ class Settings(_Section):
     seed: int = 13
     # Where batch tasks run: this process, or Ray (RAY_ADDRESS, else a local cluster)
     engine: Literal["local", "ray"] = "local"
+    # The service's query log (QPR_SERVE_QUERY_LOG): the monitor reads it, retraining
+    # harvests its feedback (docs/operations.md).
+    query_log: Path = Path("logs/service")
     data: DataSettings = DataSettings()
     quality: QualitySettings = QualitySettings()
     cluster: ClusterSettings = ClusterSettings()

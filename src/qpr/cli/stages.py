@@ -100,7 +100,7 @@ def retrain(
 
 
 def monitor(params: ParamsOption = Path("params.yaml")) -> None:
-    """Write one monitoring report now: the service's query log (monitor.query_log) since
+    """Write one monitoring report now: the service's query log (params' query_log) since
     the last report against the training questions (drift), and the "no answer" rate,
     feedback and latency, with the alarms they trip. Files in monitor.reports; the service
     shows the alarms on /metrics. Scheduled: `python -m flows.monitor --serve` or the
