@@ -63,6 +63,7 @@ from mlflow.tracking import MlflowClient
 from qpr.artifacts import (
     ABSORBED_FILE,
     METRICS_FILE,
+    MODEL_MANIFEST_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
@@ -97,8 +98,10 @@ from qpr.ops.pyfunc import (
     PREDICTION_COLUMNS,
     ModelIntegrityError,
     QPRSearchModel,
+    StoredFileUnavailable,
+    download_version_bundle,
     log_search_model,
-    verify_artifacts,
+    read_version_manifest,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.version import __version__
@@ -136,6 +139,7 @@ __all__ = [
     "register_bundle",
     "rollback",
     "set_challenger",
+    "stored_files",
 ]
 
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
@@ -175,6 +179,9 @@ DETAILS_FORMAT = 1
 # and the committed mark to the cycle's commit.
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
 _MAX_REASON = 1000
+# Registration reads the manifests of the aliased versions and of this many newest others
+# to find the files it need not store again (`stored_files`).
+_SCANNED = 20
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -243,6 +250,7 @@ def register_bundle(
             existing = _find_by_fingerprint(client, name, fingerprint)
             if existing is not None:
                 return existing
+        known = stored_files(name)  # what earlier versions store: referenced, not copied
 
         recorded: dict[str, str] = {
             TAG_BASE: base_fingerprint(staged),
@@ -260,7 +268,12 @@ def register_bundle(
             recorded[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
             recorded.update({key: str(v) for key, v in (tags or {}).items()})
             info = log_search_model(
-                staged, name=MODEL_ARTIFACT, k=k, metadata={"qpr_bundle_fingerprint": fingerprint}
+                staged,
+                name=MODEL_ARTIFACT,
+                k=k,
+                metadata={"qpr_bundle_fingerprint": fingerprint},
+                known=known,
+                model=name,
             )
             logged_run_id = run.info.run_id
         description = summary_line(models_dir, bundle, metrics, recorded)
@@ -455,6 +468,38 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
                 raise
 
 
+@_mlflow_errors
+def stored_files(name: str) -> dict[str, tuple[int, str]]:
+    """{sha256: (version, path under its artifacts/)} of the files versions of ``name``
+    store, read from the manifests of the aliased versions and the `_SCANNED` newest ones
+    (a manifest names the version that stores each of its files, so the files of an older
+    base are found through the newer versions that reference it). Only existing versions
+    are named; {} when there is no such model yet. What a new version need not store."""
+    client = MlflowClient()
+    try:
+        existing = {
+            int(v.version) for v in client.search_model_versions(f"name = '{_quote(name)}'")
+        }
+        aliased = {int(v) for v in (client.get_registered_model(name).aliases or {}).values()}
+    except MlflowException:
+        return {}
+    newest = sorted(existing - aliased, reverse=True)[:_SCANNED]
+    known: dict[str, tuple[int, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="qpr-manifests-") as tmp:
+        for version in [*sorted(aliased & existing, reverse=True), *newest]:
+            uri = f"models:/{name}/{version}/artifacts/{MODEL_MANIFEST_FILE.as_posix()}"
+            try:
+                path = mlflow.artifacts.download_artifacts(uri, dst_path=f"{tmp}/{version}")
+                manifest = read_version_manifest(path)
+            except (MlflowException, OSError, ModelIntegrityError):
+                continue  # no manifest (registered before it existed): nothing to reference
+            for rel, entry in manifest.files.items():
+                holder = version if entry.version is None else entry.version
+                if holder in existing:
+                    known.setdefault(entry.sha256, (holder, entry.path or rel))
+    return known
+
+
 def _find_by_fingerprint(client: MlflowClient, name: str, fingerprint: str) -> VersionInfo | None:
     try:
         found = client.search_model_versions(
@@ -511,25 +556,23 @@ def champion(name: str) -> VersionInfo | None:
 
 @_mlflow_errors
 def download_bundle(name: str, alias: str, dst: str | Path) -> Path:
-    """Download ``models:/<name>@<alias>`` into ``dst``; return its bundle directory.
+    """Download ``models:/<name>@<alias>`` into ``dst``; return its bundle directory
+    (``dst/artifacts/bundle``).
 
-    The directory holds the six bundle files and metrics.json, ready for `Bundle.load`.
+    The directory holds the bundle files and metrics.json, ready for `Bundle.load`: the
+    files the version stores and those it references, fetched from the versions that
+    store them, every one checked against its manifest. RegistryError when a file differs,
+    or a referenced version was deleted.
     """
     client = MlflowClient()
-    if _by_alias(client, name, alias) is None:
+    info = _by_alias(client, name, alias)
+    if info is None:
         raise RegistryError(f"model {name!r} has no version with alias {alias!r}")
     Path(dst).mkdir(parents=True, exist_ok=True)
-    local = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{name}@{alias}", dst_path=str(dst)
-    )
-    bundle = Path(local) / "artifacts" / BUNDLE_ARTIFACT
-    if not bundle.is_dir():
-        raise RegistryError(f"models:/{name}@{alias} holds no bundle (expected {bundle})")
     try:
-        verify_artifacts(bundle.parent)
-    except ModelIntegrityError as exc:
-        raise RegistryError(f"models:/{name}@{alias}: {exc}") from exc
-    return bundle
+        return download_version_bundle(client, name, info.version, Path(dst))
+    except (ModelIntegrityError, StoredFileUnavailable) as exc:
+        raise RegistryError(f"models:/{name}@{alias} (version {info.version}): {exc}") from exc
 
 
 def _require_model(client: MlflowClient, name: str) -> None:
