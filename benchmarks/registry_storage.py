@@ -57,17 +57,20 @@ def stored(name: str, version: int) -> dict[str, int]:
 
     client = MlflowClient()
     mv = client.get_model_version(name, str(version))
-    out = {"bundle": 0, "code": 0, "metadata": 0, "run": 0}
+    out: dict[str, Any] = {"bundle": 0, "code": 0, "metadata": 0, "run": 0}
     model_root = _local(client.get_model_version_download_uri(name, str(version)))
+    files = {}
     for path in (p for p in model_root.rglob("*") if p.is_file()):
         parts = path.relative_to(model_root).parts
         kind = parts[1] if parts[0] == "artifacts" and parts[1] in ("bundle", "code") else None
         out[kind or "metadata"] += path.stat().st_size
+        if kind == "bundle":
+            files["/".join(parts[2:])] = path.stat().st_size
     if mv.run_id:
         run_root = _local(client.get_run(mv.run_id).info.artifact_uri)
         out["run"] = sum(p.stat().st_size for p in run_root.rglob("*") if p.is_file())
     out["total"] = sum(out.values())
-    return out
+    return {**out, "bundle_files": dict(sorted(files.items())) if len(files) < 20 else len(files)}
 
 
 def timed(step: Callable[[], Any]) -> tuple[Any, float]:
@@ -246,11 +249,11 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"(a) The delta's files are {d['delta_bytes']:,} bytes (`deltas/`: the delta's "
             f"folder and the manifest). The version stores {da['bundle']:,} bytes of bundle "
-            f"files, {da['code']:,} of code and {da['metadata']:,} of metadata (the version "
-            "manifest, MLmodel, the model code and its loader, the details file).",
-            f"(b) search.json is {s['search_json_bytes']:,} bytes. The version stores "
-            f"{sa['bundle']:,} bytes of bundle files (search.json and metrics.json), "
-            f"{sa['code']:,} of code and {sa['metadata']:,} of metadata.",
+            f"files: {_files(da)}. It stores {da['code']:,} bytes of code and "
+            f"{da['metadata']:,} of metadata (the version manifest, MLmodel, the model code "
+            "and its loader, the details file).",
+            f"(b) The version stores {sa['bundle']:,} bytes of bundle files: {_files(sa)}. "
+            f"It stores {sa['code']:,} bytes of code and {sa['metadata']:,} of metadata.",
             "Every version downloaded, base + delta put together and checked against its "
             "manifest, and found the question searched: "
             + (
@@ -261,6 +264,13 @@ def markdown(result: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def _files(stored_bytes: dict[str, Any]) -> str:
+    files = stored_bytes["bundle_files"]
+    if not isinstance(files, dict):
+        return f"{files} files"
+    return ", ".join(f"{rel} ({size:,})" for rel, size in files.items())
 
 
 def main() -> None:
