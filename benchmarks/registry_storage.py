@@ -312,9 +312,10 @@ def main() -> None:
     result["load_average_end"] = os.getloadavg()[0]
     result["machine"] = describe(ROOT, {"mlflow": mlflow.__version__})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{args.name}.md").write_text(markdown(result))
-    say(f"wrote {args.out / args.name}.json and .md")
+    pages = {"json": json.dumps(result, indent=2) + "\n", "md": markdown(result)}
+    for suffix, text in pages.items():
+        (args.out / f"{args.name}.{suffix}").write_text(text)
+    say(f"wrote {args.out / args.name}.{{json,md}}")
 
 
 if __name__ == "__main__":

@@ -180,6 +180,20 @@ def test_a_changed_search_config_stores_that_file_only(models) -> None:
     }
 
 
+def test_a_version_without_the_committed_mark_holds_nothing_for_others(base_dir, tmp_path):
+    """A retraining cycle's version before its commit point is deleted if the cycle rolls
+    back: no other version may take files from it."""
+    import shutil
+
+    name = "storage-unmarked"
+    models = Path(shutil.copytree(base_dir, tmp_path / "models"))
+    registry.register_bundle(models, METRICS, name=name)
+    info = registry.register_bundle(models, {**METRICS, "success_1": 0.51}, name=name)
+    bundle = {rel for rel in _stored(name, info.version) if rel.startswith("artifacts/bundle/")}
+    assert f"artifacts/bundle/{IDS_FILE.as_posix()}" in bundle and len(bundle) > 5
+    assert registry.stored_files(name) == {}
+
+
 def test_a_changed_base_file_is_refused_naming_it_and_its_version(models, tmp_path) -> None:
     models, name = models
     base = registry.champion(name)

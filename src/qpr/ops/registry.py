@@ -3,21 +3,41 @@
 Why one registered model holds the *whole* bundle: the encoder, its vocabulary, the FAISS
 index, the id map, the question table and the search config (the "no answer" threshold,
 the fusion) only make sense together (`qpr.retrieval.bundle.Bundle` refuses mixed files).
-A version is therefore one MLflow pyfunc whose artifacts hold all six files (and the
-optional ones the bundle has) plus the evaluate stage's ``metrics.json``;
+A version is therefore one MLflow pyfunc made of all six files (and the optional ones the
+bundle has) plus the evaluate stage's ``metrics.json``;
 ``mlflow.pyfunc.load_model("models:/qpr@champion")`` gives a searchable model, and
 `download_bundle` gives the plain files to anything that loads them with `Bundle.load`
 (the search command, a service image). Layout CONTRACT other code relies on::
 
-    download_artifacts("models:/<name>@<alias>")/artifacts/bundle/{vocab.json, encoder.onnx,
+    download_bundle(name, alias, dst) == dst/artifacts/bundle/{vocab.json, encoder.onnx,
         index/index.faiss, index/index.ids.npy, index/questions.parquet, search.json,
-        metrics.json} (+ index/bm25.npz, index/query_encoder.onnx when the bundle has them;
+        metrics.json} (+ index/bm25.npz, index/query_encoder.onnx,
+        student/query_encoder.onnx, rerank/..., deltas/... when the bundle has them;
         versions registered before search.json hold threshold.json instead)
 
-The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version stores.
-The pyfunc itself (`qpr.ops.pyfunc`) is logged as code, never pickled, with the sha256 of
-every bundle file in ``artifacts/manifest.json``; loading it or `download_bundle` refuses
-files that differ from the manifest.
+and the same folder from the service's registry source (`qpr.serve.sources`, which
+`Searcher.load("models:/...")` uses) and inside the pyfunc.
+
+What a version stores (`qpr.ops.version_files`): only the files no earlier version of the
+same registered model stores. ``artifacts/manifest.json`` lists every file of the version
+(the bundle under ``bundle/``, the qpr package under ``code/``) with its sha256, its size
+and the version that stores it; a file whose sha256 an earlier committed version already
+stores is a reference to that version, not a copy (`stored_files` finds them, through the
+manifests of the aliased and the newest versions). So a published delta stores its delta
+files and references its base, and a `dvc exp run` that changes only search.json stores
+search.json and metrics.json. On the Quora bundle: 134,839 bytes for a 50-question delta
+(92,549 of delta, 42 KB of metadata) and 46,639 for a search.json change, against 372 MB
+each as a whole copy (docs/results/registry_storage.md: 2 shared EPYC cores, load 2.2 to
+2.7). A raw ``download_artifacts`` of a version therefore holds only its own files: every
+reader goes through `download_bundle`, the service's source or the pyfunc, which fetch
+each referenced file from the version that stores it and check every digest against the
+manifest (a difference is refused, naming the file and that version; a referenced version
+that was deleted is refused too). Versions registered before (a flat manifest, every
+bundle file stored, the package under MLflow's ``code/``) load as they did, and later
+versions reference their files.
+
+The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version is made of.
+The pyfunc itself (`qpr.ops.pyfunc`) is logged as code, never pickled.
 
 Aliases (never the deprecated stages):
 
@@ -473,16 +493,18 @@ def stored_files(name: str) -> dict[str, tuple[int, str]]:
     """{sha256: (version, path under its artifacts/)} of the files versions of ``name``
     store, read from the manifests of the aliased versions and the `_SCANNED` newest ones
     (a manifest names the version that stores each of its files, so the files of an older
-    base are found through the newer versions that reference it). Only existing versions
-    are named; {} when there is no such model yet. What a new version need not store."""
+    base are found through the newer versions that reference it); {} when there is no such
+    model yet. What a new version need not store. Only existing versions with the
+    committed mark are named: an unmarked one (a retraining cycle's, before its commit
+    point) is deleted when that cycle rolls back, and must not hold another's files."""
     client = MlflowClient()
     try:
-        existing = {
-            int(v.version) for v in client.search_model_versions(f"name = '{_quote(name)}'")
-        }
+        versions = client.search_model_versions(f"name = '{_quote(name)}'")
         aliased = {int(v) for v in (client.get_registered_model(name).aliases or {}).values()}
     except MlflowException:
         return {}
+    existing = {int(v.version) for v in versions}
+    holders = {int(v.version) for v in versions if (v.tags or {}).get(TAG_COMMITTED)}
     newest = sorted(existing - aliased, reverse=True)[:_SCANNED]
     known: dict[str, tuple[int, str]] = {}
     with tempfile.TemporaryDirectory(prefix="qpr-manifests-") as tmp:
@@ -495,7 +517,7 @@ def stored_files(name: str) -> dict[str, tuple[int, str]]:
                 continue  # no manifest (registered before it existed): nothing to reference
             for rel, entry in manifest.files.items():
                 holder = version if entry.version is None else entry.version
-                if holder in existing:
+                if holder in holders:
                     known.setdefault(entry.sha256, (holder, entry.path or rel))
     return known
 
