@@ -27,8 +27,8 @@ manifests of the aliased and the newest versions). So a published delta stores i
 files and references its base, and a `dvc exp run` that changes only search.json stores
 search.json and metrics.json. On the Quora bundle: 134,839 bytes for a 50-question delta
 (92,549 of delta, 42 KB of metadata) and 46,639 for a search.json change, against 372 MB
-each as a whole copy (docs/results/registry_storage.md: 2 shared EPYC cores, load 2.2 to
-2.7). A raw ``download_artifacts`` of a version therefore holds only its own files: every
+each as a whole copy (docs/results/registry_storage.md: 2 shared EPYC cores, load 2.1 to
+2.4). A raw ``download_artifacts`` of a version therefore holds only its own files: every
 reader goes through `download_bundle`, the service's source or the pyfunc, which fetch
 each referenced file from the version that stores it and check every digest against the
 manifest (a difference is refused, naming the file and that version; a referenced version
