@@ -7,7 +7,7 @@
 On a copy of the bundle, with a private sqlite MLflow registry in a temporary folder:
 the bundle is registered and promoted once (the base); then each of --deltas rounds adds
 --per-delta questions (`qpr.deltas.add.add_questions`) and publishes them
-(`qpr.deltas.publish.register_deltas`: a new version holding the whole bundle, promoted).
+(`qpr.deltas.publish.register_deltas`: a new version, promoted).
 Seconds per step and the bytes each version stores; medians over the rounds.
 The questions are the bundle's own texts with a suffix, so any bundle works offline.
 """
@@ -118,8 +118,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| publish it (`register_deltas`: register + promote) | "
             f"{result['publish_s_median']:.2f} |",
             "",
-            f"Each published delta stores {result['stored_bytes_median'] * mb:,.0f} MB in the "
-            "registry's artifact store: a whole copy of the bundle.",
+            f"Each published delta stores {result['stored_bytes_median'] * mb:,.3f} MB in the "
+            "registry's artifact store.",
             "Publishing copies and hashes every bundle file, so its cost grows with the bundle, "
             "not with the delta.",
             "",

@@ -187,11 +187,14 @@ def test_the_model_directory_holds_code_not_a_pickle(registered, tmp_path: Path)
     assert "python_model.pkl" not in names
     assert "qpr_search_model.py" in names
     manifest = json.loads((model_dir / "artifacts" / "manifest.json").read_text())
-    assert set(manifest) == {
-        p.relative_to(model_dir / "artifacts" / "bundle").as_posix()
-        for p in (model_dir / "artifacts" / "bundle").rglob("*")
+    stored = {  # the first version of its model: it stores every file it names
+        p.relative_to(model_dir / "artifacts").as_posix()
+        for folder in ("bundle", "code")
+        for p in (model_dir / "artifacts" / folder).rglob("*")
         if p.is_file()
     }
+    assert set(manifest["files"]) == stored and "code/qpr/ops/pyfunc.py" in stored
+    assert {entry["version"] for entry in manifest["files"].values()} == {None}
     model = mlflow.pyfunc.load_model(f"models:/{NAME}/{registered.version}")
     out = model.predict([QUESTIONS[3]], params={"k": 2})
     assert out["text"].tolist()[0] == QUESTIONS[3] and len(out) == 2

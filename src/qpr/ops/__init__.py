@@ -1,6 +1,7 @@
 """Keeping a trained model in service: the model registry, and retraining on fresh logs.
 
 registry.py           register, promote, roll back (MLflow aliases)
+version_files.py      what a registry version stores, and its files put back together
 promotion.py          which version serves: the promotion policy, on plain data
 cycle.py              one retraining cycle: its steps, commit point and rollback
 layout.py             where a retraining run works, its lock, its errors

@@ -1,16 +1,27 @@
 """The bundle as an MLflow pyfunc, logged as code: nothing in a model version is pickled.
 
-A version's model directory holds the model code (a three-line file that imports
-`QPRSearchModel` and hands an instance to ``mlflow.models.set_model``), a copy of the qpr
-package (``code/qpr``, so it loads where qpr is not installed), the bundle's files under
-``artifacts/bundle/`` and their sha256 digests under ``artifacts/manifest.json``. Loading
-runs only the package's own source; a cloudpickled model (MLflow's default for a
+A version's model directory holds the model code (a short file that imports
+`QPRSearchModel` and hands an instance to ``mlflow.models.set_model``), the files a version
+is made of under ``artifacts/``: the bundle (``artifacts/bundle/``) and a copy of the qpr
+package (``artifacts/code/qpr``, so it loads where qpr is not installed), and
+``artifacts/manifest.json``: every one of those files with its sha256 and the version that
+stores it (`qpr.ops.version_files`). A version stores only the files no earlier version of
+its registered model stores: a published delta stores the delta, and references its base.
+Loading runs only the package's own source; a cloudpickled model (MLflow's default for a
 ``PythonModel`` instance) would run whatever bytes the store holds.
 
-`QPRSearchModel.load_context` hashes every bundle file against the manifest before it
-reads any of them and refuses the model (`ModelIntegrityError`) on any difference: a
-changed, missing or extra file. `verify_artifacts` is the same check for code that
-downloads the files itself (`qpr.ops.registry.download_bundle`).
+Where qpr is not imported yet, the model code puts the logged package together first
+(fetching what other versions store, checked against the manifest) and imports it from
+there, as MLflow's ``code/`` folder did for versions registered before: those (a flat
+manifest, every bundle file stored, the package under ``code/qpr``) load as they did.
+
+`QPRSearchModel.load_context` puts the bundle together the same way (into a temporary
+folder when a file comes from another version), hashes every file against the manifest
+before it reads any of them, and refuses the model (`ModelIntegrityError`) on any
+difference: a changed, missing or extra file, each named with the version that stores it.
+`download_version_bundle` is the same for code that downloads the files itself
+(`qpr.ops.registry.download_bundle`, the service's registry source); a file whose version
+cannot be read (deleted) is `StoredFileUnavailable`.
 
 `QPRSearchModel.predict` takes the service's filters as the inference param ``filters``: a
 JSON object, ``{"locale": "en", "tenant": ["a", "b"]}`` (a string, since MLflow's param
@@ -21,12 +32,13 @@ strings raises `FilterError`.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import importlib.metadata
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +53,8 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 import qpr
 from qpr.artifacts import MODEL_MANIFEST_FILE
 from qpr.errors import QPRError
+from qpr.ops import version_files
+from qpr.ops.version_files import BUNDLE, CODE, FetchError, Manifest, VersionFilesError
 from qpr.retrieval.bundle import HIT_FIELDS, Bundle, SearchResult
 from qpr.retrieval.selection import FilterError, Filters
 
@@ -51,16 +65,24 @@ __all__ = [
     "PREDICTION_COLUMNS",
     "ModelIntegrityError",
     "QPRSearchModel",
+    "StoredFileUnavailable",
+    "assembled_bundle",
     "digests",
+    "download_version_bundle",
     "log_search_model",
     "parse_filters",
+    "read_version_manifest",
     "verify_artifacts",
     "verify_bundle",
 ]
 
-BUNDLE_ARTIFACT = "bundle"  # the artifacts key and the directory name under artifacts/
-MANIFEST_ARTIFACT = "manifest"  # artifacts/manifest.json: {relative path: sha256}
+BUNDLE_ARTIFACT = BUNDLE  # the artifacts key and the directory name under artifacts/
+CODE_ARTIFACT = CODE  # artifacts/code/qpr: the package, as far as this version stores it
+MANIFEST_ARTIFACT = "manifest"  # artifacts/manifest.json (qpr.ops.version_files)
 _CODE_FILE = "qpr_search_model.py"
+# qpr.ops.version_files, copied beside the model code (MLflow's code/ folder): it puts the
+# package together before any of qpr can be imported.
+_FILES_MODULE = "qpr_version_files"
 DEFAULT_K = 10
 _EXAMPLE_QUESTION = "how do i reset my password"
 # query and rank, then a hit's fields as the CLI and the service name them, then answered.
@@ -81,14 +103,33 @@ _COLUMN_TYPES = {
 
 # The whole model as MLflow stores it: source, not a pickle. Written next to the staged
 # bundle at log time (a module of the package would call set_model on every import).
+# MLflow runs it at log time too, where qpr is imported already: nothing is fetched then.
 _MODEL_CODE = '''"""QPR's search model, logged as code (qpr.ops.pyfunc)."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import mlflow
+
+if "qpr" not in sys.modules:
+    # The qpr package this version was logged with, put together from the versions that
+    # store its files and checked against the manifest; it wins over an installed qpr.
+    _here = Path(__file__).resolve().parent
+    _spec = importlib.util.spec_from_file_location(
+        "@FILES@", _here / "code" / "@FILES@.py"
+    )
+    _files = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _files
+    _spec.loader.exec_module(_files)
+    _manifest = _here / "artifacts" / "@MANIFEST@"
+    _code = _files.code_dir(_here, _manifest, mlflow.artifacts.download_artifacts)
+    sys.path.insert(0, str(_code))
 
 from qpr.ops.pyfunc import QPRSearchModel
 
 mlflow.models.set_model(QPRSearchModel())
-'''
+'''.replace("@FILES@", _FILES_MODULE).replace("@MANIFEST@", MODEL_MANIFEST_FILE.as_posix())
 
 # The runtime the pyfunc needs; torch is not among them (the bundle never imports it).
 # tokenizers reads a transformer bundle's word-piece vocab.json (transformers is not needed).
@@ -103,64 +144,132 @@ _RUNTIME_PACKAGES = (
     "PyStemmer",  # a fused bundle's BM25 stems the questions
     "numba",  # and scores them with compiled kernels (qpr.retrieval.maxscore)
 )
-_CHUNK = 1 << 20
 
 
 class ModelIntegrityError(QPRError, RuntimeError):
     """A model version's files are not the ones it was logged with; it is not loaded."""
 
 
+class StoredFileUnavailable(QPRError, RuntimeError):
+    """A file a version references cannot be read from the version that stores it (that
+    version was deleted, or the store cannot be reached); the version is not loaded."""
+
+
 # ---------------------------------------------------------------- checksums
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def digests(directory: str | Path) -> dict[str, str]:
     """{path relative to `directory` (POSIX): sha256} of every file under it."""
     root = Path(directory)
     return {
-        path.relative_to(root).as_posix(): _sha256(path)
+        path.relative_to(root).as_posix(): version_files.sha256_of(path)
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
 
 
-def verify_bundle(bundle_dir: str | Path, manifest: str | Path) -> None:
-    """Raise `ModelIntegrityError` unless `bundle_dir` holds exactly the manifest's files,
-    byte for byte."""
+def read_version_manifest(path: str | Path) -> Manifest:
+    """A version's manifest (either format); ModelIntegrityError when it cannot be read."""
     try:
-        expected = json.loads(Path(manifest).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelIntegrityError(f"cannot read the bundle manifest {manifest}: {exc}") from exc
-    found = digests(bundle_dir)
-    problems = [
-        *(f"{rel}: missing" for rel in sorted(expected.keys() - found.keys())),
-        *(f"{rel}: not in the manifest" for rel in sorted(found.keys() - expected.keys())),
-        *(
-            f"{rel}: sha256 {found[rel][:12]}… expected {expected[rel][:12]}…"
-            for rel in sorted(expected.keys() & found.keys())
-            if found[rel] != expected[rel]
-        ),
-    ]
-    if problems:
-        raise ModelIntegrityError(
-            f"the model's bundle in {bundle_dir} does not match its manifest, refusing to "
-            f"load it (tampered with or corrupted in the store): {'; '.join(problems)}"
-        )
+        return version_files.read_manifest(path)
+    except VersionFilesError as exc:
+        raise ModelIntegrityError(str(exc)) from exc
+
+
+def verify_bundle(bundle_dir: str | Path, manifest: str | Path) -> None:
+    """Raise `ModelIntegrityError` unless `bundle_dir` holds exactly the manifest's bundle
+    files, byte for byte (each problem named, with the version that stores the file)."""
+    with _integrity():
+        version_files.verify(Path(bundle_dir), read_version_manifest(manifest), BUNDLE)
 
 
 def verify_artifacts(artifacts_dir: str | Path) -> None:
-    """`verify_bundle` on a downloaded model's ``artifacts/``; versions logged before the
-    manifest existed (no manifest.json) pass unchecked."""
+    """`verify_bundle` on a downloaded model's ``artifacts/`` (after the files it references
+    were put in: `download_version_bundle`); versions logged before the manifest existed
+    (no manifest.json) pass unchecked."""
     root = Path(artifacts_dir)
     if (root / MODEL_MANIFEST_FILE).is_file():
         verify_bundle(root / BUNDLE_ARTIFACT, root / MODEL_MANIFEST_FILE)
+
+
+@contextmanager
+def _integrity() -> Iterator[None]:
+    """version_files' errors as this module's: a file that cannot be fetched, or files
+    that differ from the manifest."""
+    try:
+        yield
+    except FetchError as exc:
+        raise StoredFileUnavailable(str(exc)) from exc
+    except VersionFilesError as exc:
+        raise ModelIntegrityError(f"refusing to load the model: {exc}") from exc
+
+
+@contextmanager
+def assembled_bundle(manifest_path: str | Path, own: str | Path | None) -> Iterator[Path]:
+    """The bundle folder of a version: `own` (the bundle files it stores) when it stores
+    every one, else a temporary folder (removed on exit) with its own files and the others
+    fetched from the versions that store them (through the process's MLflow registry).
+    Checked against the manifest either way."""
+    manifest = read_version_manifest(manifest_path)
+    own_dir = Path(manifest_path).parent / BUNDLE if own is None else Path(own)
+    if not manifest.references(BUNDLE):
+        with _integrity():
+            version_files.verify(own_dir, manifest, BUNDLE)
+        yield own_dir
+        return
+    fetch = version_files.registry_fetch(str(manifest.model), mlflow.artifacts.download_artifacts)
+    with tempfile.TemporaryDirectory(prefix="qpr-bundle-") as tmp, _integrity():
+        yield version_files.fill(Path(tmp), manifest, BUNDLE, fetch=fetch, own=own_dir)
+
+
+def download_version_bundle(
+    client: mlflow.MlflowClient,
+    name: str,
+    version: int | str,
+    dst: Path,
+    *,
+    tracking_uri: str | None = None,
+    registry_uri: str | None = None,
+) -> Path:
+    """Download version `version` of `name` into `dst` and return its bundle folder
+    (``dst/artifacts/bundle``), whole: the files it references fetched from the versions
+    that store them, every file checked against the manifest. Only the bundle and the
+    manifest are downloaded, never the package copy. ModelIntegrityError for files that
+    differ or a version with no bundle; StoredFileUnavailable when a referenced version
+    cannot be read; MLflow's own errors when the version itself cannot be."""
+    location = client.get_model_version_download_uri(name, str(version)).rstrip("/")
+    download = functools.partial(
+        mlflow.artifacts.download_artifacts, tracking_uri=tracking_uri, registry_uri=registry_uri
+    )
+    listed = mlflow.artifacts.list_artifacts(
+        artifact_uri=f"{location}/artifacts", tracking_uri=tracking_uri
+    )
+    names = {Path(info.path).name for info in listed}
+    artifacts = Path(dst) / "artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    bundle, manifest = artifacts / BUNDLE_ARTIFACT, artifacts / MODEL_MANIFEST_FILE
+    for wanted, target in ((MODEL_MANIFEST_FILE.name, manifest), (BUNDLE_ARTIFACT, bundle)):
+        if wanted in names:
+            # Into a scratch folder first: where MLflow puts a download depends on the URI.
+            with tempfile.TemporaryDirectory(prefix=".qpr-download-", dir=artifacts) as tmp:
+                local = download(artifact_uri=f"{location}/artifacts/{wanted}", dst_path=tmp)
+                if target.is_dir():  # an earlier download into the same folder
+                    shutil.rmtree(target)
+                Path(local).replace(target)
+    bundle.mkdir(exist_ok=True)  # a version that stores no bundle file of its own
+    if not manifest.is_file():
+        if BUNDLE_ARTIFACT not in names:
+            raise ModelIntegrityError(
+                f"models:/{name}/{version} has no artifacts/{BUNDLE_ARTIFACT}/ folder (found: "
+                f"{', '.join(sorted(names)) or 'nothing'}): not a QPR bundle"
+            )
+        return bundle  # logged before manifests existed: as it is
+    parsed = read_version_manifest(manifest)
+    fetch = version_files.registry_fetch(
+        str(parsed.model or name), download, client.get_model_version_download_uri
+    )
+    with _integrity():
+        return version_files.fill(bundle, parsed, BUNDLE, fetch=fetch)
 
 
 # ---------------------------------------------------------------- the model
@@ -184,8 +293,10 @@ class QPRSearchModel(PythonModel):
         manifest = context.artifacts.get(MANIFEST_ARTIFACT)
         if manifest is None:
             raise ModelIntegrityError("the model has no bundle manifest: refusing to load it")
-        verify_bundle(context.artifacts[BUNDLE_ARTIFACT], manifest)
-        self._bundle = Bundle.load(context.artifacts[BUNDLE_ARTIFACT])
+        # A version that stores every bundle file is read where it lies; one that takes
+        # some from earlier versions is put together in a temporary folder first.
+        with assembled_bundle(manifest, context.artifacts.get(BUNDLE_ARTIFACT)) as folder:
+            self._bundle = Bundle.load(folder)
         config = context.model_config or {}
         self._k = int(config.get("k", DEFAULT_K))
 
@@ -266,26 +377,47 @@ def _questions(model_input: Any) -> list[str]:
 
 
 def log_search_model(
-    staged: Path, *, name: str, k: int = DEFAULT_K, metadata: Mapping[str, Any] | None = None
+    staged: Path,
+    *,
+    name: str,
+    k: int = DEFAULT_K,
+    metadata: Mapping[str, Any] | None = None,
+    known: Mapping[str, tuple[int, str]] | None = None,
+    model: str | None = None,
 ) -> ModelInfo:
     """Log the staged bundle directory into the active MLflow run as model `name`: the
-    model as code, the qpr package beside it, the bundle and its manifest as artifacts."""
+    model as code, the qpr package beside it, the bundle and its manifest as artifacts.
+
+    known: {sha256: (version, path under artifacts/)} of the files earlier versions of the
+    registered model `model` store; a file found there is referenced, not stored again.
+    None (or no `model`): the version stores every file itself."""
     with tempfile.TemporaryDirectory(prefix="qpr-pyfunc-") as tmp:
         work = Path(tmp)
+        folders = {BUNDLE_ARTIFACT: Path(staged), CODE_ARTIFACT: _stage_code(work / "code")}
+        parsed = version_files.manifest_of(folders, (known or {}) if model else {}, model=model)
         manifest = work / MODEL_MANIFEST_FILE
-        manifest.write_text(json.dumps(digests(staged), indent=1, sort_keys=True), "utf-8")
+        manifest.write_text(json.dumps(parsed.as_json(), indent=1, sort_keys=True), "utf-8")
+        stored = version_files.stored_folders(parsed, folders, work / "stored")
         code_file = work / _CODE_FILE
         code_file.write_text(_MODEL_CODE, encoding="utf-8")
+        files_module = work / f"{_FILES_MODULE}.py"
+        shutil.copy2(version_files.__file__, files_module)
         return mlflow.pyfunc.log_model(
             name=name,
             python_model=str(code_file),
-            artifacts={BUNDLE_ARTIFACT: str(staged), MANIFEST_ARTIFACT: str(manifest)},
-            code_paths=[str(_stage_code(work / "code"))],
+            artifacts={
+                **{key: str(folder) for key, folder in stored.items()},
+                MANIFEST_ARTIFACT: str(manifest),
+            },
+            code_paths=[str(files_module)],
             pip_requirements=_pip_requirements(),
             signature=_signature(),
             input_example=[_EXAMPLE_QUESTION],
             model_config={"k": int(k)},
-            metadata={**(metadata or {}), "qpr_manifest_sha256": _sha256(manifest)},
+            metadata={
+                **(metadata or {}),
+                "qpr_manifest_sha256": version_files.sha256_of(manifest),
+            },
         )
 
 
@@ -293,7 +425,7 @@ def _stage_code(target: Path) -> Path:
     """A clean copy of the qpr package, so the pyfunc loads where qpr is not installed."""
     source = Path(qpr.__file__).resolve().parent
     shutil.copytree(source, target / "qpr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return target / "qpr"
+    return target
 
 
 def _signature() -> ModelSignature:

@@ -3,21 +3,41 @@
 Why one registered model holds the *whole* bundle: the encoder, its vocabulary, the FAISS
 index, the id map, the question table and the search config (the "no answer" threshold,
 the fusion) only make sense together (`qpr.retrieval.bundle.Bundle` refuses mixed files).
-A version is therefore one MLflow pyfunc whose artifacts hold all six files (and the
-optional ones the bundle has) plus the evaluate stage's ``metrics.json``;
+A version is therefore one MLflow pyfunc made of all six files (and the optional ones the
+bundle has) plus the evaluate stage's ``metrics.json``;
 ``mlflow.pyfunc.load_model("models:/qpr@champion")`` gives a searchable model, and
 `download_bundle` gives the plain files to anything that loads them with `Bundle.load`
 (the search command, a service image). Layout CONTRACT other code relies on::
 
-    download_artifacts("models:/<name>@<alias>")/artifacts/bundle/{vocab.json, encoder.onnx,
+    download_bundle(name, alias, dst) == dst/artifacts/bundle/{vocab.json, encoder.onnx,
         index/index.faiss, index/index.ids.npy, index/questions.parquet, search.json,
-        metrics.json} (+ index/bm25.npz, index/query_encoder.onnx when the bundle has them;
+        metrics.json} (+ index/bm25.npz, index/query_encoder.onnx,
+        student/query_encoder.onnx, rerank/..., deltas/... when the bundle has them;
         versions registered before search.json hold threshold.json instead)
 
-The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version stores.
-The pyfunc itself (`qpr.ops.pyfunc`) is logged as code, never pickled, with the sha256 of
-every bundle file in ``artifacts/manifest.json``; loading it or `download_bundle` refuses
-files that differ from the manifest.
+and the same folder from the service's registry source (`qpr.serve.sources`, which
+`Searcher.load("models:/...")` uses) and inside the pyfunc.
+
+What a version stores (`qpr.ops.version_files`): only the files no earlier version of the
+same registered model stores. ``artifacts/manifest.json`` lists every file of the version
+(the bundle under ``bundle/``, the qpr package under ``code/``) with its sha256, its size
+and the version that stores it; a file whose sha256 an earlier committed version already
+stores is a reference to that version, not a copy (`stored_files` finds them, through the
+manifests of the aliased and the newest versions). So a published delta stores its delta
+files and references its base, and a `dvc exp run` that changes only search.json stores
+search.json and metrics.json. On the Quora bundle: 134,839 bytes for a 50-question delta
+(92,549 of delta, 42 KB of metadata) and 46,639 for a search.json change, against 372 MB
+each as a whole copy (docs/results/registry_storage.md: 2 shared EPYC cores, load 2.1 to
+2.4). A raw ``download_artifacts`` of a version therefore holds only its own files: every
+reader goes through `download_bundle`, the service's source or the pyfunc, which fetch
+each referenced file from the version that stores it and check every digest against the
+manifest (a difference is refused, naming the file and that version; a referenced version
+that was deleted is refused too). Versions registered before (a flat manifest, every
+bundle file stored, the package under MLflow's ``code/``) load as they did, and later
+versions reference their files.
+
+The bundle's files are `qpr.artifacts`'s; `bundle_files` lists what a version is made of.
+The pyfunc itself (`qpr.ops.pyfunc`) is logged as code, never pickled.
 
 Aliases (never the deprecated stages):
 
@@ -63,6 +83,7 @@ from mlflow.tracking import MlflowClient
 from qpr.artifacts import (
     ABSORBED_FILE,
     METRICS_FILE,
+    MODEL_MANIFEST_FILE,
     OPTIONAL_FILES,
     REQUIRED_FILES,
     SEARCH_FILE,
@@ -97,8 +118,10 @@ from qpr.ops.pyfunc import (
     PREDICTION_COLUMNS,
     ModelIntegrityError,
     QPRSearchModel,
+    StoredFileUnavailable,
+    download_version_bundle,
     log_search_model,
-    verify_artifacts,
+    read_version_manifest,
 )
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.version import __version__
@@ -136,6 +159,7 @@ __all__ = [
     "register_bundle",
     "rollback",
     "set_challenger",
+    "stored_files",
 ]
 
 MODEL_ARTIFACT = "model"  # log_model(name=...): the model's name inside the run
@@ -175,6 +199,9 @@ DETAILS_FORMAT = 1
 # and the committed mark to the cycle's commit.
 RETRAIN_RUN_ENV = "QPR_RETRAIN_RUN"
 _MAX_REASON = 1000
+# Registration reads the manifests of the aliased versions and of this many newest others
+# to find the files it need not store again (`stored_files`).
+_SCANNED = 20
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -243,6 +270,7 @@ def register_bundle(
             existing = _find_by_fingerprint(client, name, fingerprint)
             if existing is not None:
                 return existing
+        known = stored_files(name)  # what earlier versions store: referenced, not copied
 
         recorded: dict[str, str] = {
             TAG_BASE: base_fingerprint(staged),
@@ -260,7 +288,12 @@ def register_bundle(
             recorded[TAG_DATA_HASH] = run_tags.get("qpr.data_hash", "unknown")
             recorded.update({key: str(v) for key, v in (tags or {}).items()})
             info = log_search_model(
-                staged, name=MODEL_ARTIFACT, k=k, metadata={"qpr_bundle_fingerprint": fingerprint}
+                staged,
+                name=MODEL_ARTIFACT,
+                k=k,
+                metadata={"qpr_bundle_fingerprint": fingerprint},
+                known=known,
+                model=name,
             )
             logged_run_id = run.info.run_id
         description = summary_line(models_dir, bundle, metrics, recorded)
@@ -455,6 +488,40 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
                 raise
 
 
+@_mlflow_errors
+def stored_files(name: str) -> dict[str, tuple[int, str]]:
+    """{sha256: (version, path under its artifacts/)} of the files versions of ``name``
+    store, read from the manifests of the aliased versions and the `_SCANNED` newest ones
+    (a manifest names the version that stores each of its files, so the files of an older
+    base are found through the newer versions that reference it); {} when there is no such
+    model yet. What a new version need not store. Only existing versions with the
+    committed mark are named: an unmarked one (a retraining cycle's, before its commit
+    point) is deleted when that cycle rolls back, and must not hold another's files."""
+    client = MlflowClient()
+    try:
+        versions = client.search_model_versions(f"name = '{_quote(name)}'")
+        aliased = {int(v) for v in (client.get_registered_model(name).aliases or {}).values()}
+    except MlflowException:
+        return {}
+    existing = {int(v.version) for v in versions}
+    holders = {int(v.version) for v in versions if (v.tags or {}).get(TAG_COMMITTED)}
+    newest = sorted(existing - aliased, reverse=True)[:_SCANNED]
+    known: dict[str, tuple[int, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="qpr-manifests-") as tmp:
+        for version in [*sorted(aliased & existing, reverse=True), *newest]:
+            uri = f"models:/{name}/{version}/artifacts/{MODEL_MANIFEST_FILE.as_posix()}"
+            try:
+                path = mlflow.artifacts.download_artifacts(uri, dst_path=f"{tmp}/{version}")
+                manifest = read_version_manifest(path)
+            except (MlflowException, OSError, ModelIntegrityError):
+                continue  # no manifest (registered before it existed): nothing to reference
+            for rel, entry in manifest.files.items():
+                holder = version if entry.version is None else entry.version
+                if holder in holders:
+                    known.setdefault(entry.sha256, (holder, entry.path or rel))
+    return known
+
+
 def _find_by_fingerprint(client: MlflowClient, name: str, fingerprint: str) -> VersionInfo | None:
     try:
         found = client.search_model_versions(
@@ -511,25 +578,23 @@ def champion(name: str) -> VersionInfo | None:
 
 @_mlflow_errors
 def download_bundle(name: str, alias: str, dst: str | Path) -> Path:
-    """Download ``models:/<name>@<alias>`` into ``dst``; return its bundle directory.
+    """Download ``models:/<name>@<alias>`` into ``dst``; return its bundle directory
+    (``dst/artifacts/bundle``).
 
-    The directory holds the six bundle files and metrics.json, ready for `Bundle.load`.
+    The directory holds the bundle files and metrics.json, ready for `Bundle.load`: the
+    files the version stores and those it references, fetched from the versions that
+    store them, every one checked against its manifest. RegistryError when a file differs,
+    or a referenced version was deleted.
     """
     client = MlflowClient()
-    if _by_alias(client, name, alias) is None:
+    info = _by_alias(client, name, alias)
+    if info is None:
         raise RegistryError(f"model {name!r} has no version with alias {alias!r}")
     Path(dst).mkdir(parents=True, exist_ok=True)
-    local = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{name}@{alias}", dst_path=str(dst)
-    )
-    bundle = Path(local) / "artifacts" / BUNDLE_ARTIFACT
-    if not bundle.is_dir():
-        raise RegistryError(f"models:/{name}@{alias} holds no bundle (expected {bundle})")
     try:
-        verify_artifacts(bundle.parent)
-    except ModelIntegrityError as exc:
-        raise RegistryError(f"models:/{name}@{alias}: {exc}") from exc
-    return bundle
+        return download_version_bundle(client, name, info.version, Path(dst))
+    except (ModelIntegrityError, StoredFileUnavailable) as exc:
+        raise RegistryError(f"models:/{name}@{alias} (version {info.version}): {exc}") from exc
 
 
 def _require_model(client: MlflowClient, name: str) -> None:

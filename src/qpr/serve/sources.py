@@ -19,7 +19,9 @@ answer changed). The reloader (`qpr.serve.reload`) drives both.
   model, only a version with the committed mark (``qpr.committed``). The cheap check is
   the version number the alias points at; the files are the
   version's ``artifacts/bundle/`` folder, downloaded into a temporary directory that is
-  deleted once the bundle is in memory. Each version that passed its checks is kept in a
+  deleted once the bundle is in memory. A version that takes files from earlier versions
+  gets them from those, and every file is checked against the version's manifest
+  (`qpr.ops.pyfunc.download_version_bundle`). Each version that passed its checks is kept in a
   local cache (``keep``); when the registry cannot be reached and nothing serves yet (a
   start during an outage), the newest kept version serves (``fallback``). Every registry
   call makes one quick attempt (MLflow's own retries would hold it for minutes): the
@@ -346,39 +348,42 @@ class RegistrySource:
         if kept:
             yield Path(kept) / "bundle"
             return
-        from mlflow.artifacts import download_artifacts
-
         if self.download_root is not None:
             self.download_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="qpr-serve-", dir=self.download_root))
         try:
-            # By version number, not by alias: the alias may move between poll and
-            # download, and the files must be those of the version we report. The
-            # version's storage location is resolved with this source's client because
-            # MLflow resolves "models:/" URIs against the process-wide registry URI only.
-            uri = f"models:/{self.name}/{candidate.version}"
-            with _quick_http():
-                location = self._client.get_model_version_download_uri(
-                    self.name, str(candidate.version)
-                )
-                local = Path(
-                    download_artifacts(
-                        artifact_uri=location,
-                        dst_path=str(tmp),
-                        tracking_uri=self.tracking_uri,
-                        registry_uri=self.registry_uri,
-                    )
-                )
-            bundle = local / BUNDLE_SUBDIR
-            if not bundle.is_dir():
-                found = sorted(p.relative_to(local).as_posix() for p in local.rglob("*"))[:10]
-                raise BundleError(
-                    f"{uri} has no {BUNDLE_SUBDIR.as_posix()}/ folder (found: "
-                    f"{', '.join(found) or 'nothing'}): not a QPR bundle"
-                )
-            yield bundle
+            yield self._download(candidate, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _download(self, candidate: Candidate, tmp: Path) -> Path:
+        """The candidate's bundle folder, downloaded into `tmp`: BundleError for files
+        that differ from the version's manifest or a version with no bundle."""
+        from qpr.ops.pyfunc import (
+            ModelIntegrityError,
+            StoredFileUnavailable,
+            download_version_bundle,
+        )
+
+        # By version number, not by alias: the alias may move between poll and download,
+        # and the files must be those of the version we report. The version's storage
+        # location is resolved with this source's client because MLflow resolves
+        # "models:/" URIs against the process-wide registry URI only. Files the version
+        # takes from earlier versions are fetched from those; every file is checked.
+        try:
+            with _quick_http():
+                return download_version_bundle(
+                    self._client,
+                    self.name,
+                    str(candidate.version),
+                    tmp,
+                    tracking_uri=self.tracking_uri,
+                    registry_uri=self.registry_uri,
+                )
+        except ModelIntegrityError as exc:  # files that differ, or no bundle: not this one
+            raise BundleError(f"models:/{self.name}/{candidate.version}: {exc}") from exc
+        except StoredFileUnavailable as exc:  # retried by the reloader, then refused
+            raise SourceError(f"models:/{self.name}/{candidate.version}: {exc}") from exc
 
 
 @contextlib.contextmanager
