@@ -13,7 +13,7 @@ measured by `qpr.monitor.report.measure` with the monitor's default thresholds:
 Each window's questions are searched as the service searches (k 10), so the rank-1
 distance and the "no answer" rate are the served ones.
 
-    python benchmarks/monitor_drift.py --nulls 40 --shifted 10 --window 600
+    python benchmarks/monitor_drift.py --nulls 60 --shifted 10 --window 600
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def report(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=Path, default=REPO / "models")
-    parser.add_argument("--nulls", type=int, default=40)
+    parser.add_argument("--nulls", type=int, default=60)
     parser.add_argument("--shifted", type=int, default=10)
     parser.add_argument("--window", type=int, default=600)
     parser.add_argument("--seed", type=int, default=13)

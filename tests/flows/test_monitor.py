@@ -5,7 +5,6 @@ questions of another topic raise alarms, and the command line exits 3 on them.""
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import json
 from pathlib import Path
 
@@ -15,19 +14,7 @@ from qpr.data.synth import generate_day
 from qpr.querylog import QueryLog
 from qpr.searcher import Searcher
 from tests.conftest import run_stages
-
-PLACES = ("paris", "lima", "oslo", "cairo", "delhi", "quito", "hanoi", "accra", "riga", "doha")
-OTHER_TOPIC = [
-    t.format(p=p)
-    for p, t in itertools.product(
-        PLACES,
-        (
-            "what is the population and the official currency of {p} today",
-            "which famous museums should a tourist visit first in {p} during winter",
-            "how expensive is a hotel near the old town of {p} in december",
-        ),
-    )
-]
+from tests.monitor.test_report import OTHER_TOPIC
 
 
 def _log(root: Path, questions: list[str], start: int) -> None:

@@ -29,6 +29,7 @@ OTHER_TOPIC = [
         (
             "what is the population and the official currency of {p} today",
             "which famous museums should a tourist visit first in {p} during winter",
+            "how expensive is a hotel near the old town of {p} in december",
         ),
     )
 ]
