@@ -1,6 +1,7 @@
 """Scheduled retraining on fresh logs: one Prefect flow run = one cycle (qpr.ops.cycle).
 
-    recover a crashed run (journal) → find new files in retrain.incoming → raw-log gate per
+    recover a crashed run (journal) → harvest the service's feedback into the inbox →
+    find new files in retrain.incoming → raw-log gate per
     file (a bad one goes to retrain.quarantine with its report) → merge the good ones into
     data/logs without duplicate rows → dvc add data → dvc repro (ends with the register
     stage: register, promote or keep the champion) → commit point → git commit (optional),
@@ -149,6 +150,7 @@ def repro_task(cycle: ops.Cycle, journal: Journal) -> None:
 
 
 STEPS = ops.CycleSteps(
+    harvest=task(ops.harvest_feedback, name="harvest-feedback", cache_policy=NO_CACHE),
     validate=task(ops.validate_file, name="validate-file", cache_policy=NO_CACHE),
     merge=task(ops.merge_files, name="merge", cache_policy=NO_CACHE),
     version=task(ops.version_merged_data, name="version-data", cache_policy=NO_CACHE),
@@ -170,6 +172,7 @@ def record_summary(summary: Mapping[str, Any], summary_file: Path, repro_log: Pa
 def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Path) -> None:
     merge = summary.get("merge") or {}
     reg = summary.get("register") or {}
+    harvested = summary.get("harvest") or {}
     tracking.log_metrics(
         {
             "files_found": len(summary.get("files_found", [])),
@@ -178,6 +181,8 @@ def _log_to_mlflow(summary: Mapping[str, Any], summary_file: Path, repro_log: Pa
             "rows_added": merge.get("rows_added", 0),
             "rows_duplicate": merge.get("rows_duplicate", 0),
             "promoted": int(bool(reg.get("promoted"))),
+            "harvested_rows": harvested.get("rows", 0),
+            "harvested_rejections": harvested.get("rejections", 0),
             "seconds": summary.get("seconds", 0.0),
         }
     )

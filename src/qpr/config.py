@@ -355,6 +355,9 @@ class RetrainSettings(_Section):
     # Retrain only once the valid new files hold this many rows; until then they wait in
     # incoming (the refresh deployment serves their questions meanwhile). 0: any file.
     min_new_rows: int = Field(0, ge=0)
+    # Each cycle first turns the service's feedback (query_log) into an inbox file of
+    # accepted answers and evaluation cases of rejected ones (qpr.ops.harvest).
+    harvest: bool = True
 
 
 class MonitorSettings(_Section):

@@ -87,19 +87,23 @@ def _set_params(project: Path, **sections: dict) -> None:
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC project: this repository's pipeline code, tiny params, three days of
     logs versioned with `dvc add` and committed. No pipeline has run yet."""
-    root = tmp_path_factory.mktemp("retrain") / "project"
+    return retrain_project(tmp_path_factory.mktemp("retrain") / "project", NAME, EXPERIMENT)
+
+
+def retrain_project(root: Path, name: str, experiment: str) -> Path:
+    """The `project` fixture's project in `root`, its model registered as `name`."""
     root.mkdir()
-    for name in COPIED:
-        source = REPO_ROOT / name
+    for copied in COPIED:
+        source = REPO_ROOT / copied
         if source.is_dir():
-            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(source, root / copied, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(source, root / name)
+            shutil.copy2(source, root / copied)
     tree = tiny_overrides(
         root,
-        registry={"name": NAME, "margin": 0.002, "min_metric": 0.0},
+        registry={"name": name, "margin": 0.002, "min_metric": 0.0},
         retrain={"git_commit": True},
-        mlflow={"experiment": EXPERIMENT},
+        mlflow={"experiment": experiment},
     )
     tree["data"]["path"] = "data/logs"  # relative: data/ is the DVC-tracked directory
     settings = settings_from_dict(tree)

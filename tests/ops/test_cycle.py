@@ -233,3 +233,64 @@ def test_too_few_new_rows_wait_in_incoming(root: Path):
     assert summary["outcome"] == "waiting-for-rows" and 0 < summary["new_rows"] < 1_000
     assert day4.is_file() and cycle.layout.dvc_file.read_text() == pin
     assert not cycle.layout.journal.exists()
+
+
+# ---------------------------------------------------------------- the service's feedback
+
+
+def _feedback(root: Path) -> None:
+    """The service's query log (query_log: logs/service) with three verdicts."""
+    from qpr.querylog.log_writer import QueryLog
+    from tests.querylog.test_log_writer import log_search, result
+
+    with QueryLog(root / "logs" / "service") as log:
+        log_search(log, "r1", result("zorbic flange tuning", answer="ans-00003"))
+        log_search(log, "r2", result("quaffle lamp glow", answer="ans-00004"))
+        log_search(log, "r3", result("wimble sprocket noise", answer="ans-00005"))
+        log.feedback("r1", "taken")
+        log.feedback("r2", "rejected", answer_id="ans-00006")  # the right answer named
+        log.feedback("r3", "rejected")
+
+
+def _run_failing(cycle: Cycle) -> dict:
+    summary = new_summary(cycle.run)
+    with pytest.raises(RuntimeError, match="pipeline failed"):
+        run_cycle(cycle, summary)
+    return summary
+
+
+def test_a_cycle_harvests_the_feedback_and_a_rollback_keeps_the_harvest(root: Path):
+    _feedback(root)
+    failed = _run_failing(_cycle(root, _failed))
+    harvested = Path(failed["harvest"]["file"])
+    assert failed["harvest"]["rows"] == 2 and harvested.is_file()  # waits in the inbox
+
+    summary = run_cycle(_cycle(root, _registered, run="20261016T030000Z"), new_summary(RUN))
+
+    assert summary["outcome"] == "retrained" and summary["harvest"]["feedback_lines"] == 0
+    assert summary["files_valid"] == [harvested.name] and summary["merge"]["rows_added"] == 2
+    merged = {
+        (row["question"], row["answer_id"])
+        for path in (root / "data" / "logs").glob("*.jsonl")
+        for row in map(json.loads, path.read_text().splitlines())
+    }
+    assert {("zorbic flange tuning", "ans-00003"), ("quaffle lamp glow", "ans-00006")} <= merged
+    assert "wimble sprocket noise" not in {q for q, _ in merged}  # a bare rejection
+    assert ("quaffle lamp glow", "ans-00004") not in merged  # the rejected answer
+    assert "2 row(s) harvested" in describe(failed)
+
+
+def test_harvesting_off_leaves_the_feedback_alone(root: Path):
+    import dataclasses
+
+    _feedback(root)
+    base = _cycle(root, _failed)
+    retrain = base.settings.retrain.model_copy(update={"harvest": False})
+    cycle = dataclasses.replace(
+        base, settings=base.settings.model_copy(update={"retrain": retrain})
+    )
+
+    summary = run_cycle(cycle, new_summary(RUN))
+
+    assert summary["outcome"] == "nothing-new" and summary["harvest"] is None
+    assert not cycle.layout.incoming.exists() and not (root / ".retrain" / "feedback").exists()

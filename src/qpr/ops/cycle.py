@@ -1,7 +1,8 @@
 """One retraining cycle, as plain functions: the order of its steps, what it keeps before
 data/ changes, when it commits and how it rolls back.
 
-    data/ in sync with data.dvc? → discover new files (bytes merged before: archived) →
+    data/ in sync with data.dvc? → harvest the service's feedback into the inbox
+    (qpr.ops.harvest; retrain.harvest) → discover new files (bytes merged before: archived) →
     raw-log gate per file (a bad one goes to quarantine) → journal (snapshot of data/,
     pins, uncached outputs, registry) → merge → dvc add → dvc repro (ends with the register
     stage, which registers and decides but moves no alias) → commit point → finish: the
@@ -31,6 +32,7 @@ from qpr.data.versioning import pinned_md5
 from qpr.deltas.lock import writer_lock
 from qpr.deltas.publish import publish
 from qpr.ops import carry, promotion, registry
+from qpr.ops.harvest import harvest
 from qpr.ops.incoming import (
     IncomingFile,
     Ledger,
@@ -60,6 +62,22 @@ from qpr.ops.vcs import (
 from qpr.paths import ProjectPaths
 
 ACTOR = "retrain-cycle"
+
+
+def harvest_feedback(cycle: Cycle) -> dict[str, Any] | None:
+    """The service's feedback since the last harvest: accepted answers into one inbox
+    file, rejected ones set aside as evaluation cases; None when retrain.harvest is off."""
+    if not cycle.settings.retrain.harvest:
+        return None
+    log_dir = cycle.layout.root / cycle.settings.query_log  # an absolute path stays as is
+    layout = cycle.layout
+    report = harvest(log_dir, layout.incoming, layout.state_dir, stamp=cycle.run)
+    if report.feedback_lines:
+        cycle.log(
+            f"harvested {report.feedback_lines} feedback line(s) from {log_dir}: "
+            f"{report.rows} row(s) into the inbox, {report.rejections} rejection(s) set aside"
+        )
+    return report.as_dict()
 
 
 def validate_file(cycle: Cycle, file: IncomingFile) -> Validation:
@@ -131,6 +149,7 @@ class CycleSteps:
     """The steps an orchestrator may wrap (flows/retrain.py makes each a Prefect task);
     the plain functions above by default."""
 
+    harvest: Callable[[Cycle], dict[str, Any] | None] = harvest_feedback
     validate: Callable[[Cycle, IncomingFile], Validation] = validate_file
     merge: Callable[[Cycle, list[IncomingFile]], MergeReport] = merge_files
     version: Callable[[Cycle], str] = version_merged_data
@@ -275,6 +294,7 @@ def run_cycle(
     layout = cycle.layout
     require_data_in_sync(layout, cycle.env)
     summary["data_md5_before"] = pinned_md5(layout.dvc_file)
+    summary["harvest"] = cycle.steps.harvest(cycle)
     new = _new_files(cycle, summary)
     if not new:
         summary["outcome"] = "only-quarantined" if summary["quarantined"] else "nothing-new"

@@ -58,6 +58,14 @@ def describe(summary: dict[str, Any]) -> str:
     if summary.get("recovered"):
         rec = summary["recovered"]
         lines.append(f"  recovered crashed run {rec['run']} ({rec['action']})")
+    harvested = summary.get("harvest")
+    if harvested and harvested.get("feedback_lines"):
+        lines.append(
+            f"  feedback: {harvested['feedback_lines']} new line(s), {harvested['rows']} "
+            f"row(s) harvested into {Path(harvested['file']).name if harvested['file'] else '-'}"
+            f", {harvested['rejections']} rejection(s) set aside, "
+            f"{harvested['unmatched']} without their query"
+        )
     found = summary.get("files_found", [])
     if found:
         lines.append(

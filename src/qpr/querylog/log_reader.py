@@ -30,7 +30,14 @@ from qpr.querylog.log_records import (
     SUFFIX,
 )
 
-__all__ = ["JOINED_FIELDS", "read_feedback", "read_joined", "read_queries", "stream_files"]
+__all__ = [
+    "JOINED_FIELDS",
+    "join_feedback",
+    "read_feedback",
+    "read_joined",
+    "read_queries",
+    "stream_files",
+]
 
 # Columns read_joined adds to the query lines.
 JOINED_FIELDS = (
@@ -129,8 +136,12 @@ def read_joined(folder: str | os.PathLike[str], *, since: datetime | None = None
     where none was). Joined on (request_id, position); feedback on a query that is not in
     the log (sampled out, deleted by the size bound) is left out and counted in
     ``attrs["unmatched_feedback"]``. `since` selects queries; their feedback is read whole."""
-    queries = read_queries(folder, since=since)
-    feedback = read_feedback(folder)
+    return join_feedback(read_queries(folder, since=since), read_feedback(folder))
+
+
+def join_feedback(queries: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
+    """`read_joined` on frames already read: each query line with the last of `feedback`
+    given on it (the retraining's harvest passes only the feedback lines it has not seen)."""
     key = ["request_id", "position"]
     last = (
         feedback.sort_values("timestamp_utc", kind="stable")
@@ -152,7 +163,7 @@ def read_joined(folder: str | os.PathLike[str], *, since: datetime | None = None
         joined[column] = joined[column].astype(object).where(joined[column].notna(), None)
     found = last[key].merge(queries[key].drop_duplicates(), on=key, how="left", indicator=True)
     joined.attrs = {
-        "malformed": queries.attrs["malformed"] + feedback.attrs["malformed"],
+        "malformed": queries.attrs.get("malformed", 0) + feedback.attrs.get("malformed", 0),
         "unmatched_feedback": int((found["_merge"] == "left_only").sum()),
     }
     return joined
