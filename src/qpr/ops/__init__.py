@@ -5,6 +5,7 @@ version_files.py      what a registry version stores, and its files put back tog
 promotion.py          which version serves: the promotion policy, on plain data
 cycle.py              one retraining cycle: its steps, commit point and rollback
 layout.py             where a retraining run works, its lock, its errors
+harvest.py            the service's feedback into new log files and evaluation cases
 incoming.py           new log files: discover, validate, quarantine, archive, the ledger
 merge.py              new log rows into the daily files of data/, never a duplicate
 journal.py            the crash journal: snapshot before data/ changes, recovery after
