@@ -335,6 +335,11 @@ class RegistrySettings(_Section):
     metric: str = Field("val.recip_rank", pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
     margin: float = Field(0.002, ge=0.0)  # a challenger must beat the champion by this much
     min_metric: float = 0.0  # floor on `metric`: never promoted below it, the first model too
+    # The shadow check (qpr.ops.shadow): challenger and champion answer the last N questions
+    # of the query log; None = not required. Set but not measurable: not promoted.
+    shadow_questions: int = Field(1000, ge=1)
+    min_shadow_agreement: float | None = Field(None, ge=0.0, le=1.0)  # same served answer
+    min_shadow_accuracy: float | None = Field(None, ge=0.0, le=1.0)  # right on feedback
     # Index changes (qpr index add/delete/drop/compact, the refresh flow) become a version,
     # promoted when the champion has the same base: `qpr model rollback` then undoes one.
     follow_deltas: bool = True

@@ -177,6 +177,8 @@ def test_worse_version_stays_challenger(history, project):
     written = json.loads((project / "metrics" / "register.json").read_text())
     assert written["version"] == 3 and written["promoted"] == 0
     assert written["challenger"] == pytest.approx(0.705)
+    # No query log in this project (as in `make run`): a constant entry, so dvc.lock holds.
+    assert written["shadow"] == {"measured": False, "why": "no query log at logs/service"}
 
 
 def test_rerun_on_the_same_bundle_registers_nothing(history, project):

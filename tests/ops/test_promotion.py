@@ -15,6 +15,7 @@ from qpr.artifacts import TAG_COMMITTED
 from qpr.ops.promotion import (
     TAG_DATA_SOURCE,
     RegistryError,
+    ShadowRequirement,
     VersionInfo,
     decide_promotion,
     events,
@@ -24,6 +25,7 @@ from qpr.ops.promotion import (
     metric_value,
     promotion_refusal,
 )
+from qpr.ops.shadow import not_measured, shadow_record
 
 MARGIN = 0.01
 FLOOR = 0.5
@@ -203,6 +205,69 @@ def test_judge_refuses_what_the_numbers_cannot_decide(
 ) -> None:
     promoted, reason = _judge(challenger, 0.99, champion)
     assert not promoted and words in reason
+
+
+# The challenger answers 3 of 4 questions as the champion does, and 1 of 2 verdicts right.
+SHADOW = shadow_record(
+    ["a", "b", "c", "d"],
+    ["a", "b", "c", "x"],
+    ["a", "z", None, None],
+    [None, None, None, None],
+    champion_version=1,
+)
+
+
+@pytest.mark.parametrize(
+    ("agreement", "accuracy", "words"),
+    [
+        (0.8, None, "shadow agreement 0.750 (3 of 4) is below registry.min_shadow_agreement 0.8"),
+        (
+            None,
+            0.6,
+            "shadow accuracy 0.500 (1 of 2 verdicts) is below registry.min_shadow_accuracy",
+        ),
+        (0.75, 0.9, "below registry.min_shadow_accuracy 0.9"),  # agreement met exactly
+    ],
+)
+def test_judge_refuses_a_challenger_the_shadow_check_holds_back(agreement, accuracy, words):
+    rule = ShadowRequirement(SHADOW, min_agreement=agreement, min_accuracy=accuracy)
+    promoted, reason = _judge(_version(2), 0.72, _version(1, 0.60), shadow=rule)
+    assert not promoted
+    assert words in reason
+    assert "by the measure alone challenger 0.7200 beats champion 0.6000" in reason
+    assert "qpr model promote 2" in reason
+
+
+def test_judge_promotes_when_the_shadow_requirements_are_met_or_off():
+    champion = _version(1, 0.60)
+    met = ShadowRequirement(SHADOW, min_agreement=0.75, min_accuracy=0.5)
+    assert _judge(_version(2), 0.72, champion, shadow=met)[0]
+    off = ShadowRequirement(not_measured("no champion"))  # nothing asked: nothing checked
+    assert _judge(_version(2), 0.72, champion, shadow=off)[0]
+
+
+def test_a_shadow_requirement_that_cannot_be_checked_refuses_but_not_a_first_champion():
+    """Set but not measurable: the champion stays (a check someone asked for is never
+    skipped); a first champion has nothing to be compared with and is promoted."""
+    unmeasured = ShadowRequirement(not_measured("no query log at logs/service"), 0.5)
+    promoted, reason = _judge(_version(2), 0.72, _version(1, 0.60), shadow=unmeasured)
+    assert not promoted
+    assert (
+        "registry.min_shadow_agreement 0.5 is set but the shadow check was not measured" in reason
+    )
+    assert "(no query log at logs/service)" in reason
+    assert _judge(_version(2), 0.72, None, shadow=unmeasured)[0]
+    no_feedback = shadow_record(["a"], ["a"], [None], [None], champion_version=1)
+    promoted, reason = _judge(
+        _version(2), 0.72, _version(1, 0.60), shadow=ShadowRequirement(no_feedback, None, 0.5)
+    )
+    assert not promoted and "no logged question has feedback" in reason
+
+
+def test_the_shadow_check_never_promotes_what_the_measure_refuses():
+    met = ShadowRequirement(SHADOW, min_agreement=0.1)
+    promoted, reason = _judge(_version(2), 0.605, _version(1, 0.60), shadow=met)
+    assert not promoted and "less than the margin" in reason and "shadow" not in reason
 
 
 def test_a_version_without_the_committed_mark_is_refused() -> None:

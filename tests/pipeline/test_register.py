@@ -129,3 +129,56 @@ def test_a_challenger_trained_on_another_data_source_is_refused(fake, paths):
 def test_an_uncommitted_version_is_refused_promotion():
     info = registry.VersionInfo(NAME, 3, (), None, None, None, None, {})  # type: ignore[arg-type]
     assert "no committed mark" in (promotion.promotion_refusal(info, None) or "")
+
+
+def _log_one_question(folder: Path) -> None:
+    """One served question in a query log written by the real writer."""
+    from qpr.querylog import QueryLog
+    from qpr.querylog.log_writer import LogLimits
+    from qpr.retrieval.bundle import Hit, SearchResult
+
+    hit = Hit(question_id=7, text="reset my laptop", cluster_id=1, distance=0.0, score=1.0)
+    result = SearchResult(query="how do i reset my laptop", hits=[hit], answered=True)
+    model = {"name": NAME, "version": 1, "fingerprint": "f"}
+    with QueryLog(folder, LogLimits(flush_seconds=0.05)) as log:
+        log.queries(
+            "r1", [result], endpoint="/search", model=model, k=1, threshold=None, latency_ms=1
+        )
+
+
+def test_without_a_query_log_the_shadow_entry_is_the_same_everywhere(fake, tmp_path):
+    """`make run` has no query log: metrics/register.json (a DVC output) must not vary."""
+    records = []
+    for root in (tmp_path / "a", tmp_path / "b"):
+        paths = ProjectPaths(root)
+        paths.stage_metrics("evaluate").parent.mkdir(parents=True)
+        paths.stage_metrics("evaluate").write_text(json.dumps({"val": {"recip_rank": 0.7}}))
+        records.append(_register(paths)["shadow"])
+    assert records[0] == records[1] == {"measured": False, "why": "no query log at logs/service"}
+    assert json.loads(fake.versions[1]["qpr.shadow"]) == records[0]  # why, on the version
+
+
+def test_the_shadow_check_says_why_it_measured_nothing(fake, paths):
+    folder = paths.root / "logs" / "service"
+    folder.mkdir(parents=True)
+    assert _register(paths)["shadow"]["why"] == "no query lines in logs/service"
+    _log_one_question(folder)
+    fake.aliases.clear()  # the run above promoted its version: none now
+    assert _register(paths)["shadow"]["why"] == "no champion"
+    _champion(fake, 0.40, source="quora")
+    assert _register(paths)["shadow"]["why"] == "champion trained on data source 'quora'"
+
+
+def test_a_shadow_requirement_that_cannot_be_checked_keeps_the_champion(fake, paths):
+    old = _champion(fake, 0.40)
+    settings = settings_from_dict(
+        {"registry": {"name": NAME, "margin": 0.01, "min_metric": 0.1, "min_shadow_accuracy": 0.5}}
+    )
+
+    result = _register(paths, settings=settings, rescore=lambda champion: (0.72, 0.40))
+
+    assert result["promoted"] == 0 and fake.aliases[registry.CHAMPION] == old
+    assert (
+        "registry.min_shadow_accuracy 0.5 is set but the shadow check was not measured"
+        in (result["reason"])
+    )

@@ -3,6 +3,7 @@
 registry.py           register, promote, roll back (MLflow aliases)
 version_files.py      what a registry version stores, and its files put back together
 promotion.py          which version serves: the promotion policy, on plain data
+shadow.py             the shadow check: challenger and champion on the logged questions
 cycle.py              one retraining cycle: its steps, commit point and rollback
 layout.py             where a retraining run works, its lock, its errors
 harvest.py            the service's feedback into new log files and evaluation cases

@@ -28,6 +28,7 @@ __all__ = [
     "TAG_DATA_SOURCE",
     "TAG_MEASURES",
     "RegistryError",
+    "ShadowRequirement",
     "VersionInfo",
     "data_source_mismatch",
     "decide_promotion",
@@ -111,6 +112,49 @@ class VersionInfo:
         return self.measures.get(key)
 
 
+@dataclass(frozen=True)
+class ShadowRequirement:
+    """What ``registry.min_shadow_agreement`` and ``registry.min_shadow_accuracy`` ask of the
+    shadow check (`record`: `qpr.ops.shadow`'s figures); None: not asked.
+
+    agreement: the share of the last logged questions both models answer alike;
+    accuracy: the challenger's share right on the questions with feedback. A requirement
+    that is set but cannot be checked (no query log, no lines, no feedback) refuses: a
+    promotion someone asked to be checked is never made unchecked. `judge` exempts only a
+    first champion, which has nothing to be compared with.
+    """
+
+    record: Mapping[str, Any]
+    min_agreement: float | None = None
+    min_accuracy: float | None = None
+
+    def refusal(self) -> str | None:
+        """Why the shadow figures forbid a promotion, or None when they allow it."""
+        record = self.record
+        asked = (
+            ("registry.min_shadow_agreement", self.min_agreement, "agreement"),
+            ("registry.min_shadow_accuracy", self.min_accuracy, "challenger_accuracy"),
+        )
+        for key, floor, figure in asked:
+            if floor is None:
+                continue
+            if not record.get("measured"):
+                why = record.get("why", "no record")
+                return f"{key} {floor:g} is set but the shadow check was not measured ({why})"
+            value = record.get(figure)
+            if value is None:
+                return f"{key} {floor:g} is set but no logged question has feedback"
+            if value >= floor - 1e-12:
+                continue
+            if figure == "agreement":
+                what = f"agreement {value:.3f} ({record['agreed']} of {record['questions']})"
+            else:
+                what = f"accuracy {value:.3f} ({record['challenger_right']} of "
+                what += f"{record['feedback']} verdicts)"
+            return f"shadow {what} is below {key} {floor:g}"
+        return None
+
+
 def decide_promotion(
     challenger: float, champion: float | None, *, margin: float, floor: float
 ) -> tuple[bool, str]:
@@ -161,6 +205,7 @@ def judge(
     margin: float,
     floor: float,
     champion_value: float | None = None,
+    shadow: ShadowRequirement | None = None,
 ) -> tuple[bool, str]:
     """Should this registered version, measured `value`, become champion? (promote, the
     reason in words).
@@ -169,6 +214,8 @@ def judge(
     champion, it was rolled back by a person, it was trained on another data source, or
     the champion has no measure to compare. `champion_value`: the champion measured as
     `value` was (re-scored on the same queries); None takes the champion's recorded one.
+    `shadow`: what the shadow check must show before a champion is replaced; it refuses
+    a promotion the measure alone would make (a first champion is exempt).
     """
     if champion is not None and champion.version == challenger.version:
         return False, f"version {challenger.version} is already the champion"
@@ -192,7 +239,14 @@ def judge(
             f"champion version {champion.version} has no {metric} recorded, so the two "
             "cannot be compared: promote by hand (qpr model promote)"
         )
-    return decide_promotion(value, champion_value, margin=margin, floor=floor)
+    promoted, reason = decide_promotion(value, champion_value, margin=margin, floor=floor)
+    refusal = shadow.refusal() if promoted and shadow and champion is not None else None
+    if refusal:
+        return False, (
+            f"{refusal}, though by the measure alone {reason} "
+            f"(promote by hand: qpr model promote {challenger.version})"
+        )
+    return promoted, reason
 
 
 def metric_value(metrics: Mapping[str, Any], key: str) -> float:

@@ -123,6 +123,7 @@ from qpr.ops.pyfunc import (
     log_search_model,
     read_version_manifest,
 )
+from qpr.ops.shadow import TAG_SHADOW_ACCURACY, TAG_SHADOW_AGREEMENT
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.version import __version__
 
@@ -180,8 +181,9 @@ TAG_DELTAS = "qpr.deltas"
 TAG_VERSION = "qpr.version"  # the qpr that registered it
 TAG_REGISTERED_AT = "qpr.registered_at"
 # The tags a version keeps at registration (each short): what lookups (the fingerprint),
-# the served provenance (commit), the promotion policy (data source, measure) and a
-# retraining cycle's rollback (its run) read. The rest is in DETAILS_FILE.
+# the served provenance (commit), the promotion policy (data source, measure), a
+# retraining cycle's rollback (its run) and a person comparing it with the champion (the
+# shadow check's two lines, `qpr.ops.shadow`) read. The rest is in DETAILS_FILE.
 VERSION_TAGS = (
     TAG_FINGERPRINT,
     TAG_GIT_COMMIT,
@@ -190,6 +192,8 @@ VERSION_TAGS = (
     TAG_METRIC,
     TAG_METRIC_VALUE,
     TAG_RETRAIN_RUN,
+    TAG_SHADOW_AGREEMENT,
+    TAG_SHADOW_ACCURACY,
 )
 # Beside the model of every version: {"format", "description", "tags": every registration
 # tag, the few above included}, JSON values as JSON (a tag's JSON text is parsed back).
