@@ -24,6 +24,12 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("evaluation/baselines.py", "untrained.onnx"): "a temporary file, removed once measured",
     ("evaluation/on_file.py", "results.json"): "`qpr evaluate FILE`'s report, in a folder "
     "the user names: no stage reads it",
+    ("flows/monitor.py", "position.json"): "the monitor's own state: the last line it read",
+    ("flows/monitor.py", "report.json"): "a monitoring report, for people and dashboards: "
+    "no stage reads it",
+    ("monitor/status.py", "monitor.json"): "the monitor's verdict beside the query log, read "
+    "back by the same module for the service",
+    ("ops/harvest.py", "position.json"): "retraining's own state: the feedback lines taken",
     ("ops/cycle.py", "summary.json"): "a retraining run's record (qpr.ops), no stage reads it",
     ("ops/layout.py", "journal.json"): "retraining's own state, named in its layout",
     ("ops/layout.py", "active_run.json"): "retraining's own state, named in its layout",

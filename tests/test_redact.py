@@ -94,3 +94,13 @@ def test_hide_paths_walks_a_tree() -> None:
         "model": {"source": "local:models", "dim": 8},
         "log": ["c"],
     }
+
+
+def test_a_switch_is_not_a_secret(monkeypatch) -> None:
+    """TOKENIZERS_PARALLELISM=false once masked every "false" of every record."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv("SERVICE_TOKEN", "true")
+    monkeypatch.setenv("API_TOKEN", "s3cr3t-value")
+    assert redact('{"enabled": false, "git": true} s3cr3t-value') == (
+        '{"enabled": false, "git": true} ***'
+    )

@@ -34,12 +34,19 @@ _SECRET_PARAM = re.compile(
 _ABS_PATH = re.compile(
     r"(?<![^\s'\"(=:\[,])(?:file://)?(/[^/\s'\"(),:\[\]]+(?:/[^/\s'\"(),:\[\]]+)+)"
 )
-_SECRET_ENV = re.compile(r"PASSWORD|PASSWD|TOKEN|SECRET|_KEY|CREDENTIAL", re.IGNORECASE)
+# TOKEN but not TOKENIZERS_PARALLELISM (Hugging Face's switch, set for every stage).
+_SECRET_ENV = re.compile(r"PASSWORD|PASSWD|TOKEN(?!IZER)|SECRET|_KEY|CREDENTIAL", re.IGNORECASE)
+# A switch is no secret, and masking "false" wherever it appears would garble every record.
+_SWITCHES = {"true", "false", "yes", "no", "on", "off", "none", "null"}
 
 
 def _env_secrets() -> list[str]:
     # Longest first, so a secret containing another is masked whole.
-    values = {v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 4}
+    values = {
+        v
+        for k, v in os.environ.items()
+        if _SECRET_ENV.search(k) and len(v) >= 4 and v.lower() not in _SWITCHES
+    }
     return sorted(values, key=len, reverse=True)
 
 
