@@ -3,8 +3,10 @@ answer was right, `qpr retrain` (retrain_flow) harvests that feedback through th
 gate into data/, `dvc repro` trains and registers, and the new model answers those
 questions with the answers people named. Bare rejections never reach data/.
 
-The served model is the tiny pipeline's (run in-process on the project's own logs); the
-cycle's `dvc repro` then trains the next one from scratch on the logs plus the feedback.
+The served model is the tiny pipeline's (run in-process on the project's own logs), the
+registry's champion; the cycle's `dvc repro` then trains the next one from scratch on the
+logs plus the feedback, and its register stage shadows the champion on the logged
+questions before it decides (the figures land on the new version).
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ NEW = [
 
 
 def _served_model(tmp_path: Path) -> Path:
-    """The model in service: the tiny pipeline on the same synthetic logs as the project."""
+    """The model in service: the tiny pipeline on the same synthetic logs as the project,
+    registered and promoted, so the cycle's register stage has a champion to shadow."""
+    from qpr.ops.registry import mark_committed, promote, register_bundle
+
     root = tmp_path / "serving"
-    run_stages(settings_from_dict(tiny_overrides(root)), root)
+    metrics = run_stages(settings_from_dict(tiny_overrides(root)), root)
+    version = register_bundle(root / "models", metrics, name=NAME)
+    mark_committed(NAME, version.version, by="tests")  # as a finished pipeline run does
+    promote(NAME, version.version, reason="the model in service", actor="tests")
     return root / "models"
 
 
@@ -107,7 +115,17 @@ def test_feedback_through_retraining_answers_the_fed_back_questions(
     assert (harvested["feedback_lines"], harvested["questions"]) == (5, 4)
     assert (harvested["rows"], harvested["rejections"]) == (3, 2)
     assert summary["files_valid"] == [day4.name, Path(harvested["file"]).name]  # the gate
-    assert summary["merge"]["rows_added"] == 400 + 3 and summary["register"]["promoted"] == 1
+    assert summary["merge"]["rows_added"] == 400 + 3
+
+    # The shadow check: the new version and the champion answered the logged questions.
+    from qpr.ops.registry import get_version
+
+    new = get_version(NAME, summary["register"]["version"])
+    shadow = json.loads(new.tag("qpr.shadow"))
+    assert shadow["measured"] and shadow["questions"] == 5 and shadow["champion_version"] == 1
+    # The champion never knew the fed-back answers; the new model learnt them.
+    assert shadow["challenger_accuracy"] > shadow["champion_accuracy"]
+    assert new.tag("qpr.shadow_agreement").startswith(f"{shadow['agreement']:.3f}")
 
     fed = [r for r in _data_rows(project) if r.get("source") == "service-feedback"]
     assert sorted((r["question"], r["answer_id"]) for r in fed) == sorted(right.items())
