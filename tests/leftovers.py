@@ -29,6 +29,12 @@ SESSION_VARIABLE = "QPR_TEST_SESSION"
 GRACE_S = 5.0
 KILL_WAIT_S = 5.0
 
+# Helpers of the pytest process itself that end when it ends (each reads a pipe from it).
+ENDS_WITH_PYTEST = (
+    b"from multiprocessing.resource_tracker import main",
+    b"from multiprocessing.forkserver import main",
+)
+
 _mark = pytest.StashKey[str]()
 _previous = pytest.StashKey["str | None"]()
 _left = pytest.StashKey["list[Leftover]"]()
@@ -58,9 +64,19 @@ def marked(mark: str) -> list[int]:
             environ = (path / "environ").read_bytes()
         except OSError:  # gone, or another user's
             continue
-        if entry in environ.split(b"\0") and pid_alive(int(path.name)):
-            found.append(int(path.name))
+        pid = int(path.name)
+        if entry in environ.split(b"\0") and pid_alive(pid) and not _ends_with_pytest(pid):
+            found.append(pid)
     return found
+
+
+def _ends_with_pytest(pid: int) -> bool:
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except (OSError, IndexError, ValueError):
+        return False
+    return parent == os.getpid() and any(helper in command for helper in ENDS_WITH_PYTEST)
 
 
 def _age_s(pid: int) -> float | None:
@@ -136,10 +152,11 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     found = config.stash.get(_left, [])
     if not found:
         return
-    terminalreporter.write_sep("=", f"{len(found)} process(es) left running", red=True)
+    count = f"{len(found)} process" + ("es" if len(found) > 1 else "")
+    terminalreporter.write_sep("=", f"{count} left running", red=True)
     for leftover in found:
         terminalreporter.write_line(leftover.describe())
     terminalreporter.write_line(
-        "Each was started by this test session and still ran after its last test; "
-        "it is killed now. Stop what a test starts in its teardown."
+        "Started by this test session, still running after its last test: killed now. "
+        "A test stops what it starts, in its teardown."
     )

@@ -44,7 +44,7 @@ def test_a_session_that_leaves_a_child_running_fails_and_the_child_is_gone(subse
     pid = int(pid_file.read_text())
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
-        ["*2 process(es) left running*", f"pid {pid}, running * s: sleep 300", "*: sleep 301"]
+        ["*2 processes left running*", f"pid {pid}, running * s: sleep 300", "*: sleep 301"]
     )
     result.assert_outcomes(passed=2)
     assert not pid_alive(pid)
@@ -54,9 +54,14 @@ def test_a_session_that_leaves_nothing_passes(subsession):
     result = _run(
         subsession,
         """
-        import subprocess
+        import multiprocessing, subprocess
+        from multiprocessing import resource_tracker
         def test_waits_for_its_child():
             subprocess.run(["sleep", "0.1"], check=True)
+        def test_a_spawn_pool_leaves_only_its_resource_tracker():
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                assert pool.map(abs, [-1]) == [1]
+            assert resource_tracker._resource_tracker._pid is not None  # ends with pytest
         """,
     )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
