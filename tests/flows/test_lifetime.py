@@ -31,7 +31,10 @@ from flows.lifetime import flow_program
 def wait(ready: str) -> None:
     import os
     Path(ready).write_text(os.environ["PREFECT_API_URL"])
-    time.sleep(300)
+    # Working in steps, as a stage does: Python runs a signal handler in the main thread
+    # between two steps (a signal that lands in another thread never ends one long sleep).
+    for _ in range(3000):
+        time.sleep(0.1)
 
 
 with flow_program():
