@@ -13,8 +13,10 @@ stopped a stage). So a flow program
 - turns SIGTERM and SIGHUP into SystemExit(128 + signal) (`exit_on_signals`), so
   `finally` blocks and atexit hooks run and the exit status names the signal.
 
-The server is stopped at exit (atexit, registered before Prefect's own hooks, so after
-them: Prefect sends its last logs and events first), or by the kernel when we die.
+The server is stopped at exit by an atexit hook registered before Prefect's own; atexit
+runs the last-registered first, so Prefect sends its last logs and events before the
+server goes. Or the kernel stops it when we die. (flows.retrain keeps its own SIGTERM
+handling, `qpr.ops.processes.stops_with_its_group`, and takes only the server from here.)
 """
 
 from __future__ import annotations
