@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 
 from flows import tracking
+from flows.lifetime import flow_program
 from flows.stage import STAGES, run_cli, settings_and_paths, stage_flow
 
 
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__)
     parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
     args = parser.parse_args(argv)
-    run_cli(pipeline_flow, params=args.params)
+    with flow_program():
+        run_cli(pipeline_flow, params=args.params)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.lifetime import flow_program
 from flows.stage import settings_and_paths
 from qpr.data.loaders import log_files
 from qpr.deltas.add import add_files, compact
@@ -82,7 +83,8 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--compact", action="store_true")
     args = parser.parse_args()
-    refresh_flow(args.params, args.compact)
+    with flow_program():
+        refresh_flow(args.params, args.compact)
 
 
 if __name__ == "__main__":

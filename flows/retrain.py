@@ -44,6 +44,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
+from flows.lifetime import start_temporary_api
 from flows.stage import run_cli, settings_and_paths
 from qpr.config import Settings
 from qpr.io import write_json_atomic
@@ -326,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
         global _HELD_LOCK
         _HELD_LOCK = run_cli(_refuse_when_busy, args.params)
         try:
+            # Dies with this process, even by SIGKILL; SIGTERM unwinds as Ctrl-C does.
+            start_temporary_api()
             summary = run_cli(retrain_flow, params=args.params, recover_only=args.recover_only)
         finally:
             _HELD_LOCK.__exit__(None, None, None)

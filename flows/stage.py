@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
+from flows.lifetime import flow_program
 from qpr.artifacts import RERANK_DIR, STUDENT_DIR
 from qpr.config import Settings, flatten, load_settings
 from qpr.environment import math_summary, project_root
@@ -350,12 +351,14 @@ def run_cli(work: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m flows.stage NAME`: what a DVC stage runs; exit 1 with the reason."""
+    """`python -m flows.stage NAME`: what a DVC stage runs; exit 1 with the reason, 143
+    on SIGTERM (flows.lifetime: its temporary Prefect API server never outlives it)."""
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__)
     parser.add_argument("stage", choices=list(STAGES))
     parser.add_argument("--params", default=None, help="parameter file (default: params.yaml)")
     args = parser.parse_args(argv)
-    run_cli(stage_flow(args.stage), params=args.params)
+    with flow_program():
+        run_cli(stage_flow(args.stage), params=args.params)
 
 
 if __name__ == "__main__":

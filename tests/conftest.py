@@ -16,6 +16,9 @@ QUORA_TSV = REPO_ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_qu
 
 environment.apply(REPO_ROOT)
 
+# tests.leftovers: the session fails when a process it started still runs at its end.
+pytest_plugins = ("pytester", "tests.leftovers")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_tracking(tmp_path_factory: pytest.TempPathFactory) -> Path:

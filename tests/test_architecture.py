@@ -169,7 +169,14 @@ def test_no_public_function_takes_more_than_eight_parameters() -> None:
 
 # Test files about the repository as a whole, not one module.
 # tools/ and the repository itself, not a module of the package.
-REPOSITORY_TESTS = {"test_architecture.py", "test_dvc.py", "test_hash_lock.py", "test_readme.py"}
+# Tests of the repository as a whole; test_leftovers.py tests the suite's own plugin.
+REPOSITORY_TESTS = {
+    "test_architecture.py",
+    "test_dvc.py",
+    "test_hash_lock.py",
+    "test_leftovers.py",
+    "test_readme.py",
+}
 
 
 def _package_of(test_dir: Path) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from qpr.ops.layout import RetrainError
+from qpr.parent_death import set_parent_death_signal
 
 
 def tool_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -53,22 +54,6 @@ def process_start_time(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A `preexec_fn`: the child gets `sig` when the thread that started it dies (Linux;
-    elsewhere nothing), so a killed parent never leaves its child working on alone."""
-    parent = os.getpid()
-
-    def preexec() -> None:
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl: act as if after
-            os.kill(os.getpid(), sig)
-
-    return preexec
 
 
 def run_pipeline(
