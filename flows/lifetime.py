@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from qpr.errors import QPRError
 from qpr.parent_death import set_parent_death_signal
 
 HOST = "127.0.0.1"
@@ -146,6 +147,22 @@ def start_temporary_api() -> str | None:
     os.environ["PREFECT_API_URL"] = api.url
     refresh_global_settings_context()
     return api.url
+
+
+class NoScheduler(QPRError, RuntimeError):
+    """A flow asked to run on a schedule with no Prefect server to schedule it."""
+
+
+def require_scheduler() -> None:
+    """NoScheduler unless PREFECT_API_URL names a server: a temporary local API has no
+    scheduler, so a runner on it (`flow.serve`) would wait for ever."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise NoScheduler(
+            "scheduling needs a Prefect server: start one (`prefect server start`) and set "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api, then run this again"
+        )
 
 
 def _exit(signum: int, frame: object) -> None:

@@ -30,6 +30,7 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from flows import tracking
+from flows.lifetime import flow_program, require_scheduler
 from flows.stage import run_cli, settings_and_paths
 from qpr.config import Settings
 from qpr.io import write_json_atomic
@@ -145,6 +146,7 @@ def serve(params: str | None = None) -> None:
     deployment is named monitor-local. Stop with Ctrl-C."""
     from prefect.schedules import Cron
 
+    require_scheduler()
     settings, paths = settings_and_paths(params)
     cfg = settings.monitor
     print(f"serving monitor on '{cfg.cron}' ({cfg.timezone}) for {paths.root}")
@@ -161,10 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", help="params file (default: the project's params.yaml)")
     parser.add_argument("--serve", action="store_true", help="run on monitor.cron until stopped")
     args = parser.parse_args(argv)
-    if args.serve:
+    if args.serve:  # a schedule needs a real server: none is started here
         run_cli(serve, args.params)
         return
-    report = run_cli(monitor_flow, params=args.params)
+    with flow_program():  # its temporary Prefect server dies with it
+        report = run_cli(monitor_flow, params=args.params)
     raise SystemExit(3 if report["alarms"] else 0)
 
 

@@ -44,13 +44,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from flows.lifetime import start_temporary_api
+from flows.lifetime import require_scheduler, start_temporary_api
 from flows.stage import run_cli, settings_and_paths
 from qpr.config import Settings
 from qpr.io import write_json_atomic
 from qpr.ops import cycle as ops
 from qpr.ops.journal import Journal
-from qpr.ops.layout import RetrainBusy, RetrainError, RetrainLayout, RetrainLock, utc_stamp
+from qpr.ops.layout import RetrainBusy, RetrainLayout, RetrainLock, utc_stamp
 from qpr.ops.processes import stops_with_its_group, tool_env
 from qpr.ops.summary import describe, exit_code, new_summary, record_failure
 from qpr.redact import redact, redact_tree
@@ -292,14 +292,8 @@ def serve(params: str | None = None) -> None:
     """Run retrain_flow on retrain.cron in this process (a local Prefect runner); the
     deployment is named retrain-local. Stop with Ctrl-C."""
     from prefect.schedules import Cron
-    from prefect.settings import PREFECT_API_URL
 
-    if not PREFECT_API_URL.value():
-        # A temporary local API has no scheduler: the runner would wait forever.
-        raise RetrainError(
-            "scheduling needs a Prefect server: start one (`prefect server start`) and set "
-            "PREFECT_API_URL=http://127.0.0.1:4200/api, then run this again"
-        )
+    require_scheduler()
     settings, paths = settings_and_paths(params)
     cfg = settings.retrain
     print(f"serving retrain on '{cfg.cron}' ({cfg.timezone}) for {paths.root}")

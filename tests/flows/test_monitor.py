@@ -60,3 +60,22 @@ def test_the_monitor_reports_drift_only_on_another_topic(
     assert exited.value.code == 3
     status = json.loads((root / "logs" / "service" / "monitor.json").read_text())
     assert {"embedding_auc", "unseen_words"} <= set(status["alarms"])
+
+
+def test_a_schedule_without_a_prefect_server_is_refused_in_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.monitor", "--serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("ERROR: scheduling needs a Prefect")
