@@ -30,7 +30,8 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from flows.lifetime import flow_program, require_scheduler
+from flows.lifetime import flow_program
+from flows.schedule import serve_on_cron
 from flows.stage import run_cli, settings_and_paths
 from qpr.config import Settings
 from qpr.io import write_json_atomic
@@ -144,17 +145,10 @@ def monitor_flow(params: str | None = None) -> dict[str, Any]:
 def serve(params: str | None = None) -> None:
     """Run monitor_flow on monitor.cron in this process (a local Prefect runner); the
     deployment is named monitor-local. Stop with Ctrl-C."""
-    from prefect.schedules import Cron
-
-    require_scheduler()
     settings, paths = settings_and_paths(params)
     cfg = settings.monitor
-    print(f"serving monitor on '{cfg.cron}' ({cfg.timezone}) for {paths.root}")
-    monitor_flow.serve(
-        name="monitor-local",
-        schedules=[Cron(cfg.cron, timezone=cfg.timezone)],
-        parameters={"params": str(paths.params)},
-        limit=1,
+    serve_on_cron(
+        monitor_flow, "monitor-local", cron=cfg.cron, timezone=cfg.timezone, params=paths.params
     )
 
 

@@ -44,7 +44,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flows import tracking
-from flows.lifetime import require_scheduler, start_temporary_api
+from flows.lifetime import start_temporary_api
+from flows.schedule import serve_on_cron
 from flows.stage import run_cli, settings_and_paths
 from qpr.config import Settings
 from qpr.io import write_json_atomic
@@ -291,17 +292,10 @@ def recover_flow(params: str | None = None) -> dict[str, Any]:
 def serve(params: str | None = None) -> None:
     """Run retrain_flow on retrain.cron in this process (a local Prefect runner); the
     deployment is named retrain-local. Stop with Ctrl-C."""
-    from prefect.schedules import Cron
-
-    require_scheduler()
     settings, paths = settings_and_paths(params)
     cfg = settings.retrain
-    print(f"serving retrain on '{cfg.cron}' ({cfg.timezone}) for {paths.root}")
-    retrain_flow.serve(
-        name="retrain-local",
-        schedules=[Cron(cfg.cron, timezone=cfg.timezone)],
-        parameters={"params": str(paths.params)},
-        limit=1,  # never two cycles at once (the lock would refuse the second anyway)
+    serve_on_cron(
+        retrain_flow, "retrain-local", cron=cfg.cron, timezone=cfg.timezone, params=paths.params
     )
 
 
