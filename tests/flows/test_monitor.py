@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from qpr.data.synth import generate_day
 from qpr.querylog import QueryLog
@@ -29,8 +30,9 @@ def _log(root: Path, questions: list[str], start: int) -> None:
 
 @pytest.mark.slow
 def test_the_monitor_reports_drift_only_on_another_topic(
-    prefect_harness, tiny_settings, tiny_params_file: Path
+    prefect_harness, tiny_settings, tiny_params_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import flows.monitor
     from flows.monitor import main, monitor_flow
 
     root = tiny_params_file.parent
@@ -60,6 +62,18 @@ def test_the_monitor_reports_drift_only_on_another_topic(
     assert exited.value.code == 3
     status = json.loads((root / "logs" / "service" / "monitor.json").read_text())
     assert {"embedding_auc", "unseen_words"} <= set(status["alarms"])
+
+    # monitor.retrain_on_alarm: the alarm starts a cycle. The cycle itself is
+    # tests/flows/test_retrain.py's; here, that it is started, with these params.
+    params = yaml.safe_load(tiny_params_file.read_text())
+    params["monitor"]["retrain_on_alarm"] = True
+    tiny_params_file.write_text(yaml.safe_dump(params))
+    started: list[Path] = []
+    monkeypatch.setattr(flows.monitor, "_retrain", lambda path: started.append(path) or 0)
+    (root / ".monitor" / "position.json").unlink()  # read the whole log again
+    report = monitor_flow(params=str(tiny_params_file))
+    assert report["alarms"] and report["retrain_exit_code"] == 0
+    assert started == [tiny_params_file]
 
 
 def test_a_schedule_without_a_prefect_server_is_refused_in_one_line(tmp_path: Path) -> None:
