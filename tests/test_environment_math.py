@@ -126,7 +126,7 @@ def test_the_stage_log_line_says_which_math_runs(monkeypatch: pytest.MonkeyPatch
     for key, value in environment.pinned_math().items():
         monkeypatch.setenv(key, value)
     line = environment.math_summary()
-    assert line.startswith("math: pinned") and "MKL_CBWR=COMPATIBLE" in line
+    assert line.startswith("math: pinned") and "MKL" in line and len(line) < 100
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert environment.math_summary().startswith("math: not pinned")
     monkeypatch.setenv(environment.NATIVE_MATH_VARIABLE, "1")
