@@ -120,8 +120,9 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"Each published delta stores {result['stored_bytes_median'] * mb:,.3f} MB in the "
             "registry's artifact store.",
-            "Publishing copies and hashes every bundle file, so its cost grows with the bundle, "
-            "not with the delta.",
+            "Only files no earlier version stores are stored (docs/operations.md, What a "
+            "version is). Publishing still hashes every bundle file to find them, so its time "
+            "grows with the bundle; the bytes grow with the delta.",
             "",
         ]
     )
