@@ -106,14 +106,19 @@ def child(args: list[str]) -> dict[str, Any]:
 
 def train_model(work: Path, source: str) -> dict[str, Any]:
     """A CNN trained and exported by the pipeline's own stage functions."""
-    from qpr.config import load_settings, settings_from_dict
+    import yaml
+
+    from qpr.config import settings_from_dict
     from qpr.data.scale import ScaleSpec, write_scale_corpus
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
     from qpr.pipeline.export import run_export
     from qpr.pipeline.train import run_train
 
-    raw = load_settings(ROOT / "params.yaml").model_dump()
+    # The paper's CNN: params.yaml's `auto` keys then take the CNN's values (the product
+    # default there is the packaged transformer, too slow to encode 10M questions here)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    raw["model"]["encoder"] = "cnn"
     if source == "quora":
         raw["data"].update(source="quora", path=str(QUORA))
     else:
