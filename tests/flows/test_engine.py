@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pandas as pd
 import pytest
@@ -101,6 +102,55 @@ def test_a_killed_worker_is_retried_and_the_result_is_exact(
 
 
 @pytest.mark.slow
+def test_a_worker_killed_mid_add_is_retried_and_the_index_is_exact(
+    ray_cluster, tmp_path: Path
+) -> None:
+    """FAISS's add tasks: each first worker dies after writing part of its folder."""
+    from qpr.retrieval import faiss_shards
+    from qpr.retrieval.dense import (
+        IndexConfig,
+        VectorShards,
+        build_index_from_shards,
+        finish_index,
+    )
+
+    threads = faiss.omp_get_max_threads()  # the driver's, as build_index_on_engine passes
+    rng = np.random.default_rng(4)
+    paths = []
+    for number, size in enumerate((800, 1_100, 600)):
+        paths.append(tmp_path / f"vectors-{number}.npy")
+        np.save(paths[-1], rng.standard_normal((size, 32)).astype(np.float32))
+    shards = VectorShards(paths)
+    config = IndexConfig("IVF16,PQ16x4fs,Refine(SQfp16)", nprobe=4, use_gpu=False)
+    trained = faiss_shards.train_index(
+        faiss_shards.TrainTask(tuple(paths), config, 13, tmp_path / "trained.faiss", threads)
+    )
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def dies_mid_write(task: faiss_shards.AddTask) -> Path:
+        mark = marks / task.out.name
+        if not mark.exists():
+            mark.touch()
+            real = faiss_shards.save_numpy_atomic
+
+            def save_then_die(path: Path, array: np.ndarray) -> Path:
+                real(path, array)
+                os._exit(1)  # the worker dies with one file of the folder written
+
+            faiss_shards.save_numpy_atomic = save_then_die
+        return faiss_shards.add_shard(task)
+
+    tasks = [faiss_shards.AddTask(trained, p, tmp_path / f"added-{p.stem}", threads) for p in paths]
+    parts = ray_map(dies_mid_write, tasks, log=QUIET)
+    assert len(list(marks.iterdir())) == len(paths)  # every task's first worker died
+    index = faiss_shards.assemble(trained, parts, [800, 1_100, 600])
+    finish_index(index, config, "", QUIET, where="", timing="")
+    expected = build_index_from_shards(shards, config, seed=13, log=QUIET)
+    assert faiss.serialize_index(index).tobytes() == faiss.serialize_index(expected).tobytes()
+
+
+@pytest.mark.slow
 def test_a_task_error_stops_the_map(ray_cluster, work, tmp_path: Path) -> None:
     models, shards = work
     tasks = encode_tasks(models, shards, tmp_path / "out")
@@ -117,21 +167,29 @@ def test_a_task_error_stops_the_map(ray_cluster, work, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_index_stage_gives_the_same_bundle_on_both_engines(
-    ray_cluster, tiny_settings, tmp_path: Path
-) -> None:
-    """The stage on Ray: the same BM25 file and the same top-k as on the local engine."""
+def test_the_index_stage_gives_the_same_bundle_on_both_engines(ray_cluster, tmp_path: Path) -> None:
+    """The stage on Ray: the same index, id map and BM25 files as on the local engine. Logs
+    of about 900 questions: enough for the pipeline's factory to keep its 4-bit PQ codes."""
     from flows.engine import ray_map as ray_engine
+    from qpr.config import settings_from_dict
+    from qpr.data.synth import SynthSpec, write_logs
     from qpr.paths import ProjectPaths
     from qpr.pipeline.cluster import run_cluster
     from qpr.pipeline.export import run_export
     from qpr.pipeline.index import run_index
     from qpr.pipeline.train import run_train
-    from qpr.retrieval.dense import load_index, search
+    from qpr.retrieval.dense import IdMap
+    from tests.conftest import tiny_overrides
 
-    settings = tiny_settings.model_copy(
-        update={"index": tiny_settings.index.model_copy(update={"shard_rows": 700})}
+    synth = {"seed": 7, "days": 3, "rows_per_day": 1000, "intents": 100}
+    settings = settings_from_dict(
+        tiny_overrides(
+            tmp_path,
+            data={"synth": synth},
+            index={"self_check_sample": 100, "threads": 1, "shard_rows": 400},
+        )
     )
+    write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     paths = ProjectPaths(tmp_path)
     run_cluster(settings, out_dir=paths.cluster_dir, report_dir=tmp_path / "reports", log=QUIET)
     run_train(settings, paths, progress=False, log=QUIET)
@@ -143,13 +201,12 @@ def test_the_index_stage_gives_the_same_bundle_on_both_engines(
         settings, paths, engine=lambda fn, items: ray_engine(fn, items, log=QUIET), log=QUIET
     )
     assert remote["vectors_reused"] == 0 and remote["questions"] == local["questions"]
-    rel_bm25 = BM25_FILE.relative_to(INDEX_FILE.parent)
-    assert (paths.index_dir / rel_bm25).read_bytes() == (kept / rel_bm25).read_bytes()
-    a = load_index(kept / INDEX_FILE.name, nprobe=8)
-    b = load_index(paths.index_dir / INDEX_FILE.name, nprobe=8)
-    probe = np.random.default_rng(0).standard_normal((25, a.d)).astype(np.float32)
-    for x, y in zip(search(a, probe, 10), search(b, probe, 10), strict=True):
-        np.testing.assert_array_equal(x, y)
+    for name in (INDEX_FILE.name, IdMap.path_for(INDEX_FILE).name, BM25_FILE.name):
+        assert (paths.index_dir / name).read_bytes() == (kept / name).read_bytes(), name
+    index = faiss.read_index(str(kept / INDEX_FILE.name))  # held: it owns what downcasts see
+    assert isinstance(index, faiss.IndexRefine)  # fast-scan PQ with a refine store: real work
+    assert isinstance(faiss.downcast_index(index.base_index), faiss.IndexIVFPQFastScan)
+    assert local["questions"] > 400  # two shards or more
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +13,13 @@ from qpr.artifacts import ENCODER_FILE, VOCAB_FILE
 from qpr.data.scale import ScaleSpec, write_scale_corpus
 from qpr.retrieval import indexer as indexer_module
 from qpr.retrieval.bm25 import BM25Index
-from qpr.retrieval.dense import IndexConfig, build_index, search
+from qpr.retrieval.dense import (
+    IndexConfig,
+    VectorShards,
+    build_index,
+    build_index_from_shards,
+    search,
+)
 from qpr.retrieval.encoders import encode, load_session, onnx_max_len
 from qpr.retrieval.indexer import EncodeTask, Indexer, LexicalConfig, encode_shard
 from qpr.text import load_tokenizer
@@ -69,7 +76,15 @@ def test_folded_shards_match_onnx(models: Path, shards: list[Path], tmp_path: Pa
 def test_index_and_bm25_equal_the_in_memory_build(
     models: Path, shards: list[Path], tmp_path: Path
 ) -> None:
-    made = make(models, tmp_path, "IVF16,Flat", fold=False).index(shards, log=QUIET)
+    indexer = make(models, tmp_path, "IVF16,Flat", fold=False)
+    made = indexer.index(shards, log=QUIET)
+    # FAISS's tasks give the bytes of the one-process build over the same vector files.
+    one_process = build_index_from_shards(
+        VectorShards(indexer.vector_files(shards)), indexer.config, seed=13, log=QUIET
+    )
+    assert (
+        faiss.serialize_index(made.index).tobytes() == faiss.serialize_index(one_process).tobytes()
+    )
     texts = texts_of(shards)
     vectors = onnx_vectors(models, texts)
     whole = build_index(

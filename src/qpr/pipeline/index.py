@@ -23,7 +23,8 @@ digest of the ONNX file, the tokenizer file, the kernel and the shard's question
 that changes only the index's settings (factory, nprobe, BM25) reuses them instead of
 encoding every question again (minutes for a transformer on Quora). One encoding is kept,
 each shard's info recording what the whole encoding cost. FAISS is trained on a
-sample and filled one shard at a time (`qpr.retrieval.dense.build_index_from_shards`), so
+sample by one task and filled by one task a shard, on the same engine, then assembled in
+row order into the file the one-process build writes (`qpr.retrieval.faiss_shards`), so
 no step holds every vector in memory.
 """
 
@@ -96,7 +97,7 @@ def _run_index(
     vectors, encode_seconds, reused = _question_vectors(indexer, shards, log)
     finite, min_norm = _vector_stats(vectors)  # one pass: a NaN fails the gate, not the build
     started = time.perf_counter()
-    index = _build(vectors, settings, log) if finite else None
+    index = indexer.faiss_index(vectors, log=log) if finite else None
     build_seconds = time.perf_counter() - started
     sample = min(cfg.self_check_sample, len(vectors))
     self_rate = (
@@ -127,6 +128,7 @@ def _run_index(
     replace_dir(staging, paths.index_dir)
     shutil.rmtree(paths.index_cache_dir / "shards", ignore_errors=True)
     shutil.rmtree(paths.index_cache_dir / "counts", ignore_errors=True)
+    shutil.rmtree(paths.index_cache_dir / "faiss", ignore_errors=True)
 
     described = nlist_of(index)
     metrics = {
@@ -272,15 +274,6 @@ def _vector_stats(vectors: VectorShards) -> tuple[bool, float]:
         if chunk.size:
             smallest = min(smallest, float(np.linalg.norm(np.nan_to_num(chunk), axis=1).min()))
     return finite, float(smallest) if np.isfinite(smallest) else 0.0
-
-
-def _build(vectors: VectorShards, settings: Settings, log: Callable[[str], None]) -> Any:
-    """The FAISS index params describe, over the vector shards."""
-    from qpr.retrieval.dense import IndexConfig, build_index_from_shards
-
-    return build_index_from_shards(
-        vectors, IndexConfig.from_settings(settings.index), seed=settings.seed, log=log
-    )
 
 
 def _index_checks(

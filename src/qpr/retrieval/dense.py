@@ -42,14 +42,17 @@ __all__ = [
     "VectorShards",
     "build_index",
     "build_index_from_shards",
+    "checked_finite",
     "drop_excluded",
     "ef_search_of",
     "exact_recall_at_k",
     "exact_twin",
+    "finish_index",
     "fit_factory",
     "gpu_available",
     "higher_is_better",
     "load_index",
+    "new_index",
     "nlist_of",
     "recall_against",
     "refine_k_factor_of",
@@ -61,6 +64,7 @@ __all__ = [
     "set_refine_k_factor",
     "stored_dim",
     "training_points",
+    "training_sample",
     "use_per_query_scan",
 ]
 
@@ -475,26 +479,30 @@ def build_index_from_shards(
     log: Callable[[str], None] = print,
 ) -> faiss.Index:
     """`build_index` over vectors in shards, one shard in memory at a time (plus the
-    training sample, `training_points`: every vector on corpora up to a few hundred
+    training sample, `training_sample`: every vector on corpora up to a few hundred
     thousand, then the same index as `build_index` over them all). Each shard is checked
     finite as it is added."""
 
     def checked() -> Iterator[np.ndarray]:
         for chunk in shards.chunks():
-            if not np.isfinite(chunk).all():
-                raise ValueError("vectors contain NaN or inf")
-            yield chunk
+            yield checked_finite(chunk)
 
-    n = len(shards)
     return _built(
         config,
-        n,
+        len(shards),
         shards.dim,
-        lambda nlist: shards.sample(n if nlist is None else training_points(n, nlist), seed),
+        lambda nlist: training_sample(shards, nlist, seed),
         checked,
         seed,
         log,
     )
+
+
+def checked_finite(chunk: np.ndarray) -> np.ndarray:
+    """`chunk`, or ValueError when it holds a NaN or an inf."""
+    if not np.isfinite(chunk).all():
+        raise ValueError("vectors contain NaN or inf")
+    return chunk
 
 
 # FAISS's k-means subsamples to 256 points a centroid (ClusteringParameters
@@ -510,6 +518,30 @@ def training_points(n: int, nlist: int) -> int:
     return min(n, 256 * nlist, budget)
 
 
+def training_sample(shards: VectorShards, nlist: int | None, seed: int) -> np.ndarray:
+    """What a sharded build trains an index of `nlist` lists on (None: no lists, every
+    vector): `training_points` of them, drawn by `VectorShards.sample`."""
+    n = len(shards)
+    return shards.sample(n if nlist is None else training_points(n, nlist), seed)
+
+
+def new_index(
+    config: IndexConfig, n: int, d: int, *, seed: int, log: Callable[[str], None] = print
+) -> tuple[faiss.Index, str]:
+    """(the untrained CPU index `config` describes for `n` vectors of `d` dimensions, its
+    factory as fitted by `fit_factory`, whose note is logged). Its k-means are seeded."""
+    if n == 0:
+        raise ValueError("cannot build an index from 0 vectors")
+    if config.metric not in _METRICS:
+        raise ValueError(f"metric must be one of {sorted(_METRICS)}, got {config.metric!r}")
+    fitted, note = fit_factory(config.factory, n, d)
+    if note:
+        log(note)
+    index = faiss.index_factory(d, fitted, _METRICS[config.metric])
+    seed_training(index, seed)
+    return index, fitted
+
+
 def _built(
     config: IndexConfig,
     n: int,
@@ -521,36 +553,11 @@ def _built(
 ) -> faiss.Index:
     """The index `config` describes, trained on `training(nlist)` (float32 [n', D]; nlist
     None for an index without lists) and filled with `chunks()` in row order."""
-    factory, nprobe, metric = config.factory, config.nprobe, config.metric
-    use_gpu, ef_search = config.use_gpu, config.ef_search
-    ef_construction, refine_k_factor = config.ef_construction, config.refine_k_factor
-    if n == 0:
-        raise ValueError("cannot build an index from 0 vectors")
-    if metric not in _METRICS:
-        raise ValueError(f"metric must be one of {sorted(_METRICS)}, got {metric!r}")
-
-    fitted, note = fit_factory(factory, n, d)
-    if note:
-        log(note)
-    index = faiss.index_factory(d, fitted, _METRICS[metric])
-    seed_training(index, seed)
-
-    on_gpu = False
-    if use_gpu is not False:
-        if gpu_available():
-            try:
-                index = _to_gpu(index)
-                on_gpu = True
-            except RuntimeError as err:  # e.g. HNSW has no GPU implementation
-                log(f"{fitted} cannot run on GPU ({str(err).splitlines()[0]}): using CPU")
-        elif use_gpu:
-            log("GPU requested but faiss sees no GPU (faiss-cpu or no device): using CPU")
-    if on_gpu:
-        seed_training(index, seed)  # the GPU copy has its own clustering parameters
-
+    index, fitted = new_index(config, n, d, seed=seed, log=log)
+    index, on_gpu = _placed(index, fitted, config.use_gpu, seed, log)
     graph = _hnsw(index)
     if graph is not None:
-        graph.hnsw.efConstruction = int(ef_construction)
+        graph.hnsw.efConstruction = int(config.ef_construction)
     started = time.perf_counter()
     if not index.is_trained:
         index.train(training(nlist_of(index)))
@@ -569,20 +576,56 @@ def _built(
     finally:
         faiss.omp_set_num_threads(threads)
     added = time.perf_counter()
+    timing = f"train {trained - started:.2f} s, add {added - trained:.2f} s"
+    finish_index(index, config, fitted, log, where="GPU" if on_gpu else "CPU", timing=timing)
+    return index
+
+
+def _placed(
+    index: faiss.Index, fitted: str, use_gpu: bool | None, seed: int, log: Callable[[str], None]
+) -> tuple[faiss.Index, bool]:
+    """(`index` on the GPU when `use_gpu` asks and FAISS sees one, else as it is; on GPU)."""
+    if use_gpu is False:
+        return index, False
+    if not gpu_available():
+        if use_gpu:
+            log("GPU requested but faiss sees no GPU (faiss-cpu or no device): using CPU")
+        return index, False
+    try:
+        index = _to_gpu(index)
+    except RuntimeError as err:  # e.g. HNSW has no GPU implementation
+        log(f"{fitted} cannot run on GPU ({str(err).splitlines()[0]}): using CPU")
+        return index, False
+    seed_training(index, seed)  # the GPU copy has its own clustering parameters
+    return index, True
+
+
+def finish_index(
+    index: faiss.Index,
+    config: IndexConfig,
+    fitted: str,
+    log: Callable[[str], None],
+    *,
+    where: str,
+    timing: str,
+) -> None:
+    """Set the search knobs `config` names on a filled index (nprobe, the per-query scan,
+    efSearch, the refine width) and log what was built: `fitted`, its factory, `where`
+    ("CPU") and `timing` ("train 1.00 s, add 2.00 s")."""
+    nprobe, ef_search = config.nprobe, config.ef_search
     probing = set_nprobe(index, nprobe)
     use_per_query_scan(index)
     walking = set_ef_search(index, ef_search)
-    refining = set_refine_k_factor(index, refine_k_factor)
+    refining = set_refine_k_factor(index, config.refine_k_factor)
     if not probing and not walking:
         log(f"{fitted} has no inverted lists: nprobe={nprobe} ignored")
     log(
-        f"built {fitted} ({metric}, {'GPU' if on_gpu else 'CPU'}) on {n:,} x {d} vectors: "
-        f"train {trained - started:.2f} s, add {added - trained:.2f} s"
+        f"built {fitted} ({config.metric}, {where}) on {index.ntotal:,} x {index.d} vectors: "
+        + timing
         + (f", nprobe {nprobe}" if probing else "")
-        + (f", efConstruction {ef_construction}, efSearch {ef_search}" if walking else "")
-        + (f", exact re-ranking of {refine_k_factor:g}x k candidates" if refining else "")
+        + (f", efConstruction {config.ef_construction}, efSearch {ef_search}" if walking else "")
+        + (f", exact re-ranking of {config.refine_k_factor:g}x k candidates" if refining else "")
     )
-    return index
 
 
 def _add_with_progress(

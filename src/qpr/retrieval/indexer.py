@@ -6,8 +6,10 @@ question of the files read in order. The phases:
 1. **encode**: one task a shard, its questions → float32 [n, D] in `<work>/vectors/` (a
    `qpr.io.VectorCache`, one key a shard);
 2. **count**: one task a shard, its BM25 term counts → `<work>/counts/`;
-3. **FAISS**: trained on a sample drawn evenly from every vector shard, then filled with
-   the shards in order, one in memory at a time (`qpr.retrieval.dense.build_index_from_shards`);
+3. **FAISS**: one task trains it on a sample drawn evenly from every vector shard, one task
+   a shard adds that shard to a copy; the driver assembles the adds in row order into the
+   file the one-process build writes (`qpr.retrieval.faiss_shards`; an HNSW graph is built
+   in the driver, one shard in memory at a time, `qpr.retrieval.dense.build_index_from_shards`);
 4. **BM25**: the counts merged, with the collection's statistics over every shard.
 
 Tasks are functions of small frozen dataclasses that name files, run by a `Mapper`: the
@@ -34,7 +36,8 @@ import pyarrow.parquet as pq
 
 from qpr.io import VectorCache, file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index, TermCounts, count_terms
-from qpr.retrieval.dense import IndexConfig, VectorShards, build_index_from_shards
+from qpr.retrieval.dense import IndexConfig, VectorShards
+from qpr.retrieval.faiss_shards import build_index_on_engine
 from qpr.tasks import Mapper, local_map
 
 # ---------------------------------------------------------------- tasks
@@ -179,7 +182,7 @@ class Indexer:
         vectors = VectorShards(self.encode(shards, column=column, log=log))
         seconds["encode"] = time.perf_counter() - started
         started = time.perf_counter()
-        index = build_index_from_shards(vectors, self.config, seed=self.seed, log=log)
+        index = self.faiss_index(vectors, log=log)
         seconds["faiss"] = time.perf_counter() - started
         bm25 = None
         if self.lexical.enabled:
@@ -187,6 +190,20 @@ class Indexer:
             bm25 = self.bm25(shards, column=column, log=log)
             seconds["bm25"] = time.perf_counter() - started
         return IndexBuild(index, bm25, len(vectors), seconds)
+
+    def faiss_index(
+        self, vectors: VectorShards, *, log: Callable[[str], None] = print
+    ) -> faiss.Index:
+        """The FAISS index over `vectors`, trained and filled as tasks on the engine, their
+        files in `<work>/faiss/` (`qpr.retrieval.faiss_shards.build_index_on_engine`)."""
+        return build_index_on_engine(
+            vectors,
+            self.config,
+            seed=self.seed,
+            work_dir=self.work_dir / "faiss",
+            engine=self.engine,
+            log=log,
+        )
 
     @property
     def vectors(self) -> VectorCache:
