@@ -107,6 +107,10 @@ bench-scale: install ## Cost against N: 134k, 1M, 3M, 10M questions (about 3 h; 
 	$(BIN)/python benchmarks/scale.py --work $(SCALE_WORK) --sizes $(SIZES) $(if $(ENGINE),--engine $(ENGINE))
 	$(BIN)/python benchmarks/cluster_scale.py --work $(SCALE_WORK)
 	$(BIN)/python benchmarks/bm25_kernel.py --corpus $(SCALE_WORK)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check usearch==2.26.6 tantivy==0.27.0
+	for size in $(SCALE_WORK)/*/lexical.json; do dir=$$(dirname $$size); \
+	  $(BIN)/python benchmarks/graph_index.py --size $$dir && \
+	  $(BIN)/python benchmarks/bm25_engines.py --size $$dir || exit 1; done
 
 # Docker: not part of `make test` (needs root or a Docker engine, and minutes). Without a
 # Docker engine the build uses podman/buildah on a debootstrap base (docker/build.sh).

@@ -1,0 +1,381 @@
+#!/usr/bin/env python
+"""Dense indexes for millions of questions: graph indexes against the IVF the bundle serves.
+
+    python benchmarks/graph_index.py --size /tmp/qpr-scale/1M-f2
+    python benchmarks/graph_index.py --size ... --candidates "faiss:HNSW32,Flat:200,usearch:f16:32"
+
+On a size `benchmarks/scale.py` built (its vector shards, its 1000 queries and their exact
+top 20, `truth.npy`), each candidate is built over the same float32 vectors and searched
+one query at a time on one thread, k 20, at a grid of depths:
+
+- `ivf`: the size's own bundle index (IVF, 4-bit PQ fast scan, SQfp16 re-ranking), at a
+  grid of nprobe, refine width 32: the baseline, not rebuilt.
+- `faiss:FACTORY:EFC`: a FAISS HNSW factory ("HNSW32,Flat", "HNSW32,SQ8"), efConstruction
+  EFC, inserted on 2 threads (FAISS's parallel insertion; the pipeline inserts on one, for
+  the same graph every run), at a grid of efSearch.
+- `usearch:DTYPE:M`: usearch's HNSW (`f16`, `i8`), connectivity M, expansion_add 128,
+  2 threads, at a grid of expansion_search.
+
+For each: build seconds, bytes (its serialised size), and per depth the dense recall@20
+against exact search and p50 / p99. Each candidate's result is kept under
+`<size>/graph/<name>.json`: a killed run resumes at the first candidate without one.
+Results: docs/results/graph_index_<label>.{json,md,png}. usearch comes from the `bench`
+extra (`pip install -e .[bench]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine_info import describe  # noqa: E402
+
+DEFAULT = "ivf,faiss:HNSW32,Flat:40,faiss:HNSW32,SQ8:40,faiss:HNSW32,Flat:200,usearch:f16:32"
+NPROBES = (64, 128, 256, 384, 512, 768, 1024, 1536)
+EFS = (32, 64, 128, 256, 384, 512, 768, 1024)
+BUILD_THREADS = 2
+SIDE_BY_SIDE = (0.94, 0.95)  # recall targets the candidates are timed at, alternated
+
+
+def candidates(spec: str) -> list[str]:
+    """ "ivf,faiss:HNSW32,Flat:40" → ["ivf", "faiss:HNSW32,Flat:40"] (factories hold commas)."""
+    out: list[str] = []
+    for part in spec.split(","):
+        if part.startswith(("ivf", "faiss:", "usearch:")) or not out:
+            out.append(part)
+        else:
+            out[-1] += "," + part
+    return out
+
+
+def vectors(size: Path) -> np.ndarray:
+    """The size's float32 vectors in row order, as its build step encoded them."""
+    files = json.loads((size / "build.json").read_text())["vectors"]
+    return np.vstack([np.load(f) for f in files]).astype(np.float32, copy=False)
+
+
+def queries(size: Path) -> np.ndarray:
+    """The 1000 queries encoded as the service encodes them (cached beside the truth)."""
+    cached = size / "graph" / "queries.npy"
+    if not cached.is_file():
+        import pandas as pd
+
+        from qpr.retrieval.bundle import Bundle
+
+        bundle = Bundle.load(size / "models", fold_encoder=True)
+        texts = pd.read_parquet(size / "queries.parquet")["question"].tolist()
+        encoded = np.vstack([bundle._embed([bundle._tokens(q, 0, 1)]) for q in texts])
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cached, encoded)
+    return np.load(cached)
+
+
+def recall(rows: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(r.tolist()) & set(t.tolist())) / 20
+                          for r, t in zip(rows, truth, strict=True)]))  # fmt: skip
+
+
+def curve(search: Any, qv: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """recall@20 of one batch search, and p50 / p99 of one query at a time."""
+    rows = search(qv)
+    times = []
+    for q in qv:
+        started = time.perf_counter()
+        search(q[None])
+        times.append((time.perf_counter() - started) * 1e3)
+    return {
+        "recall_at_20": recall(rows, truth),
+        "p50_ms": float(np.median(times)),
+        "p99_ms": float(np.percentile(times, 99)),
+    }
+
+
+def measure_ivf(size: Path, qv: np.ndarray, truth: np.ndarray, log: Any) -> dict[str, Any]:
+    import faiss
+
+    from qpr.artifacts import INDEX_FILE
+    from qpr.retrieval.dense import load_index, nlist_of, set_nprobe, set_refine_k_factor
+
+    index = load_index(size / "models" / INDEX_FILE, nprobe=None)
+    set_refine_k_factor(index, 32)
+    faiss.omp_set_num_threads(1)
+    built = json.loads((size / "build.json").read_text())["seconds"]["faiss"]  # scale.py's
+    out: dict[str, Any] = {"bytes": (size / "models" / INDEX_FILE).stat().st_size,
+                           "build_s": built, "knob": "nprobe", "curve": {}}  # fmt: skip
+    for nprobe in (p for p in NPROBES if p <= (nlist_of(index) or 1) // 2):
+        set_nprobe(index, nprobe)
+        out["curve"][nprobe] = curve(lambda x: index.search(x, 20)[1], qv, truth)
+        log(f"ivf nprobe {nprobe}: {out['curve'][nprobe]}")
+    return out
+
+
+def saved(size: Path, spec: str) -> Path:
+    """Where a candidate's built index is kept (`side_by_side` reloads it)."""
+    return size / "graph" / (spec.replace("/", "_").replace(":", "_") + ".index")
+
+
+def measure_faiss(
+    spec: str, size: Path, x: np.ndarray, qv: np.ndarray, truth: np.ndarray, log: Any
+) -> dict:
+    import faiss
+
+    factory, ef_construction = spec.split(":", 1)[1].rsplit(":", 1)
+    index = faiss.index_factory(x.shape[1], factory)
+    index.hnsw.efConstruction = int(ef_construction)
+    faiss.omp_set_num_threads(BUILD_THREADS)
+    started = time.perf_counter()
+    if not index.is_trained:
+        index.train(x)
+    for lo in range(0, x.shape[0], 100_000):
+        index.add(x[lo : lo + 100_000])
+        log(f"{spec}: {index.ntotal:,} vectors, {time.perf_counter() - started:.0f} s")
+    out: dict[str, Any] = {"build_s": time.perf_counter() - started, "knob": "efSearch",
+                           "bytes": len(faiss.serialize_index(index)), "curve": {}}  # fmt: skip
+    faiss.write_index(index, str(saved(size, spec)))  # for the side-by-side pass
+    faiss.omp_set_num_threads(1)
+    for ef in EFS:
+        index.hnsw.efSearch = ef
+        out["curve"][ef] = curve(lambda q: index.search(q, 20)[1], qv, truth)
+        log(f"{spec} efSearch {ef}: {out['curve'][ef]}")
+    return out
+
+
+def measure_usearch(spec: str, x: np.ndarray, qv: np.ndarray, truth: np.ndarray, log: Any) -> dict:
+    import tempfile
+
+    from usearch.index import Index
+
+    _, dtype, connectivity = spec.split(":")
+    index = Index(ndim=x.shape[1], metric="l2sq", dtype=dtype,
+                  connectivity=int(connectivity), expansion_add=128)  # fmt: skip
+    started = time.perf_counter()
+    for lo in range(0, x.shape[0], 100_000):
+        keys = np.arange(lo, min(lo + 100_000, x.shape[0]), dtype=np.uint64)
+        index.add(keys, x[lo : lo + 100_000], threads=BUILD_THREADS)
+        log(f"{spec}: {len(index):,} vectors, {time.perf_counter() - started:.0f} s")
+    built = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as tmp:
+        index.save(f"{tmp}/index.usearch")
+        size = Path(f"{tmp}/index.usearch").stat().st_size
+    out: dict[str, Any] = {"build_s": built, "bytes": size, "knob": "expansion_search",
+                           "curve": {}}  # fmt: skip
+    for ef in EFS:
+        index.expansion_search = ef
+        out["curve"][ef] = curve(
+            lambda q: index.search(q, 20, threads=1).keys.astype(np.int64).reshape(-1, 20),
+            qv,
+            truth,
+        )
+        log(f"{spec} expansion_search {ef}: {out['curve'][ef]}")
+    return out
+
+
+def measure(spec: str, size: Path, qv: np.ndarray, truth: np.ndarray, log: Any) -> dict:
+    """One candidate's result, from `<size>/graph/<spec>.json` when a run left it."""
+    done = size / "graph" / (spec.replace("/", "_").replace(":", "_") + ".json")
+    if done.is_file():
+        return json.loads(done.read_text())
+    load = [round(v, 2) for v in os.getloadavg()]
+    if spec == "ivf":
+        result = measure_ivf(size, qv, truth, log)
+    else:
+        x = vectors(size)
+        if spec.startswith("faiss:"):
+            result = measure_faiss(spec, size, x, qv, truth, log)
+        else:
+            result = measure_usearch(spec, x, qv, truth, log)
+    result |= {"candidate": spec, "load_before": load,
+               "load_after": [round(v, 2) for v in os.getloadavg()]}  # fmt: skip
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.with_suffix(".tmp").write_text(json.dumps(result, indent=1))
+    done.with_suffix(".tmp").replace(done)
+    return result
+
+
+def side_by_side(
+    size: Path, results: list[dict], qv: np.ndarray, target: float, rounds: int = 5
+) -> dict[str, Any]:
+    """The IVF and each kept FAISS graph at its fastest depth reaching `target`, timed in
+    blocks of queries alternated between them (the machine is shared: load hits all
+    alike). Returns {candidate: {depth, p50_ms, p99_ms}}."""
+    import faiss
+
+    from qpr.artifacts import INDEX_FILE
+    from qpr.retrieval.dense import load_index, set_nprobe, set_refine_k_factor
+
+    faiss.omp_set_num_threads(1)
+    sides: dict[str, tuple[Any, str]] = {}
+    for r in results:
+        reach = fastest_reaching(r, target)
+        if reach is None:
+            continue
+        if r["candidate"] == "ivf":
+            index = load_index(size / "models" / INDEX_FILE, nprobe=None)
+            set_refine_k_factor(index, 32)
+            set_nprobe(index, int(reach[0]))
+        elif saved(size, r["candidate"]).is_file():
+            index = faiss.read_index(str(saved(size, r["candidate"])))
+            index.hnsw.efSearch = int(reach[0])
+        else:
+            continue
+        sides[r["candidate"]] = (index, reach[0])
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    blocks = np.array_split(np.arange(len(qv)), 10)
+    for round_ in range(rounds):
+        for b, block in enumerate(blocks):
+            order = sorted(sides, reverse=bool((b + round_) % 2))
+            for name in order:
+                index = sides[name][0]
+                for i in block:
+                    started = time.perf_counter()
+                    index.search(qv[i : i + 1], 20)
+                    times[name].append((time.perf_counter() - started) * 1e3)
+    return {
+        name: {"depth": sides[name][1], "p50_ms": float(np.median(t)),
+               "p99_ms": float(np.percentile(t, 99))}
+        for name, t in times.items()
+    }  # fmt: skip
+
+
+def neighbourhood(x: np.ndarray, qv: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """How flat the queries' neighbourhoods are: the median ratio of the squared L2
+    distance to the exact 20th neighbour over that to the first (1.0: all tied)."""
+    first = ((x[truth[:, 0]] - qv) ** 2).sum(axis=1)
+    last = ((x[truth[:, 19]] - qv) ** 2).sum(axis=1)
+    return {"median_d20_over_d1": float(np.median(last / np.maximum(first, 1e-12)))}
+
+
+def fastest_reaching(result: dict[str, Any], target: float) -> tuple[str, dict] | None:
+    """(depth, point) of the fastest depth reaching recall@20 `target`, or None."""
+    points = [(k, v) for k, v in result["curve"].items() if v["recall_at_20"] >= target]
+    return min(points, key=lambda kv: kv[1]["p50_ms"]) if points else None
+
+
+def write(out_dir: Path, label: str, payload: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"graph_index_{label}.json").write_text(json.dumps(payload, indent=1))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in payload["results"]:
+        points = sorted(r["curve"].values(), key=lambda v: v["p50_ms"])
+        ax.plot([p["p50_ms"] for p in points], [p["recall_at_20"] for p in points], "o-",
+                label=r["candidate"])  # fmt: skip
+    ax.axhline(0.95, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 ms, one query, one thread (log)")
+    ax.set_ylabel("dense recall@20 vs exact")
+    ax.set_title(f"Dense indexes at {label}: recall against time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"graph_index_{label}.png", dpi=110)
+    plt.close(fig)
+    m = payload["machine"]
+    lines = [
+        f"# Dense indexes at {label}: graphs against the served IVF",
+        "",
+        f"Measured {payload['when']} by `benchmarks/graph_index.py` on {m['cpu_model']}, "
+        f"{m['cpus_usable']} cores (commit {str(m['git_commit'])[:10]}).",
+        f"{payload['rows']:,} CNN vectors of {payload['dim']} dimensions (`benchmarks/scale.py`'s "
+        "synthetic corpus), 1,000 queries, k 20, one query at a time on one thread.",
+        f"Graphs are built on {BUILD_THREADS} threads. Recall is against exact search.",
+        "The queries' 20th exact neighbour lies "
+        f"{payload['neighbourhood']['median_d20_over_d1']:.2f} times as far as the first "
+        "(squared L2, median): flat neighbourhoods, many near-ties.",
+        "",
+        "| candidate | build s | MB | depth knob | fastest depth with recall ≥ 0.95 | "
+        "its p50 ms | p99 ms | best recall | at p50 ms | load |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in payload["results"]:
+        reach = fastest_reaching(r, 0.95)
+        best = max(r["curve"].values(), key=lambda v: v["recall_at_20"])
+        build = "—" if r["build_s"] is None else f"{r['build_s']:.0f}"
+        reached = (f"{reach[0]} | {reach[1]['p50_ms']:.3f} | {reach[1]['p99_ms']:.3f}"
+                   if reach else "not reached | — | —")  # fmt: skip
+        lines.append(
+            f"| `{r['candidate']}` | {build} | {r['bytes'] / 1e6:.0f} | {r['knob']} | {reached} "
+            f"| {best['recall_at_20']:.3f} | {best['p50_ms']:.3f} "
+            f"| {r['load_before']} → {r['load_after']} |"
+        )
+    load = payload["side_by_side_load"]
+    lines += [
+        "",
+        "## Side by side",
+        "",
+        "Each candidate at its fastest depth reaching the recall, queries in blocks "
+        f"alternated between candidates, 5 rounds (load {load[0]} → {load[1]}).",
+        "",
+        "| recall ≥ | candidate | depth | p50 ms | p99 ms |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for target, sides in payload["side_by_side"].items():
+        for name, v in sides.items():
+            lines.append(f"| {target} | `{name}` | {v['depth']} | {v['p50_ms']:.3f} | "
+                         f"{v['p99_ms']:.3f} |")  # fmt: skip
+    lines += ["", f"![recall against time](graph_index_{label}.png)", "", "## Every depth", ""]
+    for r in payload["results"]:
+        lines += [f"`{r['candidate']}`, {r['knob']}:", "",
+                  "| depth | recall@20 | p50 ms | p99 ms |", "|---:|---:|---:|---:|"]  # fmt: skip
+        for depth, v in r["curve"].items():
+            lines.append(
+                f"| {depth} | {v['recall_at_20']:.4f} | {v['p50_ms']:.3f} | {v['p99_ms']:.3f} |"
+            )
+        lines.append("")
+    (out_dir / f"graph_index_{label}.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=Path, required=True, help="a scale.py size folder")
+    parser.add_argument("--candidates", default=DEFAULT)
+    parser.add_argument("--label")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    args = parser.parse_args()
+
+    def log(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    import faiss
+
+    truth = np.load(args.size / "truth.npy")
+    qv = queries(args.size)
+    results = [measure(spec, args.size, qv, truth, log) for spec in candidates(args.candidates)]
+    versions = {"faiss": faiss.__version__}
+    try:
+        import usearch
+
+        versions["usearch"] = usearch.__version__
+    except ImportError:
+        pass
+    load = [round(v, 2) for v in os.getloadavg()]
+    paired = {str(t): side_by_side(args.size, results, qv, t) for t in SIDE_BY_SIDE}
+    payload = {
+        "neighbourhood": neighbourhood(vectors(args.size), qv, truth),
+        "side_by_side": paired,
+        "side_by_side_load": [load, [round(v, 2) for v in os.getloadavg()]],
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": describe(ROOT, versions),
+        "rows": int(sum(np.load(f, mmap_mode="r").shape[0] for f in
+                        json.loads((args.size / "build.json").read_text())["vectors"])),
+        "dim": int(qv.shape[1]),
+        "results": results,
+    }  # fmt: skip
+    write(args.out, args.label or args.size.name, payload)
+
+
+if __name__ == "__main__":
+    main()
