@@ -714,3 +714,17 @@ def test_a_swapped_out_bundle_is_freed_at_once(bundles: dict[str, Path]) -> None
             assert old() is None
         finally:
             gc.enable()
+
+
+def test_canaries_without_words_are_skipped_and_the_rest_checked(
+    bundles: dict[str, Path],
+) -> None:
+    from qpr.serve.reload import ReloadRefused, check_bundle
+
+    bundle = _load(bundles["v1"])
+    usable = [(int(IDS1[i]), Q1[i]) for i in range(3)]
+    assert check_bundle(bundle, [(999_999, "?!"), *usable]) == 3
+    with pytest.raises(ReloadRefused, match="no canary question could be encoded"):
+        check_bundle(bundle, [(999_999, "?!"), (999_998, "...")])
+    with pytest.raises(ReloadRefused, match="not built by this encoder"):
+        check_bundle(_load(bundles["wrong_index"]), [(int(IDS2[i]), Q2[i]) for i in range(3)])

@@ -188,17 +188,40 @@ def pick_canaries(questions_path: Path, count: int) -> list[tuple[int, str]]:
     )
 
 
-def _canary_neighbours(bundle: Bundle, text: str) -> tuple[list[float], list[int]]:
-    """(distances, question ids) of a canary's nearest questions, as served; through the
-    document encoder for a bundle whose queries go through a student (its vectors land near
-    their questions, never on them, so only the document encoder can show the index is
-    its own; the student's own fit is checked at load, `qpr.retrieval.loading`)."""
+def _canary_neighbours(
+    bundle: Bundle, canaries: list[tuple[int, str]]
+) -> list[tuple[int, str, list[float], list[int]]]:
+    """(question id, text, distances, question ids) of each usable canary's nearest
+    questions, as served; a canary whose text has no words for this vocabulary is left
+    out. A bundle whose queries go through a student is looked up through its document
+    encoder (the student's vectors land near their questions, never on them, so only the
+    document encoder can show the index is its own; the student's own fit is checked at
+    load, `qpr.retrieval.loading`): one call for every canary, as that loads the encoder."""
+    out = []
     if bundle.asymmetric:
-        distances, ids = bundle.document_neighbours([text], _CANARY_K)
-        found = ids[0] >= 0
-        return distances[0][found].tolist(), ids[0][found].tolist()
-    hits = bundle.search(text, k=_CANARY_K, threshold=math.inf).hits
-    return [h.distance for h in hits], [h.question_id for h in hits]
+        try:
+            found = [bundle.document_neighbours([text for _, text in canaries], _CANARY_K)]
+            batches = [canaries]
+        except ValueError:  # a canary with no words: each one alone, to skip only it
+            found, batches = [], []
+            for canary in canaries:
+                try:
+                    found.append(bundle.document_neighbours([canary[1]], _CANARY_K))
+                    batches.append([canary])
+                except ValueError:
+                    continue
+        for (distances, ids), batch in zip(found, batches, strict=True):
+            for i, (qid, text) in enumerate(batch):
+                kept = ids[i] >= 0
+                out.append((qid, text, distances[i][kept].tolist(), ids[i][kept].tolist()))
+        return out
+    for qid, text in canaries:
+        try:
+            hits = bundle.search(text, k=_CANARY_K, threshold=math.inf).hits
+        except ValueError:  # e.g. a question of punctuation only: nothing to check with it
+            continue
+        out.append((qid, text, [h.distance for h in hits], [h.question_id for h in hits]))
+    return out
 
 
 def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
@@ -210,11 +233,7 @@ def check_bundle(bundle: Bundle, canaries: Iterable[tuple[int, str]]) -> int:
     if bundle.size < 1:
         raise ReloadRefused("the index holds no questions")
     checked = 0
-    for qid, text in canaries:
-        try:
-            distances, ids = _canary_neighbours(bundle, text)
-        except ValueError:
-            continue  # e.g. a question of punctuation only: nothing to check with it
+    for qid, text, distances, ids in _canary_neighbours(bundle, list(canaries)):
         checked += 1
         if not distances:
             raise ReloadRefused(f"canary question {qid} ({text!r}) retrieved nothing")
