@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -451,6 +452,7 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
 
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
+    load_before = os.getloadavg()
     try:
         bundle = Bundle.load(models_dir, threads=1, fold_encoder=True)
         for question in questions[:50]:  # warm-up
@@ -469,6 +471,8 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
         "questions": len(times),
         "kernel": bundle.encoder_kernel,
         "asymmetric": bundle.asymmetric,
+        # The machine is shared: a p50 means little without the load it was taken at.
+        "load_avg": [list(load_before), list(os.getloadavg())],
     }
 
 
@@ -705,11 +709,12 @@ def students_table(results: dict[str, Any]) -> list[str]:
         "encoder's vectors (all-MiniLM-L6-v2 as packaged), queries go through the student. "
         "Fused: BM25 fused in, α chosen on validation. p50 / p99: one question at a time "
         "through the served bundle, 2 cores, 500 test questions. train min: the student's "
-        "own training (the document encoder is not trained here).",
+        "own training (the document encoder is not trained here). load: the 1-minute load "
+        "average before and after the timing (blank: not recorded).",
         "",
-        "| row | queries through | BM25 | test P@1 | P@10 | MRR | p50 ms | p99 ms | "
+        "| row | queries through | BM25 | test P@1 | P@10 | MRR | p50 ms | p99 ms | load | "
         "train min | query encoder MB | bundle MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for name, row in rows:
         ev, student = row["evaluate"], row.get("student", {})
@@ -719,10 +724,11 @@ def students_table(results: dict[str, Any]) -> list[str]:
         latency, sizes = row.get("query_latency", {}), row.get("sizes", {})
         kind = f"{student['kind']} student" if student.get("enabled") else "MiniLM (6 layers)"
         kernel = f" ({latency['kernel']})" if "kernel" in latency else ""
+        load = " → ".join(f"{avg[0]:.1f}" for avg in latency.get("load_avg", []))
         lines.append(
             f"| {name} | {kind}{kernel} | {'fused' if 'fusion' in ev else 'no'} | "
             f"{ev['success_1']:.4f} | {ev['success_10']:.4f} | {ev['recip_rank']:.4f} | "
-            f"{latency.get('p50_ms', '')} | {latency.get('p99_ms', '')} | "
+            f"{latency.get('p50_ms', '')} | {latency.get('p99_ms', '')} | {load} | "
             f"{student.get('train_seconds', 0) / 60:.1f} | "
             f"{sizes.get('query_encoder_mb', '')} | {sizes.get('bundle_mb', '')} |"
         )

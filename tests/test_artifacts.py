@@ -73,8 +73,14 @@ def test_the_file_is_deterministic_plain_json(tmp_path: Path) -> None:
     assert again.write(tmp_path / "b").read_bytes() == first
     payload = json.loads(first)
     assert list(payload) == sorted(payload)  # sorted keys, no timestamp among them
-    assert set(payload) == set(asdict(FUSED)) - {"rerank_top"}  # left out when None
+    # left out when None / False: bundles written before these keys keep their bytes
+    assert set(payload) == set(asdict(FUSED)) - {"rerank_top", "spelling"}
     assert "query_encoder" not in json.loads(SearchConfig().write(tmp_path / "c").read_bytes())
+    spelled = json.loads(replace(FUSED, spelling=True).write(tmp_path / "d").read_bytes())
+    assert spelled["spelling"] is True
+    assert SearchConfig.read(tmp_path / "d").spelling is True
+    with pytest.raises(SearchConfigError, match="spelling"):
+        SearchConfig(spelling="yes")  # type: ignore[arg-type]
     assert first.endswith(b"}\n")
 
 

@@ -334,6 +334,9 @@ class SearchConfig:
     rerank_top: the first-stage hits re-ranked by the bundle's cross-encoder (``rerank/``)
         per query; None (the default): no re-ranking. The file leaves it out when None, so
         bundles without a re-ranker keep their bytes.
+    spelling: queries' unknown words corrected to the indexed questions' words before the
+        search (`qpr.text.spelling`; params index.spelling). The file leaves it out when
+        False, so bundles written before it keep their bytes and search as they did.
     format: the file's format, `SEARCH_FORMAT`; older files are read through `migrate`.
     query_encoder: what queries go through (`QueryEncoderEntry`), declared by the evaluate
         stage; a mapping {"kind", "files"} is taken too. None only before it is declared:
@@ -362,6 +365,7 @@ class SearchConfig:
     chosen_on: str = "val"
     metric: str = "l2"
     rerank_top: int | None = None
+    spelling: bool = False
     format: int = SEARCH_FORMAT
     query_encoder: QueryEncoderEntry | None = None
 
@@ -413,10 +417,13 @@ class SearchConfig:
 
     def write(self, models_dir: PathLike) -> Path:
         """models_dir/search.json, atomically; sorted keys, no timestamps: the same config
-        gives the same bytes. rerank_top and query_encoder are left out when None."""
+        gives the same bytes. rerank_top and query_encoder are left out when None,
+        spelling when False."""
         payload: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         if payload["rerank_top"] is None:
             del payload["rerank_top"]
+        if not self.spelling:
+            del payload["spelling"]
         if self.query_encoder is None:
             del payload["query_encoder"]
         else:
@@ -564,6 +571,8 @@ def _check(config: SearchConfig) -> None:
         value = getattr(config, name)
         if value is not None and not _finite(value):
             raise SearchConfigError(f"{name} {value!r} is not a finite number or null")
+    if not isinstance(config.spelling, bool):
+        raise SearchConfigError(f"spelling {config.spelling!r} is not true or false")
     if not isinstance(config.chosen_on, str):
         raise SearchConfigError(f"chosen_on {config.chosen_on!r} is not a string")
     for name in ("nprobe", "ef_search", "rerank_top"):

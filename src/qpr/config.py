@@ -306,6 +306,9 @@ class IndexSettings(_Section):
     query_encoder: Literal["float32", "int8"] = "float32"
     query_cosine_floor: float = Field(0.98, ge=-1.0, le=1.0)  # the sample's 1st percentile
     lexical: LexicalSettings = LexicalSettings()
+    # A query's unknown words put back to the indexed questions' words one edit away
+    # ("hwo" → "how") before both searches (qpr.text.spelling; search.json's spelling)
+    spelling: bool = False
     # The index questions are encoded and BM25-counted in shards of this many, one task a
     # shard on the engine (qpr.retrieval.indexer); onnx: ONNX Runtime, the exported graph
     # itself; folded: a CNN's lookup tables (qpr.retrieval.folded, ~20x faster, within 1e-4)

@@ -422,3 +422,35 @@ def test_a_dropped_bundle_is_freed_without_a_garbage_collection(copy_dir: Path) 
         assert gone() is None
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------- spelling
+
+
+def test_spelling_puts_typod_words_back_before_both_searches(copy_dir: Path) -> None:
+    """search.json's `spelling`: a typo'd query is searched as the indexed words spell it,
+    by BM25 and the encoder alike; the result still names the question as asked."""
+    import dataclasses
+
+    from qpr.artifacts import SearchConfig
+
+    make_hybrid(copy_dir, 0.0, candidates=10, dense_candidates=3)  # α 0: BM25 decides
+    asked, meant = "how do i repair my bicylce", "how do i repair my bicycle"
+    plain = Bundle.load(copy_dir)
+    config = SearchConfig.read(copy_dir)
+    assert not config.spelling
+    dataclasses.replace(config, spelling=True).write(copy_dir)
+    spelled = Bundle.load(copy_dir)
+    assert spelled.search_config.spelling
+    for bundle in (plain, spelled):
+        assert bundle.search(meant, k=5).hits  # the word as indexed: both find it
+    typo = spelled.search(asked, k=5, explain=True)
+    assert typo.query == asked
+    assert [h.question_id for h in typo.hits] == [
+        h.question_id for h in spelled.search(meant, k=5).hits
+    ]
+    assert "bicycle" in typo.hits[0].explain.matched_words
+    assert typo.hits[0].text == meant
+    # unspelled, "bicylce" matches no posting: BM25 cannot tell the objects apart
+    assert plain.search(asked, k=1).hits[0].text != meant
+    assert np.allclose(spelled.embed([asked]), plain.embed([meant]))

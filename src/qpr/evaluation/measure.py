@@ -40,6 +40,7 @@ from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set
 from qpr.retrieval.dense import exact_twin
 from qpr.retrieval.encoders import query_vectors
 from qpr.retrieval.hybrid import HybridSearch, Ranking, dense, fuse
+from qpr.text.spelling import Speller
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -120,7 +121,15 @@ def measure_served(
     Searches first, scores after: each step asks retrieval for every ranking it needs,
     then judges them."""
     k = settings.evaluate.k
-    queries = {name: query_set(questions, name) for name in SPLITS}
+    asked = {name: query_set(questions, name) for name in SPLITS}
+    queries = asked
+    if base.spelling:  # the texts the bundle searches with (`Bundle.search_batch`)
+        speller = Speller.from_texts(served.texts)
+        queries = {n: replace(q, texts=speller.correct_all(q.texts)) for n, q in asked.items()}
+        changed = sum(
+            a != b for n in SPLITS for a, b in zip(asked[n].texts, queries[n].texts, strict=True)
+        )
+        log(f"spelling: {changed:,} queries corrected against {len(speller):,} known words")
     held = held_out(queries, questions, served.ids, settings)
     splits = dense_splits(served, queries, k)
     fusion = depth = None
@@ -141,7 +150,8 @@ def measure_served(
         _log_fusion(fusion, results, log)
     else:
         plot_fusion_curve({}, None, plot)
-    results["test"].update(baselines(served, splits["test"].queries, settings, log))
+    # The baselines see the queries as asked: BM25 alone is BM25 as a user would run it.
+    results["test"].update(baselines(served, asked["test"], settings, log))
     no_paraphrase = {
         name: unanswerable(held[name][0], rankings[name]["no_paraphrase"]) for name in SPLITS
     }

@@ -77,6 +77,7 @@ def search_config(
         nprobe=settings.index.nprobe,
         ef_search=settings.index.ef_search,
         rerank_top=settings.rerank.top if settings.rerank.enabled and trained else None,
+        spelling=settings.index.spelling,
         query_encoder=detect_query_encoder(paths.models_dir),
         **fused,
     )

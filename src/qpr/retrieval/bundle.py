@@ -9,7 +9,9 @@ the file): a vocabulary other than the one the encoder was trained with, an inde
 another encoder width, an id map or question table of another index. Such a mix would not
 fail later, it would return plausible but wrong neighbours, so it must fail here.
 
-Query path per batch of questions: the tokenizer's ``encode`` → one ONNX Runtime call (or,
+Query path per batch of questions: with search.json's ``spelling``, unknown words put back
+to the indexed questions' words one edit away (`qpr.text.spelling`) → the tokenizer's
+``encode`` → one ONNX Runtime call (or,
 loaded with ``fold_encoder``, a CNN's or static student's tables, `qpr.retrieval.folded`) →
 one FAISS search; with fusion also BM25 over the question's words (on a worker thread,
 started before the encoder runs, so it overlaps encoding and the FAISS search on a second
@@ -52,6 +54,7 @@ from qpr.retrieval.hybrid import HybridSearch, Ranking, answered
 from qpr.retrieval.loading import BundleError, IndexedQuestions, QueryEncoder, load_bundle_parts
 from qpr.retrieval.reranker import Reranker
 from qpr.retrieval.selection import Filters, allowed_rows, both, normalised
+from qpr.text.spelling import Speller
 
 __all__ = [
     "HIT_FIELDS",
@@ -192,6 +195,8 @@ class Bundle:
         self._index = questions.index
         self._qids = questions.qids
         self._texts = questions.texts
+        # Built from the questions themselves, so added questions' words are known at once.
+        self._speller = Speller.from_texts(questions.texts) if config.spelling else None
         self._cluster_ids = questions.cluster_ids
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
         # Rows a search may answer with: every row of a bundle that predates answer ids,
@@ -487,12 +492,13 @@ class Bundle:
             raise ValueError("threshold must be a number, got NaN")
         if not questions:
             return []
-        sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
+        texts = self._corrected(questions)
+        sequences = [self._tokens(q, i, len(texts)) for i, q in enumerate(texts)]
         rows = None if exclude is None else self._excluded_rows(exclude, len(questions))
         if allowed is not None and not allowed.any():  # nothing matches: no hits, no search
             return [SearchResult(query=q, hits=[], answered=False) for q in questions]
         ranking = self._ranker.rank(
-            questions, lambda: self._embed(sequences), k, allowed=allowed, exclude=rows
+            texts, lambda: self._embed(sequences), k, allowed=allowed, exclude=rows
         )
         served = answered(ranking, limit)
         if self._answerable is not None and ranking.rows.shape[1]:
@@ -504,7 +510,10 @@ class Bundle:
         ]
         if explain:
             depth = self._ranker.depth(k)
-            results = [self._explained(result, depth, allowed) for result in results]
+            results = [
+                self._explained(result, depth, allowed, text)
+                for result, text in zip(results, texts, strict=True)
+            ]
         return results
 
     def embed(self, questions: Sequence[str], batch: int = 256) -> np.ndarray:
@@ -513,7 +522,8 @@ class Bundle:
         question with no words."""
         if isinstance(questions, str):
             raise TypeError("embed takes a sequence of questions, not one string")
-        sequences = [self._tokens(q, i, len(questions)) for i, q in enumerate(questions)]
+        texts = self._corrected(questions)
+        sequences = [self._tokens(q, i, len(texts)) for i, q in enumerate(texts)]
         parts = [self._embed(sequences[s : s + batch]) for s in range(0, len(sequences), batch)]
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
@@ -545,6 +555,14 @@ class Bundle:
             raise ValueError(f"exclude needs one question id per question, got {ids.shape}")
         return self._id_map.to_rows(ids)
 
+    def _corrected(self, questions: Sequence[str]) -> list[str]:
+        """The texts searched for `questions`: their unknown words spelled as the indexed
+        questions spell them when the config says `spelling`. Non-strings pass through, for
+        `_tokens` to name."""
+        if self._speller is None:
+            return list(questions)
+        return [self._speller.correct(q) if isinstance(q, str) else q for q in questions]
+
     def _tokens(self, question: str, position: int, count: int) -> list[int]:
         where = "" if count == 1 else f" (question {position})"
         if not isinstance(question, str):
@@ -565,10 +583,11 @@ class Bundle:
         return embed_sequences(self._session, sequences, max_len=self._max_len, dim=self.dim)
 
     def _explained(
-        self, result: SearchResult, k: int, allowed: np.ndarray | None = None
+        self, result: SearchResult, k: int, allowed: np.ndarray | None, text: str
     ) -> SearchResult:
-        """`result` with each hit's `Explanation`: the query's candidates found again as
-        the first stage found them with `k`, and each side's scaled share read for the hits."""
+        """`result` with each hit's `Explanation`: the query's candidates (`text`, the query
+        as searched) found again as the first stage found them with `k`, and each side's
+        scaled share read for the hits."""
         if not result.hits:
             return result
         hits = result.hits
@@ -580,13 +599,13 @@ class Bundle:
         weight = self._config.dense_weight
         assert weight is not None  # a fused config
         rows = self._id_map.to_rows(np.asarray([h.question_id for h in hits], np.int64))
-        vector = self._embed([self._tokens(result.query, 0, 1)])
-        dense, lexical = self._ranker.shares(result.query, vector, rows, k, allowed)
+        vector = self._embed([self._tokens(text, 0, 1)])
+        dense, lexical = self._ranker.shares(text, vector, rows, k, allowed)
         explained = []
         for hit, row, dense_share, lexical_share in zip(
             hits, rows.tolist(), dense.tolist(), lexical.tolist(), strict=True
         ):
-            bm25_score, words = self._bm25.matches(result.query, row)
+            bm25_score, words = self._bm25.matches(text, row)
             part = Explanation(
                 hit.distance, dense_share, bm25_score, lexical_share, words, weight, hit.score
             )
