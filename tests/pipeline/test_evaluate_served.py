@@ -100,3 +100,23 @@ def test_with_a_query_student_the_stage_measures_the_student(tmp_path: Path) -> 
     run_evaluate(settings, paths, log=lambda _: None)
     assert served_query_encoder(paths.models_dir) != paths.encoder_onnx
     _assert_measured_as_served(paths, settings.evaluate.k)
+
+
+def test_with_spelling_the_stage_measures_the_corrected_queries(tmp_path: Path) -> None:
+    """index.spelling: the stage ranks the queries as the bundle corrects them, declares the
+    switch in search.json, and says how many it corrected."""
+    from qpr.artifacts import SearchConfig
+    from qpr.pipeline.evaluate import run_evaluate
+
+    overrides = tiny_overrides(tmp_path, index={"lexical": {"enabled": True, "candidates": 30}})
+    run_stages(settings_from_dict(overrides), tmp_path)
+    paths = ProjectPaths(tmp_path)
+    assert not SearchConfig.read(paths.models_dir).spelling
+    overrides["index"]["spelling"] = True
+    settings = settings_from_dict(overrides)
+    lines: list[str] = []
+    run_evaluate(settings, paths, log=lines.append)
+    assert SearchConfig.read(paths.models_dir).spelling
+    said = [line for line in lines if line.startswith("spelling: ")]
+    assert said and int(said[0].split()[1]) > 0  # the tiny logs hold typos: some corrected
+    _assert_measured_as_served(paths, settings.evaluate.k)
