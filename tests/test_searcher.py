@@ -117,16 +117,22 @@ def test_build_with_an_encoder_file_and_bm25_fusion(models: Path, tmp_path: Path
     dense = Searcher.build(["reset my printer", "repair my garden"], ["p", "g"],
                            encoder=models / "encoder.onnx", out=tmp_path / "dense")  # fmt: skip
     assert dense.bundle.fusion is None and dense.bundle.threshold is None
-    SearchConfig(threshold=1.0, dense_weight=0.5, lexical_candidates=10).write(models)
+    SearchConfig(threshold=1.0, dense_weight=0.5, lexical_candidates=10, spelling=True).write(
+        models
+    )
     try:
-        fused = Searcher.build(["reset my printer", "repair my garden"], ["p", "g"],
-                               encoder=models, out=tmp_path / "fused")  # fmt: skip
+        fused = Searcher.build(["reset my printer", "repair my garden", "garden tools"],
+                               ["p", "g", "t"], encoder=models, out=tmp_path / "fused")  # fmt: skip
     finally:
         SearchConfig(threshold=1e-6, target_precision=0.9).write(models)
     assert fused.bundle.fusion is not None and fused.bundle.fusion["dense_weight"] == 0.5
     top = fused.search("printer", k=1, explain=True).hits[0]
     assert top.answer_id == "p" and top.explain is not None
     assert top.explain.matched_words == ("printer",)
+    # the encoder's bundle corrects spelling: so does the new one, against its own words
+    assert fused.bundle.search_config.spelling
+    typo = fused.search("gardne", k=1, explain=True).hits[0]
+    assert typo.explain is not None and typo.explain.matched_words == ("garden",)
 
 
 def test_build_refuses_mismatched_lists(models: Path, tmp_path: Path) -> None:

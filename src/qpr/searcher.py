@@ -340,8 +340,9 @@ def _query_encoder(source: SearchConfig | None) -> QueryEncoderEntry:
 
 
 def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
-    """The encoder's bundle's threshold and fusion, with its query encoder (the same
-    encoders, so the same distances), and the index file's own depth (a new index)."""
+    """The encoder's bundle's threshold, fusion and spelling switch, with its query encoder
+    (the same encoders, so the same distances), and the index file's own depth (a new
+    index)."""
     from qpr.artifacts import SearchConfig
 
     queries = _query_encoder(source)
@@ -354,5 +355,6 @@ def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
         dense_candidates=(source.dense_candidates or _DENSE_CANDIDATES) if fused else None,
         target_precision=source.target_precision,
         chosen_on=source.chosen_on,
+        spelling=source.spelling,  # corrected against the new questions' own words
         query_encoder=queries,
     )
