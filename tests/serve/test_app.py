@@ -233,6 +233,7 @@ def test_health_ready_version(client: TestClient, bundle_dir: Path) -> None:
     assert (model["questions"], model["dim"], model["threshold"]) == (50, 8, STORED_THRESHOLD)
     assert model["fusion"] is None  # this bundle ranks by its encoder alone
     assert model["encoder_kernel"] == "folded"  # QPR_SERVE_FOLD_ENCODER's default
+    assert model["spelling"] is False  # its search.json predates spelling correction
     assert "git_commit" in version["service"] and version["service"]["package_version"]
     assert version["reload"]["refused"] == 0 and version["reload"]["swaps"] == 1
     assert version["limits"]["max_k"] == SETTINGS.max_k

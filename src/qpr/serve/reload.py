@@ -119,6 +119,7 @@ class ModelInfo:
         "onnx"  # "folded" (qpr.retrieval.folded), "onnx-int8" (qpr.model.quantize)
     )
     query_student: bool = False  # queries through a student of the document encoder
+    spelling: bool = False  # queries' unknown words corrected first (search.json)
     details: dict[str, str] = field(default_factory=dict)
     # {delta number: why it failed its check}: the deltas this bundle serves without
     failed_deltas: dict[int, str] = field(default_factory=dict)
@@ -139,6 +140,7 @@ class ModelInfo:
             "fusion": self.fusion,
             "encoder_kernel": self.encoder_kernel,
             "query_student": self.query_student,
+            "spelling": self.spelling,
             "failed_deltas": self.failed_deltas_list(),
             **self.details,
         }
@@ -424,6 +426,7 @@ class Reloader:
             fusion=bundle.fusion,
             encoder_kernel=bundle.encoder_kernel,
             query_student=bundle.asymmetric,
+            spelling=bundle.search_config.spelling,
             details=dict(candidate.details),
             failed_deltas=bundle.failed_deltas,
         )
