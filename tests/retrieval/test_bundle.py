@@ -454,3 +454,22 @@ def test_spelling_puts_typod_words_back_before_both_searches(copy_dir: Path) -> 
     # unspelled, "bicylce" matches no posting: BM25 cannot tell the objects apart
     assert plain.search(asked, k=1).hits[0].text != meant
     assert np.allclose(spelled.embed([asked]), plain.embed([meant]))
+
+
+def test_a_deleted_questions_words_are_no_longer_spelled_back(copy_dir: Path) -> None:
+    """A tombstoned question leaves the speller's words: a query is not put back to a
+    word only deleted questions held."""
+    import dataclasses
+
+    from qpr.artifacts import SearchConfig
+    from qpr.deltas.add import delete_questions
+    from tests.retrieval.cnn_bundle import QIDS
+
+    make_hybrid(copy_dir, 0.0, candidates=10, dense_candidates=3)
+    dataclasses.replace(SearchConfig.read(copy_dir), spelling=True).write(copy_dir)
+    assert Bundle.load(copy_dir)._corrected(["my bicylce"]) == ["my bicycle"]
+    bicycles = [int(q) for q, text in zip(QIDS, QUESTIONS, strict=True) if "bicycle" in text]
+    delete_questions(copy_dir, bicycles[:-2])
+    assert Bundle.load(copy_dir)._corrected(["my bicylce"]) == ["my bicycle"]  # two left
+    delete_questions(copy_dir, bicycles[-2:])
+    assert Bundle.load(copy_dir)._corrected(["my bicylce"]) == ["my bicylce"]

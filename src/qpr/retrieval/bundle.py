@@ -195,8 +195,9 @@ class Bundle:
         self._index = questions.index
         self._qids = questions.qids
         self._texts = questions.texts
-        # Built from the questions themselves, so added questions' words are known at once.
-        self._speller = Speller.from_texts(questions.texts) if config.spelling else None
+        # Built from the questions served, so added questions' words are known at once and
+        # a deleted question's words are not (a typo'd query must not be put back to them).
+        self._speller = _speller(questions) if config.spelling else None
         self._cluster_ids = questions.cluster_ids
         self._answer_ids = questions.answer_ids or [None] * len(questions.qids)
         # Rows a search may answer with: every row of a bundle that predates answer ids,
@@ -634,6 +635,14 @@ class Bundle:
                 )
             )
         return hits
+
+
+def _speller(questions: IndexedQuestions) -> Speller:
+    """A speller of the questions no tombstone hides."""
+    dead = questions.dead
+    if dead is None or not dead.any():
+        return Speller.from_texts(questions.texts)
+    return Speller.from_texts(t for t, gone in zip(questions.texts, dead, strict=True) if not gone)
 
 
 def _mask(
