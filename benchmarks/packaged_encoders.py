@@ -22,13 +22,17 @@ stage's splits; each query leaves its own question out, as there. Two systems:
 Also the encoder's cost: seconds to embed the index, and one query's embedding time (p50,
 one thread). Query latency as served is not measured: no bundle serves this encoder.
 
---beside-student: also the encoder as a third signal of the project's own served search
-(its query student and BM25). The served candidates (the student's dense ones at the
-served depth, and BM25's) are kept; the dense term becomes γ·student + (1 - γ)·encoder,
-each min-max scaled over the candidates, then fused with BM25 at α as served. γ and α are
-chosen on validation; γ = 1 is the project's own search (a check).
+--beside NAME=DIR (repeatable): also the encoder as a third signal of a served search:
+the bundle of project DIR (the product default's query student and BM25, or a fine-tuned
+MiniLM and BM25), on the same Quora split. The served candidates (the bundle's dense ones
+at the served depth, and BM25's) are kept; the dense term becomes
+γ·bundle + (1 - γ)·encoder, each min-max scaled over the candidates, then fused with BM25
+at α as served. γ and α are chosen on validation; γ = 1 is the bundle's own search (a
+check). The projects must be served without spelling correction (the bundle's queries
+are then the encoder's).
 
-    PYTHONPATH=src:. .venv/bin/python benchmarks/packaged_encoders.py --project /tmp/qprod
+    PYTHONPATH=src:. .venv/bin/python benchmarks/packaged_encoders.py --project /tmp/qprod \
+        --beside "product default=/tmp/qprod" --beside "fine-tuned MiniLM=/tmp/qft"
 
 Writes docs/results/packaged_encoders.{json,md} (or --out DIR). wordllama comes from the
 `bench` extra.
@@ -82,7 +86,9 @@ def wordllama_encoder() -> Any:
 ENCODERS = {"wordllama l2_supercat 256": ("wordllama==0.4.0.post1", wordllama_encoder)}
 
 
-def measure(name: str, project: Path, settings: Any, beside: bool = False) -> dict[str, Any]:
+def measure(
+    name: str, project: Path, settings: Any, beside: dict[str, Path] | None = None
+) -> dict[str, Any]:
     import faiss
 
     from qpr.artifacts import SearchConfig
@@ -114,8 +120,8 @@ def measure(name: str, project: Path, settings: Any, beside: bool = False) -> di
     out: dict[str, Any] = {"package": package, "dim": int(vectors.shape[1]),
                            "index_seconds": round(index_seconds, 1)}  # fmt: skip
     curves: dict[str, dict[float, dict]] = {}
-    for split in ("val", "test"):
-        queries = query_set(questions, split)
+    splits = {split: query_set(questions, split) for split in ("val", "test")}
+    for split, queries in splits.items():
         rows = ids.to_rows(queries.query_ids)
         qv = encode(queries.texts)
         alone = dense(index, qv, k, exclude=rows)
@@ -141,32 +147,39 @@ def measure(name: str, project: Path, settings: Any, beside: bool = False) -> di
         encode([text])
         times.append(time.perf_counter() - started)
     out["query_embed_ms_p50"] = round(1e3 * float(np.median(times)), 3)
-    out["queries"] = {"val": len(query_set(questions, "val").query_ids),
-                      "test": len(query_set(questions, "test").query_ids)}  # fmt: skip
+    out["queries"] = {split: len(queries.query_ids) for split, queries in splits.items()}
     log(f"{name}: test P@1 alone {out['test_alone']['success_1']:.4f}, fused "
         f"{out['test_fused']['success_1']:.4f} at α {best}")  # fmt: skip
-    if beside:
-        out["beside_student"] = beside_student(project, settings, encode, vectors, questions)
+    out["beside"] = {}
+    split_of = read_cluster_outputs(paths)[0][["question_id", "cluster_id", "split"]]
+    for label, other in (beside or {}).items():
+        if not read_cluster_outputs(ProjectPaths(other))[0][split_of.columns].equals(split_of):
+            raise SystemExit(f"--beside {other}: not the split of {project}")
+        other_texts = read_indexed_questions(ProjectPaths(other))["text"].tolist()
+        # Another project of the same file and seed indexes the same questions, row for row.
+        doc_vectors = vectors if other_texts == texts else encode(other_texts)
+        out["beside"][label] = beside_bundle(other, settings, encode, doc_vectors, splits)
+        out["beside"][label]["project"] = str(other)
     return out
 
 
-def beside_student(
-    project: Path, settings: Any, encode: Any, doc_vectors: np.ndarray, questions: Any
+def beside_bundle(
+    project: Path, settings: Any, encode: Any, doc_vectors: np.ndarray, splits: dict[str, Any]
 ) -> dict[str, Any]:
-    """The encoder as a third signal beside the project's student and BM25 (docstring)."""
-    from qpr.evaluation.queries import query_set, score_system
+    """The encoder as a third signal beside a project's served search (docstring).
+    doc_vectors: float32 [N, dim], the encoder's vectors of the bundle's rows."""
+    from qpr.evaluation.queries import score_system
     from qpr.retrieval.bundle import Bundle
     from qpr.retrieval.fusion import _unit_range, fuse_union
 
     bundle = Bundle.load(project / "models", fold_encoder=True)
     if bundle.search_config.spelling:
-        raise SystemExit("--beside-student wants a project served without spelling correction")
+        raise SystemExit(f"--beside {project}: served with spelling correction")
     k, gammas = settings.evaluate.k, (1.0, 0.75, 0.5, 0.25, 0.0)
     weights = settings.index.lexical.dense_weights
     qids = np.asarray(bundle._qids, np.int64)
     p1: dict[str, dict[tuple[float, float], float]] = {}
-    for split in ("val", "test"):
-        queries = query_set(questions, split)
+    for split, queries in splits.items():
         own = bundle._id_map.to_rows(queries.query_ids)
         found: dict[tuple[float, float], list[np.ndarray]] = {}
         for lo in range(0, len(queries.texts), 1000):
@@ -191,7 +204,7 @@ def beside_student(
             scored = score_system(split, queries, rows, np.where(rows >= 0, ranks, -np.inf),
                                   qids, higher_is_better=True, seconds=0.0)  # fmt: skip
             p1[split][key] = round(float(scored.summary["success_1"]), 4)
-        log(f"beside the student, {split}: {len(found)} (γ, α) pairs")
+        log(f"beside {project}, {split}: {len(found)} (γ, α) pairs")
     best = max(p1["val"], key=lambda key: (p1["val"][key], key))
     own_best = max(
         (key for key in p1["val"] if key[0] == 1.0), key=lambda key: (p1["val"][key], key)
@@ -233,27 +246,35 @@ def markdown(payload: dict) -> str:
             f"{row['val_fused']['success_1']:.4f} | {row['index_seconds']:.0f} | "
             f"{row['query_embed_ms_p50']:.3f} |"
         )
-    beside = {name: row["beside_student"] for name, row in payload["rows"].items()
-              if "beside_student" in row}  # fmt: skip
+    beside = [(name, label, b) for name, row in payload["rows"].items()
+              for label, b in row.get("beside", {}).items()]  # fmt: skip
     if beside:
         lines += [
             "",
-            "## Beside the project's query student and BM25",
+            "## Beside a served search: the bundle's dense side and BM25",
             "",
-            "The served candidates kept; dense term γ·student + (1 - γ)·encoder, fused with "
-            "BM25 at α. γ = 1 is the project's own search. Chosen on validation P@1.",
+            "The served candidates kept; dense term γ·bundle + (1 - γ)·encoder, fused with "
+            "BM25 at α. γ = 1 is the bundle's own search. Chosen on validation P@1.",
             "",
-            "| encoder | γ | α | val P@1 | test P@1 | the project alone: α | val P@1 | test P@1 |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| encoder | beside (project) | γ | α | val P@1 | test P@1 | the bundle alone: α "
+            "| val P@1 | test P@1 |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-    for name, b in beside.items():
+    for name, label, b in beside:
         own = b["student_only"]
         lines.append(
-            f"| {name} | {b['gamma']} | {b['dense_weight']} | {b['val_p1']:.4f} | "
-            f"{b['test_p1']:.4f} | {own['dense_weight']} | {own['val_p1']:.4f} | "
-            f"{own['test_p1']:.4f} |"
+            f"| {name} | {label} (`{b['project']}`) | {b['gamma']} | {b['dense_weight']} | "
+            f"{b['val_p1']:.4f} | {b['test_p1']:.4f} | {own['dense_weight']} | "
+            f"{own['val_p1']:.4f} | {own['test_p1']:.4f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _named(spec: str) -> tuple[str, Path]:
+    name, sep, folder = spec.partition("=")
+    if not sep or not name or not Path(folder, "models").is_dir():
+        raise SystemExit(f"--beside wants NAME=DIR, DIR a project with models/: {spec!r}")
+    return name, Path(folder)
 
 
 def main() -> None:
@@ -262,14 +283,15 @@ def main() -> None:
     parser.add_argument("--encoders", default=",".join(ENCODERS))
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--beside-student", action="store_true", help="see the docstring")
+    parser.add_argument("--beside", action="append", default=[], metavar="NAME=DIR",
+                        help="a served search to add the encoder to (docstring)")  # fmt: skip
     args = parser.parse_args()
     from qpr.config import load_settings
 
     settings = load_settings(args.params)
+    beside = dict(_named(spec) for spec in args.beside)
     rows = {
-        name: measure(name, args.project, settings, args.beside_student)
-        for name in args.encoders.split(",")
+        name: measure(name, args.project, settings, beside) for name in args.encoders.split(",")
     }
     payload = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
