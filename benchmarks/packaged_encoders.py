@@ -170,7 +170,7 @@ def beside_bundle(
     doc_vectors: float32 [N, dim], the encoder's vectors of the bundle's rows."""
     from qpr.evaluation.queries import score_system
     from qpr.retrieval.bundle import Bundle
-    from qpr.retrieval.fusion import _unit_range, fuse_union
+    from qpr.retrieval.fusion import fuse_union, unit_range
 
     bundle = Bundle.load(project / "models", fold_encoder=True)
     if bundle.search_config.spelling:
@@ -189,8 +189,8 @@ def beside_bundle(
             )
             valid = part.union >= 0
             theirs = np.einsum("qd,qud->qu", encode(texts), doc_vectors[np.maximum(part.union, 0)])
-            student = _unit_range(np.where(valid, -part.distances, -np.inf))
-            other = _unit_range(np.where(valid, theirs, -np.inf))
+            student = unit_range(np.where(valid, -part.distances, -np.inf))
+            other = unit_range(np.where(valid, theirs, -np.inf))
             for gamma in gammas:
                 mixed = np.where(valid, gamma * student + (1 - gamma) * other, -np.inf)
                 for weight in weights:

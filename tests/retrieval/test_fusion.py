@@ -12,8 +12,16 @@ from qpr.retrieval.fusion import (
     fuse_union,
     fuse_union_one,
     scaled_at,
+    unit_range,
     values_at,
 )
+
+
+def test_unit_range_scales_each_row_over_its_finite_scores() -> None:
+    scores = np.array([[2.0, 4.0, -np.inf, 3.0], [5.0, 5.0, -np.inf, -np.inf]])
+    out = unit_range(scores)
+    assert out.dtype == np.float32
+    assert out.tolist() == [[0.0, 1.0, 0.0, 0.5], [1.0, 1.0, 0.0, 0.0]]
 
 
 def test_fuse_union_one_returns_slots_into_the_union() -> None:

@@ -65,8 +65,10 @@ def values_at(rows: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.nd
     return out
 
 
-def _unit_range(scores: np.ndarray) -> np.ndarray:
-    """Per row min-max to [0, 1] over the finite entries; a constant row becomes 1."""
+def unit_range(scores: np.ndarray) -> np.ndarray:
+    """float32 [Q, C]: scores float [Q, C] min-max scaled per row to [0, 1] over the finite
+    entries (-inf: no candidate, 0 out); a constant row becomes 1. Each side's scaling in
+    `fuse_union`, public for a caller mixing in scores of its own."""
     finite = np.isfinite(scores)
     lo = np.where(finite, scores, np.inf).min(axis=1, keepdims=True)
     hi = np.where(finite, scores, -np.inf).max(axis=1, keepdims=True)
@@ -83,7 +85,7 @@ def scaled_at(scores: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.nd
     lexical one is the fused score."""
     rows = np.asarray(rows, np.int64)
     valid = rows >= 0
-    scaled = _unit_range(np.where(valid, np.asarray(scores, np.float32), -np.inf)[None])[0]
+    scaled = unit_range(np.where(valid, np.asarray(scores, np.float32), -np.inf)[None])[0]
     share = dict(zip(rows[valid].tolist(), scaled[valid].tolist(), strict=True))
     return np.asarray([share.get(row, 0.0) for row in np.asarray(wanted).tolist()], np.float32)
 
@@ -116,9 +118,9 @@ def fuse_union(
     if lexical_rows.shape[0] != q:
         raise ValueError(f"{q} union rows but {lexical_rows.shape[0]} lexical rows")
     valid = union_rows >= 0
-    dense = _unit_range(np.where(valid, dense_sims, -np.inf))
+    dense = unit_range(np.where(valid, dense_sims, -np.inf))
     lexical_found = lexical_rows >= 0
-    lexical = _unit_range(np.where(lexical_found, lexical_scores, -np.inf))
+    lexical = unit_range(np.where(lexical_found, lexical_scores, -np.inf))
     # Each lexical row's slot in its query's union: one search over keys made globally
     # ascending by a per-query offset (empty slots take the largest key of their query).
     width = int(max(union_rows.max(initial=0), lexical_rows.max(initial=0))) + 2
