@@ -102,6 +102,8 @@ STUDENT_2L = {
     "batch_size": 64,
     "max_epochs": 1,
 }
+# The same student trained on for two more epochs (resumed from the row above).
+STUDENT_2L_3 = {**STUDENT_2L, "max_epochs": 3}
 
 
 def minilm_fused(int8_queries: bool = False) -> dict[str, dict[str, Any]]:
@@ -265,6 +267,11 @@ ROWS: dict[str, tuple] = {
             "student": STUDENT_2L,
         },
     ),
+    "2-layer MiniLM student of MiniLM, 3 epochs + BM25 fusion": (
+        "students",
+        {},
+        {**minilm_fused(), "student": STUDENT_2L_3},
+    ),
     "CNN student of MiniLM + BM25 fusion": (
         "students",
         {},
@@ -294,6 +301,9 @@ TRAINED_AS = {
     "CNN student of MiniLM alone": "CNN student of MiniLM + BM25 fusion",
     "static student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
     "2-layer MiniLM student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
+    "2-layer MiniLM student of MiniLM, 3 epochs + BM25 fusion": (
+        "2-layer MiniLM student of MiniLM + BM25 fusion"
+    ),
     "CNN student of MiniLM + BM25 fusion": "MiniLM off the shelf + BM25 fusion",
     "MiniLM fine-tuned, SDML + BM25 fusion": "MiniLM fine-tuned, SDML",
     "MiniLM fine-tuned, SDML + BM25 fusion, int8 queries": "MiniLM fine-tuned, SDML",
@@ -427,6 +437,8 @@ def reuse_training(rows_dir: Path, name: str, log: Callable[[str], None]) -> Non
         ("artifacts/train", "checkpoints/last.pt", "training checkpoints"),
         ("artifacts/index", "vectors/*.npy", "index vectors"),
         ("models/student", "query_encoder.onnx", "query student"),
+        # A student trained further resumes after the other row's last epoch.
+        ("artifacts/student", "checkpoints/last.pt", "student checkpoints"),
     ):
         src = row_dir_of(rows_dir, source) / part
         dst = row_dir_of(rows_dir, name) / part
