@@ -745,7 +745,8 @@ def students_table(results: dict[str, Any]) -> list[str]:
         "encoder's vectors (all-MiniLM-L6-v2 as packaged), queries go through the student. "
         "Fused: BM25 fused in, α chosen on validation. p50 / p99: one question at a time "
         "through the served bundle, 2 cores, 500 test questions. train min: the student's "
-        "own training (the document encoder is not trained here). load: the 1-minute load "
+        "own training, every epoch (a row resumed from another's counts the other's too; the "
+        "document encoder is not trained here). load: the 1-minute load "
         "average before and after the timing (blank: not recorded).",
         "",
         "| row | queries through | BM25 | test P@1 | P@10 | MRR | p50 ms | p99 ms | load | "
@@ -765,10 +766,27 @@ def students_table(results: dict[str, Any]) -> list[str]:
             f"| {name} | {kind}{kernel} | {'fused' if 'fusion' in ev else 'no'} | "
             f"{ev['success_1']:.4f} | {ev['success_10']:.4f} | {ev['recip_rank']:.4f} | "
             f"{latency.get('p50_ms', '')} | {latency.get('p99_ms', '')} | {load} | "
-            f"{student.get('train_seconds', 0) / 60:.1f} | "
+            f"{student_seconds(name, results['rows']) / 60:.1f} | "
             f"{sizes.get('query_encoder_mb', '')} | {sizes.get('bundle_mb', '')} |"
         )
     return lines
+
+
+def student_seconds(name: str, rows: dict[str, Any]) -> float:
+    """The student's training seconds over its whole history: a row resumed from another
+    row's student checkpoints (`reuse_training`) timed only its own epochs; a row reusing
+    another's student (the `alone` rows) has that row's."""
+    row = rows.get(name, {})
+    student = row.get("student", {})
+    source = TRAINED_AS.get(name, "")
+    mine = row.get("config", {}).get("overrides", {}).get("student", {})
+    earlier = rows.get(source, {}).get("config", {}).get("overrides", {}).get("student", {})
+    if "train_seconds" not in student:
+        return student_seconds(source, rows) if source in rows else 0.0
+    # Resumed: the same student trained further (more epochs); else trained afresh or reused.
+    resumed = bool(mine) and earlier.get("kind") == mine.get("kind")
+    resumed = resumed and mine.get("max_epochs", 0) > earlier.get("max_epochs", 0)
+    return student["train_seconds"] + (student_seconds(source, rows) if resumed else 0.0)
 
 
 def bundle_sizes(models_dir: Path) -> dict[str, float]:
