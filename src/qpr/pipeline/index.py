@@ -324,7 +324,6 @@ def _int8_queries(
         [texts[r] for r in rows],
         vectors.rows(rows),
         threads=cfg.threads,
-        batch_size=cfg.encode_batch_size,
         log=log,
     )
     query_metrics["query_self_retrieval_rate"] = self_retrieval_rate(
@@ -387,21 +386,21 @@ def int8_query_encoder(
     reference: np.ndarray,
     *,
     threads: int,
-    batch_size: int,
     log: Callable[[str], None] = print,
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Quantise the encoder into `target` (qpr.model.quantize) and encode `texts` with it:
+    """Quantise the encoder into `target` (qpr.model.quantize) and encode `texts` with it,
+    one question a call as it serves them:
     (their int8 vectors float32 [N, D], {"query_cosine_min", "_p1" (1st percentile),
     "_median" against `reference` (their float32 vectors), "query_encoder_bytes",
     "quantize_seconds"})."""
     from qpr.model.quantize import quantize_query_encoder
-    from qpr.retrieval.encoders import encode_corpus, load_session, row_cosines
+    from qpr.retrieval.encoders import load_session, onnx_max_len, query_vectors, row_cosines
 
     started = time.perf_counter()
     quantize_query_encoder(encoder_onnx, target)
     seconds = time.perf_counter() - started
     session = load_session(target, threads=threads)
-    vectors = encode_corpus(session, vocab, texts, batch_size=batch_size, log=lambda _: None)
+    vectors = query_vectors(session, vocab, texts, max_len=onnx_max_len(session))
     cosines = row_cosines(reference, vectors)
     size = target.stat().st_size
     log(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from qpr.artifacts import INPUT_NAME, MAX_LEN_KEY, OUTPUT_NAME
+from qpr.artifacts import INPUT_NAME, MAX_LEN_KEY, OUTPUT_NAME, QUANTIZED_FROM
 from qpr.text.vocab import pad_sequences
 
 if TYPE_CHECKING:
@@ -98,6 +98,13 @@ def encode(
 QUERY_CHUNK = 256
 
 
+def batch_dependent(session: ort.InferenceSession) -> bool:
+    """True for an encoder whose vectors depend on what else is in the batch: the int8
+    copy (`qpr.model.quantize`). Dynamic quantisation scales the activations per call,
+    over the whole padded batch, so a question's vector moves with its neighbours."""
+    return QUANTIZED_FROM in session.get_modelmeta().custom_metadata_map
+
+
 def embed_sequences(
     session: ort.InferenceSession, sequences: Sequence[Sequence[int]], *, max_len: int, dim: int
 ) -> np.ndarray:
@@ -105,10 +112,16 @@ def embed_sequences(
     input order: what `Bundle.search` and the evaluate stage encode queries with.
 
     One sequence goes through unpadded; more go in length-sorted chunks of `QUERY_CHUNK`,
-    each padded only to its own longest sequence."""
+    each padded only to its own longest sequence. A `batch_dependent` encoder takes them
+    one at a time instead, so a batch gets each question's vector as a lone query does:
+    what is measured in batches is what one question is served."""
     if len(sequences) == 1:  # the single-question path: no sorting, no scatter
         return run_session(session, np.asarray(sequences, dtype=np.int64))
     out = np.empty((len(sequences), dim), dtype=np.float32)
+    if batch_dependent(session):
+        for row, sequence in enumerate(sequences):
+            out[row] = run_session(session, np.asarray([sequence], dtype=np.int64))[0]
+        return out
     order = np.argsort([len(s) for s in sequences], kind="stable")
     for start in range(0, len(order), QUERY_CHUNK):
         idx = order[start : start + QUERY_CHUNK]
