@@ -895,6 +895,12 @@ def main() -> None:
         "measured here; no row is trained",
     )
     parser.add_argument(
+        "--again",
+        action="store_true",
+        help="measure the chosen rows again from their trained models (index → evaluate), "
+        "even when their configuration is unchanged: after a change to the served path",
+    )
+    parser.add_argument(
         "--replace",
         action="store_true",
         help="with --merge: a merged row replaces --out's row of the same name (a row "
@@ -1046,7 +1052,7 @@ def main() -> None:
         done = results["rows"].get(name)
         row_dir = row_dir_of(work / "rows", name)
         row_started = time.perf_counter()
-        if done and done.get("config") == config:
+        if done and done.get("config") == config and not args.again:
             results["last_call"]["skipped"].append(name)
             if "query_latency" not in done and (row_dir / "models" / "encoder.onnx").is_file():
                 done["query_latency"] = query_latency(row_dir / "models", latency_questions)
