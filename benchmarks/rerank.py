@@ -205,9 +205,12 @@ def latency(dirs: dict[str, Path], questions: list[str], log: Log) -> dict[str, 
     return out
 
 
-def train(clusters: Path, work: Path, epochs: int, log: Log) -> tuple[Path, dict]:
-    """The rerank stage with params.yaml's rerank section (enabled, `epochs` at most) on
-    the cluster outputs; returns its models folder and metrics."""
+def train(
+    clusters: Path, work: Path, epochs: int, max_teacher_cosine: float | None, log: Log
+) -> tuple[Path, dict]:
+    """The rerank stage with params.yaml's rerank section (enabled, `epochs` at most,
+    `max_teacher_cosine` when given) on the cluster outputs; returns its models folder
+    and metrics."""
     from qpr.config import load_settings, settings_from_dict
     from qpr.paths import ProjectPaths
     from qpr.pipeline.rerank import run_rerank
@@ -219,6 +222,8 @@ def train(clusters: Path, work: Path, epochs: int, log: Log) -> tuple[Path, dict
         link.symlink_to(clusters.resolve())
     raw = load_settings(REPO / "params.yaml").model_dump(mode="json")
     raw["rerank"] |= {"enabled": True, "max_epochs": epochs}
+    if max_teacher_cosine is not None:
+        raw["rerank"]["max_teacher_cosine"] = max_teacher_cosine
     metrics = run_rerank(settings_from_dict(raw), ProjectPaths(root), log=log)
     return root / "models", metrics
 
@@ -230,6 +235,11 @@ def main() -> None:
     parser.add_argument("--reranker", type=Path, help="a models/ folder holding rerank/")
     parser.add_argument("--train", action="store_true", help="train one into --work first")
     parser.add_argument("--max-epochs", type=int, default=1, help="training passes")
+    parser.add_argument(
+        "--max-teacher-cosine",
+        type=float,
+        help="with --train: no negative the packaged encoder puts this close to its question",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/qpr-rerank-benchmark"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--tops", default="3,5,10,20")
@@ -247,7 +257,9 @@ def main() -> None:
     trained = None
     reranker_models = args.reranker
     if args.train:
-        reranker_models, trained = train(args.clusters, args.work, args.max_epochs, log)
+        reranker_models, trained = train(
+            args.clusters, args.work, args.max_epochs, args.max_teacher_cosine, log
+        )
     tops = [int(t) for t in args.tops.split(",")]
     results = measure(args, reranker_models, tops, log)
     results["training"] = trained or _training_note(reranker_models)

@@ -406,6 +406,9 @@ class RerankSettings(_Section):
     top: int = Field(10, ge=1)  # first-stage hits re-ranked per query when served
     negatives: int = Field(3, ge=1)  # BM25 hard negatives per training pair
     window: int = Field(20, ge=1)  # ... drawn among BM25's first `window` usable ranks
+    # ... skipping those the packaged encoder finds closer than this to their question
+    # (likely unlabelled paraphrases); None: no filter
+    max_teacher_cosine: float | None = Field(None, ge=-1.0, le=1.0)
     max_pairs: int | None = Field(7_000, ge=1)  # a seeded subset of the training pairs
     max_epochs: int = Field(1, ge=1)  # passes over them
     patience: int = Field(1, ge=1)  # epochs without a better validation MRR

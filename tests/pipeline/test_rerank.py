@@ -39,7 +39,7 @@ def test_enabled_trains_exports_and_gates(tmp_path: Path) -> None:
     from qpr.retrieval.reranker import Reranker
 
     rerank = {"enabled": True, "max_epochs": 2, "max_pairs": 16, "check_groups": 10}
-    rerank |= {"max_len": 32, "batch_size": 2, "threads": 1}
+    rerank |= {"max_len": 32, "batch_size": 2, "threads": 1, "max_teacher_cosine": 0.9}
     settings = settings_from_dict(tiny_overrides(tmp_path, rerank=rerank))
     write_logs(Path(settings.data.path), SynthSpec.from_settings(settings.data.synth))
     paths = ProjectPaths(tmp_path)
@@ -55,6 +55,7 @@ def test_enabled_trains_exports_and_gates(tmp_path: Path) -> None:
     )
     assert 1 <= metrics["train_best_epoch"] <= metrics["train_epochs"] <= 2
     assert (paths.rerank_train_dir / "checkpoints" / "last.pt").is_file()
+    assert any((paths.rerank_train_dir / "teacher").iterdir())  # the negatives' filter ran
     assert metrics["parity_max_abs_diff"] < 1e-4 and metrics["check_groups"] == 10
     assert (paths.models_dir / RERANK_TOKENIZER_FILE).is_file()
     assert (paths.gate_reports("rerank")).is_dir()

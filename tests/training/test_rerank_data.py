@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from qpr.training.rerank_data import GroupSpec, RerankGroups, rerank_groups
+from qpr.training.rerank_data import GroupSpec, RerankGroups, rerank_groups, teacher_filtered
 
 VERBS = ("install", "reset", "update", "clean", "sell", "paint")
 OBJECTS = ("printer", "garden", "bicycle", "laptop")
@@ -58,3 +59,45 @@ def test_validation_groups_and_max_pairs() -> None:
 def test_groups_need_equal_sizes() -> None:
     with pytest.raises(ValueError, match="as many candidates"):
         RerankGroups(["a", "b"], [["x", "y"], ["z"]])
+
+
+def _verb_teacher(texts: list[str]) -> np.ndarray:
+    """A stand-in teacher: questions of one verb are paraphrases (cosine 1), others not (0)."""
+    return np.array([[float(v in t.split()) for v in VERBS] for t in texts], np.float32)
+
+
+def _verb(text: str) -> str:
+    return next(v for v in VERBS if v in text.split())
+
+
+def test_a_teacher_keeps_likely_paraphrases_out_of_the_negatives() -> None:
+    questions, pairs = _frames()
+    spec = GroupSpec(negatives=2, window=5)
+    plain = rerank_groups(questions, pairs, spec, log=lambda _: None)
+    # BM25 ranks questions sharing the query's verb first, so some are drawn unfiltered
+    pairs_drawn = zip(plain.queries, plain.candidates, strict=True)
+    assert any(_verb(n) == _verb(q) for q, c in pairs_drawn for n in c[1:])
+    filtered = rerank_groups(
+        questions,
+        pairs,
+        GroupSpec(negatives=2, window=5, max_teacher_cosine=0.5),
+        vectors_of=_verb_teacher,
+        log=lambda _: None,
+    )
+    assert filtered.queries == plain.queries
+    for query, candidates in zip(filtered.queries, filtered.candidates, strict=True):
+        assert all(_verb(n) != _verb(query) for n in candidates[1:]), (query, candidates)
+    with pytest.raises(ValueError, match="needs the teacher"):
+        rerank_groups(questions, pairs, GroupSpec(max_teacher_cosine=0.5), log=lambda _: None)
+
+
+def test_teacher_filtered_empties_the_near_slots_only() -> None:
+    texts = np.array(["install a", "install b", "sell c", "paint d"])
+    candidates = np.array([[0, 2, -1], [3, 1, 2]])
+    out, dropped = teacher_filtered(
+        candidates, ["install x", "paint y"], texts, _verb_teacher, ceiling=0.5
+    )
+    np.testing.assert_array_equal(out, [[-1, 2, -1], [-1, 1, 2]])
+    assert dropped == 2
+    with pytest.raises(ValueError, match="need candidates"):
+        teacher_filtered(candidates, ["one query"], texts, _verb_teacher, ceiling=0.5)

@@ -61,6 +61,7 @@ def run_rerank(
     from qpr.text.wordpiece import WordPieceTokenizer
     from qpr.training.embed import torch_math
     from qpr.training.rerank_data import GroupSpec, rerank_groups
+    from qpr.training.teacher import teacher_vectors
 
     rerank, lexical = settings.rerank, settings.index.lexical
     questions, pairs = read_cluster_outputs(paths)
@@ -73,11 +74,21 @@ def run_rerank(
         stemmer=lexical.stemmer,
         k1=lexical.k1,
         b=lexical.b,
+        max_teacher_cosine=rerank.max_teacher_cosine,
     )
-    groups = rerank_groups(questions, pairs, spec, log=log)
-    checks = rerank_groups(
-        questions, pairs, replace(spec, split="val", max_pairs=rerank.check_groups), log=log
-    )
+
+    def vectors_of(texts: list[str]) -> np.ndarray:
+        return teacher_vectors(
+            texts,
+            package=rerank.package,
+            cache_dir=paths.rerank_train_dir / "teacher",
+            threads=rerank.threads,
+            log=log,
+        )
+
+    groups = rerank_groups(questions, pairs, spec, vectors_of=vectors_of, log=log)
+    check_spec = replace(spec, split="val", max_pairs=rerank.check_groups)
+    checks = rerank_groups(questions, pairs, check_spec, vectors_of=vectors_of, log=log)
     tokenizer = WordPieceTokenizer.from_package(rerank.package, max_len=rerank.max_len)
     model, result = _train(settings, paths, (groups, checks), tokenizer, log)
     # The parity check runs torch too: on rerank.threads, as the training did (on 2 shared

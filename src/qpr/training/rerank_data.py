@@ -7,11 +7,16 @@ the query (`qpr.training.negatives.lexical_negatives`). BM25 is the served one's
 (`index.lexical`: Snowball stems, k1, b), so the negatives are the kind of candidate the
 first stage hands the re-ranker. Training groups draw negatives from the training and
 unclustered questions only, never from validation or test ones.
+
+BM25's first ranks of other clusters are often paraphrases nobody labelled (about half of
+the audited misses on Quora, docs/results/label_audit.json). A re-ranker taught that they
+are wrong learns to push paraphrases down. With `max_teacher_cosine` set, a candidate the
+teacher (a packaged sentence encoder) finds that close to its question is not drawn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +54,9 @@ class RerankGroups:
 @dataclass(frozen=True)
 class GroupSpec:
     """Which groups: `split`'s pairs (a seeded subset of max_pairs), `negatives` each drawn
-    among BM25's first `window` usable ranks (stemmer, k1, b as the served BM25)."""
+    among BM25's first `window` usable ranks (stemmer, k1, b as the served BM25);
+    `max_teacher_cosine`: candidates the teacher puts closer to their question are unusable
+    (None: every candidate of another cluster is)."""
 
     split: str = "train"
     negatives: int = 3
@@ -59,6 +66,40 @@ class GroupSpec:
     stemmer: str | None = "english"
     k1: float = 0.9
     b: float = 0.75
+    max_teacher_cosine: float | None = None
+
+
+# Questions a query's candidates are compared in: bounds [chunk, C, T] float32 in memory.
+_COSINE_CHUNK = 1024
+
+
+def teacher_filtered(
+    candidates: np.ndarray,
+    queries: Sequence[str],
+    pool_texts: np.ndarray,
+    vectors_of: Callable[[list[str]], np.ndarray],
+    ceiling: float,
+) -> tuple[np.ndarray, int]:
+    """(candidates int64 [P, C] with -1 where the teacher's cosine of a candidate with its
+    query exceeds `ceiling`, how many were dropped).
+
+    candidates: rows of `pool_texts` (-1: empty); vectors_of(texts) -> float32 [N, T] unit
+    vectors. The queries and the distinct candidates go in one call, so a cache keyed by
+    the texts serves a rerun."""
+    candidates = np.asarray(candidates, np.int64)
+    if candidates.ndim != 2 or candidates.shape[0] != len(queries):
+        raise ValueError(f"need candidates [{len(queries)}, C], got {candidates.shape}")
+    filled = candidates >= 0
+    rows = np.unique(candidates[filled])
+    vectors = vectors_of([*queries, *pool_texts[rows].tolist()])
+    query_vectors, row_vectors = vectors[: len(queries)], vectors[len(queries) :]
+    at = np.searchsorted(rows, np.where(filled, candidates, rows[0] if rows.size else 0))
+    near = np.zeros(candidates.shape, bool)
+    for start in range(0, len(queries), _COSINE_CHUNK):
+        part = slice(start, start + _COSINE_CHUNK)
+        cosines = np.einsum("pt,pct->pc", query_vectors[part], row_vectors[at[part]])
+        near[part] = filled[part] & (cosines > ceiling)
+    return np.where(near, -1, candidates), int(near.sum())
 
 
 def rerank_groups(
@@ -66,12 +107,17 @@ def rerank_groups(
     pairs: pd.DataFrame,
     spec: GroupSpec,
     *,
+    vectors_of: Callable[[list[str]], np.ndarray] | None = None,
     log: Callable[[str], None] = print,
 ) -> RerankGroups:
     """Groups of `spec.split` from the cluster stage's questions (question_id, text,
     cluster_id, split) and pairs (q1_id, q2_id, cluster_id, split). Each pair's sides are
     swapped at random (seeded) so both directions are learnt. Negatives of training groups
-    come from training and unclustered questions; of other splits, from any question."""
+    come from training and unclustered questions; of other splits, from any question.
+    vectors_of: the teacher's unit vectors of texts, needed when `spec.max_teacher_cosine`
+    is set (`teacher_filtered`)."""
+    if spec.max_teacher_cosine is not None and vectors_of is None:
+        raise ValueError("max_teacher_cosine needs the teacher's vectors_of")
     chosen = pairs[pairs["split"] == spec.split].reset_index(drop=True)
     keep = select_training_pairs(len(chosen), spec.max_pairs, spec.seed)
     chosen = chosen.iloc[np.sort(keep)].reset_index(drop=True)
@@ -91,6 +137,15 @@ def rerank_groups(
     )
     bm25 = BM25Index.build(pool["text"].tolist(), k1=spec.k1, b=spec.b, stemmer=spec.stemmer)
     _, candidates = lexical_search(bm25, queries, spec.window + _SLACK)
+    pool_texts = pool["text"].to_numpy()
+    if spec.max_teacher_cosine is not None and vectors_of is not None:
+        candidates, dropped = teacher_filtered(
+            candidates, queries, pool_texts, vectors_of, spec.max_teacher_cosine
+        )
+        log(
+            f"{dropped:,} BM25 candidates lie within cosine {spec.max_teacher_cosine} of their "
+            "question by the teacher: none is drawn as a negative"
+        )
     rows = lexical_negatives(
         candidates,
         chosen["cluster_id"].to_numpy(),
@@ -100,7 +155,6 @@ def rerank_groups(
         window=spec.window,
         seed=spec.seed,
     )
-    pool_texts = pool["text"].to_numpy()
     positives = text_of[positive_ids].tolist()
     return RerankGroups(
         queries,
