@@ -32,7 +32,8 @@ check). The projects must be served without spelling correction (the bundle's qu
 are then the encoder's).
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/packaged_encoders.py --project /tmp/qprod \
-        --beside "product default=/tmp/qprod" --beside "fine-tuned MiniLM=/tmp/qft"
+        --beside "product default=/tmp/qprod" \
+        --beside "fine-tuned MiniLM=/tmp/qpr-quora-benchmark/rows/ROW"   # a quora_qpr.py row
 
 Writes docs/results/packaged_encoders.{json,md} (or --out DIR). wordllama comes from the
 `bench` extra.
