@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -314,6 +315,7 @@ def measure(args, reranker_models: Path, tops: list[int], log: Log) -> dict[str,
         "served_kind": "int8" if served.int8 else "float32",
         "int8_vs_float32": compare,
         "latency": latency(dirs, sample, log),
+        "load_after_latency": [round(v, 2) for v in os.getloadavg()],
         "split_queries": {s: len(query_set(questions, s).texts) for s in ("val", "test")},
         "bundle": str(args.bundle),
         "reranker": str(reranker_models),
@@ -431,6 +433,8 @@ def markdown(results: dict[str, Any]) -> str:
         format_table(latency, ["bundle", "p50_ms", "p99_ms", "questions"], floatfmt=".2f"),
         "",
     ]
+    if "load_after_latency" in results:
+        lines += [f"Load average (1, 5, 15 min) after timing: {results['load_after_latency']}.", ""]
     compare = results["int8_vs_float32"]
     if compare.get("queries"):
         lines += [f"## int8 against float32 ({compare['queries']} test queries, seeded)", ""]
