@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -42,6 +43,9 @@ class RandomScores:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.calls: list[int] = []
+
+    def get_modelmeta(self) -> SimpleNamespace:
+        return SimpleNamespace(custom_metadata_map={})  # a float32 model's: one call a batch
 
     def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         rows = feeds["token_ids"].shape[0]
@@ -113,6 +117,22 @@ def test_int8_model_is_served_when_the_config_says_so(reranker_dir: Path, tmp_pa
     shutil.copy(models / RERANK_TOKENIZER_FILE, models / RERANK_MODEL_FILE)
     with pytest.raises(RerankerError, match="not quantised from"):
         Reranker.load(models)
+
+
+def test_int8_scores_a_pair_as_it_scores_it_alone(reranker_dir: Path, tmp_path: Path) -> None:
+    # int8 activations are scaled per call: in one batch, a pair's score would move with
+    # the others and their padding, and a gate or benchmark would measure another ranking.
+    models = _copy(reranker_dir, tmp_path)
+    (models / RERANK_CONFIG_FILE).write_text(
+        json.dumps(reranker_config(max_len=RERANK_MAX_LEN, int8=True))
+    )
+    reranker = Reranker.load(models)
+    texts = ["how do i reset it", "best pizza in rome tonight near the station", "kites"]
+    together = reranker.scores("how do i reset my printer", texts)
+    alone = [reranker.scores("how do i reset my printer", [t])[0] for t in texts]
+    np.testing.assert_array_equal(together, alone)
+    float32 = Reranker.load(reranker_dir).scores("how do i reset my printer", texts)
+    np.testing.assert_allclose(together, float32, atol=0.5)  # the same model, in int8
 
 
 @pytest.mark.parametrize(

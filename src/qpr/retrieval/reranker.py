@@ -38,7 +38,7 @@ from qpr.artifacts import (
 )
 from qpr.errors import QPRError
 from qpr.io import file_sha256
-from qpr.retrieval.encoders import load_session
+from qpr.retrieval.encoders import batch_dependent, load_session
 from qpr.text.vocab import VocabularyError
 from qpr.text.wordpiece import WordPieceTokenizer
 
@@ -53,10 +53,30 @@ class RerankerError(QPRError, RuntimeError):
 def score_pairs(
     session: ort.InferenceSession, token_ids: np.ndarray, token_type_ids: np.ndarray
 ) -> np.ndarray:
-    """float32 [B] logits of int64 [B, L] pair rows (`WordPieceTokenizer.encode_pairs`)."""
+    """float32 [B] logits of int64 [B, L] pair rows (`WordPieceTokenizer.encode_pairs`).
+
+    An int8 copy (`batch_dependent`) scores each pair alone, cut to its own length: its
+    activations are scaled per call, so a pair's score would move with the other pairs
+    and their padding. The stage's gate, a benchmark and the service then agree."""
+    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+    token_type_ids = np.ascontiguousarray(token_type_ids, dtype=np.int64)
+    if not batch_dependent(session):
+        return _run(session, token_ids, token_type_ids)
+    # Padding (id 0) only trails a pair: its length is one past its last word piece.
+    lengths = token_ids.shape[1] - np.argmax(token_ids[:, ::-1] != 0, axis=1)
+    scores = [
+        _run(session, token_ids[i : i + 1, :n], token_type_ids[i : i + 1, :n])
+        for i, n in enumerate(lengths.tolist())
+    ]
+    return np.concatenate(scores) if scores else np.zeros(0, np.float32)
+
+
+def _run(
+    session: ort.InferenceSession, token_ids: np.ndarray, token_type_ids: np.ndarray
+) -> np.ndarray:
     feeds = {
-        RERANK_INPUT_NAMES[0]: np.ascontiguousarray(token_ids, dtype=np.int64),
-        RERANK_INPUT_NAMES[1]: np.ascontiguousarray(token_type_ids, dtype=np.int64),
+        RERANK_INPUT_NAMES[0]: np.ascontiguousarray(token_ids),
+        RERANK_INPUT_NAMES[1]: np.ascontiguousarray(token_type_ids),
     }
     return session.run([RERANK_OUTPUT_NAME], feeds)[0]
 
