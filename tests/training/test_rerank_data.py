@@ -99,5 +99,7 @@ def test_teacher_filtered_empties_the_near_slots_only() -> None:
     )
     np.testing.assert_array_equal(out, [[-1, 2, -1], [-1, 1, 2]])
     assert dropped == 2
+    empty = np.full((2, 3), -1)
+    assert teacher_filtered(empty, ["a", "b"], texts, _verb_teacher, 0.5)[1] == 0
     with pytest.raises(ValueError, match="need candidates"):
         teacher_filtered(candidates, ["one query"], texts, _verb_teacher, ceiling=0.5)

@@ -10,8 +10,9 @@ unclustered questions only, never from validation or test ones.
 
 BM25's first ranks of other clusters are often paraphrases nobody labelled (about half of
 the audited misses on Quora, docs/results/label_audit.json). A re-ranker taught that they
-are wrong learns to push paraphrases down. With `max_teacher_cosine` set, a candidate the
-teacher (a packaged sentence encoder) finds that close to its question is not drawn.
+are wrong may learn to push paraphrases down. With `max_teacher_cosine` set, a candidate
+the teacher (a packaged sentence encoder) finds that close to its question is not drawn.
+On Quora that re-ranker did worse, not better (docs/models.md, The re-ranker).
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def teacher_filtered(
         raise ValueError(f"need candidates [{len(queries)}, C], got {candidates.shape}")
     filled = candidates >= 0
     rows = np.unique(candidates[filled])
+    if rows.size == 0:
+        return candidates, 0
     vectors = vectors_of([*queries, *pool_texts[rows].tolist()])
     query_vectors, row_vectors = vectors[: len(queries)], vectors[len(queries) :]
-    at = np.searchsorted(rows, np.where(filled, candidates, rows[0] if rows.size else 0))
+    at = np.searchsorted(rows, np.where(filled, candidates, rows[0]))
     near = np.zeros(candidates.shape, bool)
     for start in range(0, len(queries), _COSINE_CHUNK):
         part = slice(start, start + _COSINE_CHUNK)
@@ -143,8 +146,8 @@ def rerank_groups(
             candidates, queries, pool_texts, vectors_of, spec.max_teacher_cosine
         )
         log(
-            f"{dropped:,} BM25 candidates lie within cosine {spec.max_teacher_cosine} of their "
-            "question by the teacher: none is drawn as a negative"
+            f"{dropped:,} BM25 candidates have a teacher cosine above "
+            f"{spec.max_teacher_cosine} with their question: none is drawn as a negative"
         )
     rows = lexical_negatives(
         candidates,
