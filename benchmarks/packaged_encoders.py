@@ -36,7 +36,7 @@ are then the encoder's).
         --beside "fine-tuned MiniLM=/tmp/qpr-quora-benchmark/rows/ROW"   # a quora_qpr.py row
 
 Writes docs/results/packaged_encoders.{json,md} (or --out DIR). wordllama comes from the
-`bench` extra.
+`transformer` extra.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def test_the_file_is_deterministic_plain_json(tmp_path: Path) -> None:
     payload = json.loads(first)
     assert list(payload) == sorted(payload)  # sorted keys, no timestamp among them
     # left out when None / False: bundles written before these keys keep their bytes
-    assert set(payload) == set(asdict(FUSED)) - {"rerank_top", "spelling"}
+    left_out = {"rerank_top", "spelling", "companion", "companion_weight"}
+    assert set(payload) == set(asdict(FUSED)) - left_out
     assert "query_encoder" not in json.loads(SearchConfig().write(tmp_path / "c").read_bytes())
     spelled = json.loads(replace(FUSED, spelling=True).write(tmp_path / "d").read_bytes())
     assert spelled["spelling"] is True

@@ -149,6 +149,8 @@ SEARCH_FILE = Path("search.json")
 LEGACY_SEARCH_FILE = Path("threshold.json")  # what bundles held before search.json
 BM25_FILE = INDEX_DIR / "bm25.npz"  # only in bundles that fuse BM25 in
 QUERY_ENCODER_FILE = INDEX_DIR / "query_encoder.onnx"  # only with int8 queries
+# float16 [N, D]: a companion encoder's vectors of the rows (index.companion; only then)
+COMPANION_FILE = INDEX_DIR / "companion.npy"
 STUDENT_DIR = Path("student")  # the student stage's output, also when it trained none
 STUDENT_FILE = STUDENT_DIR / "query_encoder.onnx"  # only with a query student
 # What the student stage did: {"enabled": false}, or its config, metrics and history.
@@ -341,6 +343,10 @@ class SearchConfig:
     query_encoder: what queries go through (`QueryEncoderEntry`), declared by the evaluate
         stage; a mapping {"kind", "files"} is taken too. None only before it is declared:
         the file then leaves it out, and `read` takes it from the files (`migrate`).
+    companion, companion_weight: a packaged static encoder whose cosine is mixed into the
+        dense term of the fusion with this weight (`qpr.retrieval.companion`; its vectors
+        of the rows in ``index/companion.npy``); None: none. Only in a fused config; the
+        file leaves both out when None.
 
     nprobe (and efSearch) has one source at serve time, in this order:
     1. the caller's explicit value (`Bundle.load(nprobe=...)`, QPR_SERVE_NPROBE), an
@@ -368,6 +374,8 @@ class SearchConfig:
     spelling: bool = False
     format: int = SEARCH_FORMAT
     query_encoder: QueryEncoderEntry | None = None
+    companion: str | None = None
+    companion_weight: float | None = None
 
     def __post_init__(self) -> None:
         if self.query_encoder is not None:
@@ -410,6 +418,7 @@ class SearchConfig:
             ("dense_candidates", self.dense_candidates),
             ("nprobe", self.fused_nprobe),
             ("ef_search", self.fused_ef_search),
+            ("companion_weight", self.companion_weight),
         ):
             if value is not None:
                 out[key] = value
@@ -424,6 +433,8 @@ class SearchConfig:
             del payload["rerank_top"]
         if not self.spelling:
             del payload["spelling"]
+        if self.companion is None:
+            del payload["companion"], payload["companion_weight"]
         if self.query_encoder is None:
             del payload["query_encoder"]
         else:
@@ -548,7 +559,13 @@ def _from_legacy(payload: Mapping[str, Any]) -> SearchConfig:
 # ---------------------------------------------------------------- validation
 
 
-_FLOATS = ("threshold", "dense_weight", "target_precision", "val_answered_share")
+_FLOATS = (
+    "threshold",
+    "dense_weight",
+    "target_precision",
+    "val_answered_share",
+    "companion_weight",
+)
 _COUNTS = (
     "lexical_candidates",
     "dense_candidates",
@@ -577,6 +594,7 @@ def _check(config: SearchConfig) -> None:
         raise SearchConfigError(f"chosen_on {config.chosen_on!r} is not a string")
     for name in ("nprobe", "ef_search", "rerank_top"):
         _check_count(config, name)
+    _check_companion(config)
     weight = config.dense_weight
     if weight is None:
         fused_only = ("lexical_candidates", "dense_candidates", "fused_nprobe", "fused_ef_search")
@@ -594,6 +612,20 @@ def _check(config: SearchConfig) -> None:
     if deep and config.dense_candidates is None:
         # a depth was only ever chosen for exactly scored candidates
         raise SearchConfigError("fused_nprobe / fused_ef_search need dense_candidates")
+
+
+def _check_companion(config: SearchConfig) -> None:
+    if (config.companion is None) != (config.companion_weight is None):
+        raise SearchConfigError("companion and companion_weight go together")
+    if config.companion is None:
+        return
+    if not isinstance(config.companion, str) or not config.companion:
+        raise SearchConfigError(f"companion {config.companion!r} is not a name")
+    weight = config.companion_weight
+    if not (_finite(weight) and 0.0 < weight <= 1.0):  # type: ignore[operator]
+        raise SearchConfigError(f"companion_weight {weight!r} is not in (0, 1]")
+    if config.dense_weight is None:
+        raise SearchConfigError("a companion is mixed into a fused search: no dense_weight")
 
 
 def _finite(value: object) -> bool:

@@ -309,11 +309,25 @@ class IndexSettings(_Section):
     # A query's unknown words put back to the indexed questions' words one edit away
     # ("hwo" → "how") before both searches (qpr.text.spelling; search.json's spelling)
     spelling: bool = False
+    # A packaged static encoder whose cosine is mixed into the dense term of the fused
+    # search (qpr.retrieval.companion); its weight is chosen on val among companion_weights
+    # (0: left out). None: no companion.
+    companion: Literal["wordllama"] | None = None
+    companion_weights: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75)
     # The index questions are encoded and BM25-counted in shards of this many, one task a
     # shard on the engine (qpr.retrieval.indexer); onnx: ONNX Runtime, the exported graph
     # itself; folded: a CNN's lookup tables (qpr.retrieval.folded, ~20x faster, within 1e-4)
     shard_rows: int = Field(500_000, ge=1)
     batch_encoder: Literal["onnx", "folded"] = "onnx"
+
+    @field_validator("companion_weights")
+    @classmethod
+    def _companion_weights_in_unit_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0.0 <= w < 1.0 for w in value):
+            raise ValueError(
+                f"companion_weights must be a non-empty list within [0, 1), got {value}"
+            )
+        return value
 
 
 class EvaluateSettings(_Section):

@@ -49,6 +49,7 @@ from qpr.deltas.format import (
 )
 from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.bundle import Bundle
+from qpr.retrieval.loading import BundleError
 
 from .factories import LATER, MAIN, MAIN_IDS, flat, frame, ids, search_config, write_index
 
@@ -396,3 +397,38 @@ def test_listed_ids_above_2_53_are_read_exactly(tmp_path: Path) -> None:
 def test_a_question_id_given_as_a_string_is_deleted(models: Path) -> None:
     out = delete_questions(models, [str(MAIN_IDS[5]), MAIN_IDS[6]])
     assert out["deleted"] == sorted([MAIN_IDS[5], MAIN_IDS[6]])
+
+
+def test_a_companion_covers_a_deltas_rows_and_survives_compaction(models: Path) -> None:
+    """A bundle mixing in a companion (qpr.retrieval.companion): a delta's questions get
+    their companion vectors when the bundle loads, and compaction writes them for the
+    live rows (the old file's rows were the old index's)."""
+    from dataclasses import replace
+
+    from qpr.artifacts import COMPANION_FILE, SearchConfig
+    from qpr.retrieval.companion import load_encoder
+
+    encoder = load_encoder("wordllama")
+    np.save(models / COMPANION_FILE, encoder.documents(MAIN))
+    mixing = replace(search_config(True), companion="wordllama", companion_weight=0.5)
+    mixing.write(models)
+    before = Bundle.load(models)
+    add_questions(models, frame(LATER[:4], [1, 2, 3, 4]))
+    delete_questions(models, [MAIN_IDS[0]])
+    bundle = Bundle.load(models)
+    assert bundle.fingerprint != before.fingerprint
+    companion = bundle._ranker.companion
+    assert companion is not None and companion.rows == len(MAIN) + 4  # tombstoned rows kept
+    np.testing.assert_array_equal(companion.vectors[-4:], encoder.documents(LATER[:4]))
+    for i, text in enumerate(LATER[:4]):
+        assert bundle.search(text, k=1).hits[0].question_id == i + 1
+    compact(models, flat)
+    live = MAIN[1:] + LATER[:4]
+    np.testing.assert_array_equal(np.load(models / COMPANION_FILE), encoder.documents(live))
+    compacted = Bundle.load(models)
+    assert [compacted.search(t, k=1).hits[0].question_id for t in LATER[:4]] == [1, 2, 3, 4]
+    # a config mixing in a companion whose vectors are gone is refused, naming the file
+    (models / COMPANION_FILE).unlink()
+    with pytest.raises(BundleError, match=r"companion\.npy is missing"):
+        Bundle.load(models)
+    assert SearchConfig.read(models).companion == "wordllama"

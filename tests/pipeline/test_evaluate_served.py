@@ -120,3 +120,42 @@ def test_with_spelling_the_stage_measures_the_corrected_queries(tmp_path: Path) 
     said = [line for line in lines if line.startswith("spelling: ")]
     assert said and int(said[0].split()[1]) > 0  # the tiny logs hold typos: some corrected
     _assert_measured_as_served(paths, settings.evaluate.k)
+
+
+def test_with_a_companion_the_stage_chooses_its_weight_and_measures_the_mix(
+    tmp_path: Path,
+) -> None:
+    """index.companion: the index stage keeps the companion's vectors of every row; the
+    evaluate stage tries each weight on val (0: left out), declares the one chosen in
+    search.json, and what it measures with the companion mixed in is what the bundle
+    serves."""
+    import numpy as np
+    import pandas as pd
+
+    from qpr.artifacts import COMPANION_FILE, SearchConfig
+    from qpr.pipeline.evaluate import run_evaluate
+
+    index = {
+        "lexical": {"enabled": True, "candidates": 30},
+        "companion": "wordllama",
+        "companion_weights": [0.0, 0.5],
+    }
+    overrides = tiny_overrides(tmp_path, index=index)
+    metrics = run_stages(settings_from_dict(overrides), tmp_path)
+    paths = ProjectPaths(tmp_path)
+    vectors = np.load(paths.models_dir / COMPANION_FILE)
+    indexed = pd.read_parquet(paths.index_dir / "questions.parquet")
+    assert vectors.shape == (len(indexed), 256) and vectors.dtype == np.float16
+    fusion = metrics["fusion"]
+    by_weight = fusion["val_success_1_by_companion"]
+    assert set(by_weight) == {"0.0", "0.5"}
+    assert by_weight[str(fusion["companion_weight"])] == max(by_weight.values())
+    mixes = fusion["companion_weight"] > 0
+    assert (SearchConfig.read(paths.models_dir).companion == "wordllama") == mixes
+
+    overrides["index"]["companion_weights"] = [0.5]  # the companion always mixed in
+    settings = settings_from_dict(overrides)
+    run_evaluate(settings, paths, log=lambda _: None)
+    config = SearchConfig.read(paths.models_dir)
+    assert (config.companion, config.companion_weight) == ("wordllama", 0.5)
+    _assert_measured_as_served(paths, settings.evaluate.k)

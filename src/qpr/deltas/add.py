@@ -34,6 +34,7 @@ from qpr.artifacts import (
     ABSORBED_FILE,
     ANSWER_ID,
     BM25_FILE,
+    COMPANION_FILE,
     DELTA_QUESTIONS_FILE,
     DELTAS_MANIFEST_FILE,
     ENCODER_FILE,
@@ -557,11 +558,25 @@ def _staged_index(root: Path, live: pd.DataFrame, index: faiss.Index, version: i
         BM25Index.build(live["text"].tolist(), **main.settings).save(staging / BM25_FILE.name)
     write_absorbed(staging, version)
     rewritten = {INDEX_FILE.name, IDS_FILE.name, QUESTIONS_FILE.name, BM25_FILE.name}
-    rewritten.add(ABSORBED_FILE.name)
+    rewritten |= {ABSORBED_FILE.name, COMPANION_FILE.name}
+    if (root / COMPANION_FILE).is_file():
+        _compact_companion(root, live["text"].tolist(), staging)
     for other in index_dir.iterdir():
         if other.is_file() and other.name not in rewritten:
             shutil.copy2(other, staging / other.name)
     return staging
+
+
+def _compact_companion(root: Path, texts: list[str], staging: Path) -> None:
+    """The companion's vectors of the live questions, when the search config mixes one in.
+    The old file is never copied: its rows were the old index's. A companion the config
+    does not use is left out; the next full build writes it again."""
+    from qpr.artifacts import SearchConfig
+    from qpr.retrieval.companion import load_encoder
+
+    name = SearchConfig.read(root).companion
+    if name is not None:
+        np.save(staging / COMPANION_FILE.name, load_encoder(name).documents(texts))
 
 
 def _swap_index(root: Path, staging: Path) -> None:

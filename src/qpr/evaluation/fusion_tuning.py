@@ -22,11 +22,16 @@ from qpr.retrieval.hybrid import Candidates, fuse
 
 
 def val_success_1(
-    candidates: Candidates, dense_weight: float, queries: QuerySet, row_to_qid: np.ndarray, k: int
+    candidates: Candidates,
+    dense_weight: float,
+    queries: QuerySet,
+    row_to_qid: np.ndarray,
+    k: int,
+    companion_weight: float = 0.0,
 ) -> float:
-    """success@1 of the candidates fused at α = dense_weight (ties as the service breaks
-    them: by row)."""
-    ranking = fuse(candidates, dense_weight, k)
+    """success@1 of the candidates fused at α = dense_weight, the companion mixed in at
+    companion_weight (ties as the service breaks them: by row)."""
+    ranking = fuse(candidates, dense_weight, k, companion_weight)
     result = score_system(
         "model", queries, ranking.rows, ranking.scores, row_to_qid, higher_is_better=True, seconds=0
     )
@@ -40,17 +45,32 @@ def choose_dense_weight(
     row_to_qid: np.ndarray,
     k: int,
     plot: Path,
+    companion_weights: Sequence[float] = (0.0,),
 ) -> dict:
     """The α of `weights` with the best validation success@1 (ties: the larger α, the
     ranking closer to the dense one); the curve is plotted. val: the validation queries'
-    candidates from an exact dense search."""
-    by_weight = {
-        str(weight): val_success_1(val, weight, queries, row_to_qid, k)
-        for weight in sorted(set(weights))
+    candidates from an exact dense search.
+
+    companion_weights: with a companion (its cosines in `val`), every (w, α) pair is
+    tried; ties go to the smaller w (0: the companion is left out), then the larger α.
+    The result then holds "companion_weight" and each w's best P@1
+    ("val_success_1_by_companion"); "val_success_1" is the α curve at the chosen w."""
+    grid = {
+        (float(w), float(a)): val_success_1(val, a, queries, row_to_qid, k, w)
+        for w in sorted(set(companion_weights))
+        for a in sorted(set(weights))
     }
-    best = max(by_weight.items(), key=lambda item: (item[1], float(item[0])))
-    plot_fusion_curve(by_weight, float(best[0]), plot)
-    return {"dense_weight": float(best[0]), "val_success_1": by_weight, "chosen_on": "val"}
+    (chosen_w, chosen_a), _ = max(grid.items(), key=lambda item: (item[1], -item[0][0], item[0][1]))
+    by_weight = {str(a): p1 for (w, a), p1 in grid.items() if w == chosen_w}
+    plot_fusion_curve(by_weight, chosen_a, plot)
+    out = {"dense_weight": chosen_a, "val_success_1": by_weight, "chosen_on": "val"}
+    if set(companion_weights) != {0.0}:
+        out["companion_weight"] = chosen_w
+        out["val_success_1_by_companion"] = {
+            str(w): max(p1 for (w2, _), p1 in grid.items() if w2 == w)
+            for w in sorted(set(companion_weights))
+        }
+    return out
 
 
 # How deep a fused search may go, tried from the shallowest up: inverted lists probed
@@ -75,6 +95,7 @@ def choose_served_depth(
     k: int,
     target: float,
     log: Callable[[str], None] = print,
+    companion_weight: float = 0.0,
 ) -> dict:
     """The shallowest search (fewest IVF lists, or fewest HNSW candidates kept) whose
     fused top k keeps `target` of the top k fused from an exact dense search.
@@ -101,10 +122,10 @@ def choose_served_depth(
         set_nprobe,
     )
 
-    reference = fuse(exact, dense_weight, k).rows
+    reference = fuse(exact, dense_weight, k, companion_weight).rows
 
     def served_recall() -> float:
-        return recall_against(fuse(served(), dense_weight, k).rows, reference)
+        return recall_against(fuse(served(), dense_weight, k, companion_weight).rows, reference)
 
     out: dict = {"nprobe": None, "ef_search": None, "by_nprobe": {}, "by_ef_search": {}}
     if nlist_of(index) is not None:

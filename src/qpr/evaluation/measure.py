@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from qpr.config import Settings
     from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.companion import Companion
     from qpr.retrieval.dense import IdMap
     from qpr.retrieval.reranker import Reranker
     from qpr.text.vocab import Vocabulary
@@ -59,7 +60,8 @@ SPLITS = ("val", "test")
 class Served:
     """What the service would search with: the FAISS index and its rows' question ids and
     texts (row order), the query encoder (session, tokenizer, max_len), BM25 when fused
-    in, the re-ranker when one is served."""
+    in, the re-ranker when one is served, the companion when params name one (its weight
+    is tuned here)."""
 
     index: Any
     ids: IdMap
@@ -69,6 +71,7 @@ class Served:
     max_len: int
     bm25: BM25Index | None = None
     reranker: Reranker | None = None
+    companion: Companion | None = None
 
     def searcher(self, config: SearchConfig, index: Any = None) -> HybridSearch:
         """The served ranking over this index (or `index`, e.g. its exact twin)."""
@@ -78,6 +81,7 @@ class Served:
             bm25=self.bm25,
             texts=self.texts,
             reranker=self.reranker,
+            companion=self.companion,
         )
 
 
@@ -136,7 +140,9 @@ def measure_served(
     config = base
     if served.bm25 is not None:
         fusion, depth = tune_fusion(served, splits["val"], base, settings, plot, log)
-        config = fused_config(base, settings, fusion["dense_weight"], depth)
+        config = fused_config(
+            base, settings, fusion["dense_weight"], depth, fusion.get("companion_weight")
+        )
     searcher = served.searcher(config)
     rankings, seconds = served_rankings(searcher, splits, held, k)
     results = {name: {split.dense.name: split.dense} for name, split in splits.items()}
@@ -201,12 +207,18 @@ def dense_splits(served: Served, queries: dict[str, QuerySet], k: int) -> dict[s
 
 
 def fused_config(
-    base: SearchConfig, settings: Settings, dense_weight: float, depth: dict | None = None
+    base: SearchConfig,
+    settings: Settings,
+    dense_weight: float,
+    depth: dict | None = None,
+    companion_weight: float | None = None,
 ) -> SearchConfig:
     """`base` fusing BM25 in at α = dense_weight: BM25's max(k, candidates), the index's
-    dense_candidates, and the served depth of the fused searches when chosen."""
+    dense_candidates, and the served depth of the fused searches when chosen; params'
+    companion mixed in at companion_weight when that is above 0."""
     lexical, k = settings.index.lexical, settings.evaluate.k
     depth = depth or {}
+    mixes = bool(companion_weight)
     return replace(
         base,
         dense_weight=dense_weight,
@@ -214,6 +226,8 @@ def fused_config(
         dense_candidates=lexical.dense_candidates,
         fused_nprobe=depth.get("nprobe") or None,
         fused_ef_search=depth.get("ef_search") or None,
+        companion=settings.index.companion if mixes else None,
+        companion_weight=companion_weight if mixes else None,
     )
 
 
@@ -236,9 +250,13 @@ def tune_fusion(
     exact = served.searcher(probe, exact_twin(served.index)).candidates(
         texts, val.vectors, k, exclude=val.rows, lexical=bm25
     )
+    companion_weights = (0.0,) if served.companion is None else settings.index.companion_weights
     fusion = choose_dense_weight(
-        exact, lexical.dense_weights, val.queries, served.ids.qids, k, plot
+        exact, lexical.dense_weights, val.queries, served.ids.qids, k, plot, companion_weights
     )
+    if served.companion is not None:
+        log(f"companion {settings.index.companion}: weight {fusion['companion_weight']} chosen "
+            f"on val (P@1 by weight: {fusion['val_success_1_by_companion']})")  # fmt: skip
     depth = choose_served_depth(
         served.index,
         exact,
@@ -247,6 +265,7 @@ def tune_fusion(
         k,
         lexical.served_recall,
         log=log,
+        companion_weight=fusion.get("companion_weight") or 0.0,
     )
     probing = "".join(
         f"fused searches at {knob} {depth[knob]} (the dense ranking alone "
@@ -297,7 +316,10 @@ def served_rankings(
         else:
             # rank() in its two steps, to keep the candidates for BM25 alone.
             found = searcher.candidates(texts, split.vectors, k, exclude=split.rows)
-            first = fuse(found, searcher.config.dense_weight, searcher.depth(k))
+            config = searcher.config
+            first = fuse(
+                found, config.dense_weight, searcher.depth(k), config.companion_weight or 0
+            )
             # α = 0: the bundle's own BM25 (its stemming, k1, b) alone, an honest baseline
             # for what the encoder adds.
             lexical = fuse(found, 0.0, k)

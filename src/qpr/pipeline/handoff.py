@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from qpr.artifacts import BM25_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE
+from qpr.artifacts import BM25_FILE, COMPANION_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE
 from qpr.errors import QPRError
 from qpr.paths import ProjectPaths
 
@@ -99,7 +100,20 @@ def load_served(paths: ProjectPaths, settings):
     questions = read_indexed_questions(paths)
     texts = questions["text"].tolist()
     vocab, max_len = load_vocab(paths), onnx_max_len(session)
-    return Served(index, ids, texts, session, vocab, max_len, bm25, reranker), questions
+    companion = load_companion(paths, cfg.companion) if bm25 is not None else None
+    served = Served(index, ids, texts, session, vocab, max_len, bm25, reranker, companion)
+    return served, questions
+
+
+def load_companion(paths: ProjectPaths, name: str | None):
+    """`qpr.retrieval.companion.Companion` `name` over the index's rows (its vectors as
+    the index stage wrote them), or None when params name none."""
+    from qpr.retrieval.companion import Companion, load_encoder
+
+    if name is None:
+        return None
+    path = _require(paths.models_dir / COMPANION_FILE, "index")
+    return Companion(load_encoder(name), np.load(path))
 
 
 def read_evaluate_metrics(paths: ProjectPaths) -> dict[str, Any]:

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from qpr.artifacts import ANSWER_ID, BM25_FILE, INDEX_FILE, QUERY_ENCODER_FILE, QUESTIONS_FILE
+from qpr.artifacts import (
+    ANSWER_ID,
+    BM25_FILE,
+    COMPANION_FILE,
+    INDEX_FILE,
+    QUERY_ENCODER_FILE,
+    QUESTIONS_FILE,
+)
 from qpr.config import IndexSettings, Settings
 from qpr.deltas import format as deltas
 from qpr.deltas.lock import writer_lock
@@ -123,6 +130,7 @@ def _run_index(
     assert index is not None  # the gate passed: the vectors were finite
 
     lexical_seconds = _write_index_files(staging, index, questions[columns], indexer, shards, log)
+    companion_seconds = _write_companion(staging, cfg.companion, texts, log)
     deltas.write_absorbed(staging, absorbed)
     deltas.ensure_manifest(paths.models_dir)  # the stage's persisted output must exist
     replace_dir(staging, paths.index_dir)
@@ -145,6 +153,7 @@ def _run_index(
         "vectors_reused": int(reused),
         "build_seconds": build_seconds,
         "lexical_seconds": lexical_seconds,
+        "companion_seconds": companion_seconds,
         "self_retrieval_rate": self_rate,
         "query_encoder": cfg.query_encoder,
         **query_metrics,
@@ -346,6 +355,23 @@ def _int8_queries(
             sampled,
         ),
     ]
+
+
+def _write_companion(
+    staging: Path, companion: str | None, texts: list[str], log: Callable[[str], None]
+) -> float:
+    """index.companion's vectors of the questions (row order) into `staging`
+    (`qpr.retrieval.companion`; the evaluate stage chooses its weight); the seconds taken."""
+    if companion is None:
+        return 0.0
+    from qpr.retrieval.companion import load_encoder
+
+    started = time.perf_counter()
+    vectors = load_encoder(companion).documents(texts)
+    np.save(staging / COMPANION_FILE.name, vectors)
+    seconds = time.perf_counter() - started
+    log(f"companion {companion}: {len(texts):,} questions, {vectors.shape[1]}-d ({seconds:.1f} s)")
+    return seconds
 
 
 def _write_index_files(

@@ -48,6 +48,7 @@ import numpy as np
 from qpr.artifacts import SearchConfig
 from qpr.ids import with_id_texts
 from qpr.retrieval.bm25 import BM25Index
+from qpr.retrieval.companion import Companion
 from qpr.retrieval.dense import IdMap, ef_search_of
 from qpr.retrieval.encoders import embed_sequences
 from qpr.retrieval.hybrid import HybridSearch, Ranking, answered
@@ -178,8 +179,10 @@ class Bundle:
         fingerprint: str,
         reranker: Reranker | None = None,
         failed_deltas: Mapping[int, str] | None = None,
+        companion: Companion | None = None,
     ) -> None:
         self._models_dir = models_dir
+        self._companion = companion
         self._failed_deltas = dict(failed_deltas or {})
         self._encoder = encoder
         self._reranker = reranker
@@ -232,6 +235,7 @@ class Bundle:
             texts=questions.texts,
             reranker=reranker,
             size=self.size,
+            companion=companion if config.companion_weight else None,
         )
 
     def with_questions(self, questions: IndexedQuestions, *, dense_only: bool = False) -> Bundle:
@@ -246,8 +250,14 @@ class Bundle:
         config = self._config
         if dense_only:
             fused_only = ("dense_weight", "lexical_candidates", "dense_candidates", "rerank_top")
-            depth = ("fused_nprobe", "fused_ef_search")
+            depth = ("fused_nprobe", "fused_ef_search", "companion", "companion_weight")
             config = replace(config, **dict.fromkeys(fused_only + depth))
+        companion = None
+        if self._companion is not None and config.companion_weight:
+            # its vectors of the other questions: a static encoder, fast (about 7 s for
+            # 134k questions on 2 cores)
+            encoder = self._companion.encoder
+            companion = Companion(encoder, encoder.documents(questions.texts))
         if config.fused and questions.bm25 is None:
             raise ValueError("this bundle fuses BM25 in: the questions need their BM25")
         if questions.index.d != self.dim:
@@ -260,6 +270,7 @@ class Bundle:
             fingerprint=self._fingerprint,
             reranker=None if dense_only else self._reranker,
             failed_deltas=self._failed_deltas,
+            companion=companion,
         )
 
     @property
@@ -340,6 +351,7 @@ class Bundle:
             fingerprint=parts.fingerprint,
             reranker=parts.reranker,
             failed_deltas=parts.failed_deltas,
+            companion=parts.companion,
         )
 
     # -- properties -----------------------------------------------------------------------

@@ -8,7 +8,8 @@ One query's path, `HybridSearch.rank`:
    without the `exclude`d ones; their union, each row scored by its exact distance
    (`qpr.retrieval.dense.distances_to`). A dense-only config keeps the index's top k.
 2. **fuse**: α·dense + (1 - α)·BM25 after per-query min-max scaling
-   (`qpr.retrieval.fusion.fuse_union`), top k, ties by row.
+   (`qpr.retrieval.fusion.fuse_union`), top k, ties by row. With a companion
+   (`qpr.retrieval.companion`) the dense term mixes in its cosine first.
 3. **re-rank**: with a re-ranker and ``rerank_top`` N, the first N re-ordered by the
    cross-encoder (`qpr.retrieval.reranker`); a hit keeps its distance and first-stage score.
 4. **threshold**: a query is answered when its first row's distance is at most the
@@ -34,6 +35,7 @@ import numpy as np
 
 from qpr.artifacts import SearchConfig
 from qpr.retrieval.bm25 import BM25Index, lexical_search
+from qpr.retrieval.companion import Companion, mixed, mixed_one
 from qpr.retrieval.dense import RowDistances, distances_to, search
 from qpr.retrieval.fusion import (
     candidate_union,
@@ -66,18 +68,29 @@ class Candidates:
 
     union: int64 [Q, U] both retrievers' rows, ascending, -1 last (`candidate_union`);
     distances: float32 [Q, U] their exact squared L2 distances; lexical_scores float32
-    [Q, Cl] and lexical_rows int64 [Q, Cl]: BM25's own candidates."""
+    [Q, Cl] and lexical_rows int64 [Q, Cl]: BM25's own candidates; companion float32
+    [Q, U]: the companion's cosine of each union row (-inf at empty slots), None without
+    one."""
 
     union: np.ndarray
     distances: np.ndarray
     lexical_scores: np.ndarray
     lexical_rows: np.ndarray
+    companion: np.ndarray | None = None
 
 
-def fuse(candidates: Candidates, dense_weight: float, k: int) -> Ranking:
-    """Step 2 for a batch: the top k of the candidates fused at α = dense_weight."""
+def fuse(
+    candidates: Candidates, dense_weight: float, k: int, companion_weight: float = 0.0
+) -> Ranking:
+    """Step 2 for a batch: the top k of the candidates fused at α = dense_weight, the
+    companion's cosine mixed into the dense term at companion_weight (0: none)."""
+    sims = -candidates.distances
+    if companion_weight:
+        if candidates.companion is None:
+            raise ValueError("a companion weight, but the candidates have no companion cosines")
+        sims = mixed(sims, candidates.companion, companion_weight)
     scores, rows = fuse_union(
-        -candidates.distances,
+        sims,
         candidates.union,
         candidates.lexical_scores,
         candidates.lexical_rows,
@@ -135,9 +148,12 @@ class HybridSearch:
         texts: Sequence[str] = (),
         reranker: Reranker | None = None,
         size: int | None = None,
+        companion: Companion | None = None,
     ) -> None:
         if config.fused and bm25 is None:
             raise ValueError("the search config fuses BM25 in: BM25 weights are needed")
+        if config.companion_weight is not None and companion is None:
+            raise ValueError(f"the search config mixes in the {config.companion} companion")
         if config.fused and config.dense_candidates is None:
             raise ValueError("a fused search config needs dense_candidates (migrate it first)")
         self.index = index
@@ -146,6 +162,10 @@ class HybridSearch:
         self.texts = texts
         self.reranker = reranker if config.rerank_top is not None else None
         self.size = int(index.ntotal) if size is None else size
+        # Kept whenever given: an evaluation mixes it in at several weights (`candidates`).
+        self.companion = companion
+        if companion is not None and companion.rows != int(index.ntotal):
+            raise ValueError(f"{companion.rows} companion rows for {index.ntotal} index rows")
         self._row_distances = RowDistances(index)
 
     # -- the whole path -------------------------------------------------------------------
@@ -180,8 +200,8 @@ class HybridSearch:
         else:
             lexical = lexical_pool().submit(self._lexical, texts, first, allowed, exclude)
             vectors = embed()
-            candidates = self._candidates(vectors, lexical.result(), first, allowed, exclude)
-            ranking = fuse(candidates, self._weight, first)
+            candidates = self._candidates(texts, vectors, lexical.result(), first, allowed, exclude)
+            ranking = fuse(candidates, self._weight, first, self._companion_weight)
         return self.reranked(texts, ranking, k)
 
     def candidates(
@@ -200,7 +220,7 @@ class HybridSearch:
         first = self.depth(k)
         if lexical is None:
             lexical = self._lexical(texts, first, allowed, exclude)
-        return self._candidates(vectors, lexical, first, allowed, exclude)
+        return self._candidates(texts, vectors, lexical, first, allowed, exclude)
 
     def lexical(
         self,
@@ -242,10 +262,11 @@ class HybridSearch:
         """(dense, BM25) float32 [len(rows)]: each row's scaled share of one query's fusion,
         its candidates found again as a search of depth k finds them (what explain shows)."""
         lexical = self._lexical([text], k, allowed, None)
-        found = self._candidates(vector, lexical, k, allowed, None)
+        found = self._candidates([text], vector, lexical, k, allowed, None)
         union = found.union[0]
         valid = union >= 0
-        dense_share = scaled_at(-found.distances[0][valid], union[valid], rows)
+        sims = self._dense_term(found)[0]
+        dense_share = scaled_at(sims[valid], union[valid], rows)
         return dense_share, scaled_at(lexical[0][0], lexical[1][0], rows)
 
     # -- step 1 ---------------------------------------------------------------------------
@@ -255,6 +276,17 @@ class HybridSearch:
         weight = self.config.dense_weight
         assert weight is not None  # a fused config has one
         return weight
+
+    @property
+    def _companion_weight(self) -> float:
+        return self.config.companion_weight or 0.0
+
+    def _dense_term(self, found: Candidates) -> np.ndarray:
+        """float32 [Q, U]: the dense term fused with BM25, the companion mixed in."""
+        if not self._companion_weight:
+            return -found.distances
+        assert found.companion is not None
+        return mixed(-found.distances, found.companion, self._companion_weight)
 
     def _lexical_depth(self, k: int) -> int:
         lexical_candidates = self.config.lexical_candidates
@@ -281,6 +313,7 @@ class HybridSearch:
 
     def _candidates(
         self,
+        texts: Sequence[str],
         vectors: np.ndarray,
         lexical: tuple[np.ndarray, np.ndarray],
         k: int,
@@ -288,14 +321,15 @@ class HybridSearch:
         exclude: np.ndarray | None,
     ) -> Candidates:
         """The union of BM25's rows and the index's top max(k, dense_candidates), each with
-        its exact distance."""
+        its exact distance (and its companion cosine when there is a companion)."""
         assert self.config.dense_candidates is not None
         wanted = min(max(k, self.config.dense_candidates), self.size)
         dense_rows = dense(self.index, vectors, wanted, allowed=allowed, exclude=exclude).rows
         lexical_scores, lexical_rows = lexical
         union = candidate_union(dense_rows, lexical_rows)
+        companion = None if self.companion is None else self.companion.similarities(texts, union)
         return Candidates(
-            union, distances_to(self.index, vectors, union), lexical_scores, lexical_rows
+            union, distances_to(self.index, vectors, union), lexical_scores, lexical_rows, companion
         )
 
     def _fused_one(
@@ -316,9 +350,12 @@ class HybridSearch:
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
         distances = self._row_distances(vector, union)
-        scores, slots = fuse_union_one(
-            -distances, union, lexical_scores, lexical_rows, self._weight, k
-        )
+        sims = -distances
+        if self._companion_weight:
+            assert self.companion is not None
+            cosines = self.companion.similarities([text], union[None])[0]
+            sims = mixed_one(sims, cosines, self._companion_weight)
+        scores, slots = fuse_union_one(sims, union, lexical_scores, lexical_rows, self._weight, k)
         out = _empty(1, k)
         out.rows[0, : slots.size] = union[slots]
         out.distances[0, : slots.size] = distances[slots]

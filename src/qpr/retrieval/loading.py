@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from qpr.artifacts import (
     ANSWER_ID,
     BM25_FILE,
+    COMPANION_FILE,
     DELTAS_MANIFEST_FILE,
     ENCODER_FILE,
     IDS_FILE,
@@ -66,6 +67,7 @@ from qpr.deltas.format import DeltaError, delta_files, load_parts
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index
+from qpr.retrieval.companion import Companion, load_encoder
 from qpr.retrieval.dense import IdMap, load_index
 from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
@@ -132,7 +134,8 @@ class BundleParts:
     is built from. root: the models directory; config: its search config, in the current
     format (`qpr.artifacts.migrate`); fingerprint: sha256 over the files loaded (see
     `Bundle.fingerprint`); reranker: None unless the config re-ranks; failed_deltas:
-    {delta number: why it failed its check}, the deltas left out (`qpr.deltas.format`)."""
+    {delta number: why it failed its check}, the deltas left out (`qpr.deltas.format`);
+    companion: None unless the config mixes one in, over every row (deltas' included)."""
 
     root: Path
     encoder: QueryEncoder
@@ -141,6 +144,7 @@ class BundleParts:
     fingerprint: str
     reranker: Reranker | None = None
     failed_deltas: Mapping[int, str] = field(default_factory=dict)
+    companion: Companion | None = None
 
 
 def load_bundle_parts(
@@ -160,6 +164,7 @@ def load_bundle_parts(
     root = Path(models_dir)
     paths, config = _bundle_files(root)
     paths |= _rerank_files(root, config)
+    paths |= _companion_files(root, config)
     paths |= _delta_paths(root)
     # The files are stat'ed before and after loading: the pipeline replaces them by
     # rename, and a bundle assembled from files of two different runs must not start.
@@ -175,6 +180,7 @@ def load_bundle_parts(
     )
     questions, failed_deltas = _with_deltas(root, _load_questions(paths, index, config))
     reranker = _load_reranker(root, config, threads)
+    companion = _load_companion(root, config, questions.texts)
     if fold_encoder and not encoder.int8:
         encoder = replace(
             encoder, folded=checked_fold(encoder.path, encoder.session, encoder.max_len)
@@ -182,7 +188,7 @@ def load_bundle_parts(
     if _signatures(paths.values()) != before:
         raise BundleError(f"files in {root} changed while loading; load again")
     return BundleParts(
-        root, encoder, questions, config, _fingerprint(digests), reranker, failed_deltas
+        root, encoder, questions, config, _fingerprint(digests), reranker, failed_deltas, companion
     )
 
 
@@ -250,6 +256,34 @@ def _rerank_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
             f"{root / RERANK_CONFIG_FILE} is missing (the rerank stage writes it)"
         )
     return {rel: root / rel for rel in RERANK_FILES if (root / rel).is_file()}
+
+
+def _companion_files(root: Path, config: SearchConfig) -> dict[Path, Path]:
+    """The companion's vectors when the config mixes one in (hashed into the
+    fingerprint), or BundleError naming the missing file."""
+    if config.companion is None:
+        return {}
+    path = root / COMPANION_FILE
+    if not path.is_file():
+        raise BundleError(
+            f"{search_config_file(root)} mixes in the {config.companion} companion, but "
+            f"{path} is missing (the index stage writes it with index.companion)"
+        )
+    return {COMPANION_FILE: path}
+
+
+def _load_companion(root: Path, config: SearchConfig, texts: list[str]) -> Companion | None:
+    """The companion over every row: the index stage's vectors, a delta's rows encoded
+    now (a few questions: 0.02 ms each). BundleError when it cannot be loaded or holds
+    more rows than the index."""
+    if config.companion is None:
+        return None
+    path = root / COMPANION_FILE
+    try:
+        vectors = np.load(path)
+        return Companion(load_encoder(config.companion), vectors).extended(texts)
+    except (OSError, ValueError) as exc:  # CompanionError is a ValueError
+        raise BundleError(f"{path}: {exc}") from exc
 
 
 def _delta_paths(root: Path) -> dict[Path, Path]:
