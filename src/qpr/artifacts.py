@@ -25,6 +25,9 @@ A bundle is the ``models/`` directory the pipeline writes (paths relative to it)
                                (`qpr.training.distill`); queries go through it when
                                search.json declares it (kind ``student``); the index keeps
                                encoder.onnx's vectors (an asymmetric bundle)
+``index/companion.npy``        optional: a companion encoder's vectors of the rows
+                               (`qpr.retrieval.companion`), mixed in when search.json
+                               names the companion
 ``rerank/``                    optional: a cross-encoder re-ranker (`RERANK_FILES`), used
                                when the search config sets ``rerank_top``
 ``deltas/deltas.json``         optional: the manifest of the index deltas (`qpr.deltas`):
@@ -55,6 +58,7 @@ __all__ = [
     "ANSWER_ID",
     "BM25_FILE",
     "CLUSTERS_FILE",
+    "COMPANION_FILE",
     "CLUSTER_PAIRS_FILE",
     "CLUSTER_QUESTIONS_FILE",
     "DELTAS_DIR",
@@ -173,7 +177,7 @@ RERANK_INT8_FILE = RERANK_DIR / "model.int8.onnx"  # only when int8 kept its ran
 # Fingerprint order; the int8 file is hashed when present.
 RERANK_FILES = (RERANK_CONFIG_FILE, RERANK_TOKENIZER_FILE, RERANK_MODEL_FILE, RERANK_INT8_FILE)
 # What a bundle may hold besides REQUIRED_FILES (the registry stores those present).
-OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, STUDENT_FILE, *RERANK_FILES)
+OPTIONAL_FILES = (BM25_FILE, QUERY_ENCODER_FILE, COMPANION_FILE, STUDENT_FILE, *RERANK_FILES)
 
 # search.json's format: 2 since it declares its query encoder; a file without "format" is 1.
 SEARCH_FORMAT = 2
