@@ -33,13 +33,16 @@ def test_measures_keep_test_and_val_only():
     }
 
 
-@pytest.mark.parametrize("optional", [(), ("index/bm25.npz",), ("index/query_encoder.onnx",)])
+@pytest.mark.parametrize(
+    "optional",
+    [(), ("index/bm25.npz",), ("index/query_encoder.onnx",), ("index/companion.npy",)],
+)
 def test_staged_bundle_keeps_the_optional_files_present(
     tmp_path: Path, optional: tuple[str, ...]
 ) -> None:
-    """BM25's weights and the int8 query encoder travel with the bundle when it has them:
-    a registered model without its query encoder would serve float32 queries, not what its
-    evaluation measured."""
+    """BM25's weights, the int8 query encoder and the companion's vectors travel with the
+    bundle when it has them: a registered model without its query encoder would serve
+    float32 queries, not what its evaluation measured."""
     models = tmp_path / "models"
     for rel in (*map(str, REQUIRED_FILES), *optional):
         (models / rel).parent.mkdir(parents=True, exist_ok=True)
