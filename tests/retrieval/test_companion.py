@@ -4,9 +4,8 @@ in the same way on its one-question path and its batch path."""
 
 from __future__ import annotations
 
-import itertools
+from dataclasses import replace
 
-import faiss
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -14,7 +13,6 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from qpr.artifacts import SearchConfig, SearchConfigError
-from qpr.retrieval.bm25 import BM25Index
 from qpr.retrieval.companion import (
     Companion,
     CompanionError,
@@ -24,12 +22,7 @@ from qpr.retrieval.companion import (
     mixed_one,
 )
 from qpr.retrieval.hybrid import HybridSearch, fuse
-
-WORDS = ("printer", "garden", "laptop", "bicycle", "account", "invoice")
-VERBS = ("install", "reset", "clean", "repair", "find")
-TEXTS = [f"how do i {v} my {w} {n}" for (v, w), n in itertools.product(
-    itertools.product(VERBS, WORDS), ("today", "now"))]  # fmt: skip
-CLUSTER = np.arange(len(TEXTS), dtype=np.int64) // 2
+from tests.retrieval.test_hybrid import TEXTS, _world
 
 
 def tiny_encoder(dim: int = 6, seed: int = 0) -> StaticEncoder:
@@ -41,15 +34,6 @@ def tiny_encoder(dim: int = 6, seed: int = 0) -> StaticEncoder:
     tokenizer.pre_tokenizer = Whitespace()
     table = np.random.default_rng(seed).standard_normal((len(vocab), dim)).astype(np.float32)
     return StaticEncoder("tiny", tokenizer, table)
-
-
-def _world(dim: int = 8):
-    rng = np.random.default_rng(0)
-    centres = rng.standard_normal((CLUSTER.max() + 1, dim)).astype(np.float32)
-    x = centres[CLUSTER] + 0.2 * rng.standard_normal((len(TEXTS), dim)).astype(np.float32)
-    index = faiss.IndexFlatL2(dim)
-    index.add(x)
-    return index, x, BM25Index.build(TEXTS)
 
 
 MIXED = SearchConfig(
@@ -167,14 +151,7 @@ def test_search_config_keeps_its_bytes_without_a_companion(tmp_path) -> None:
     plain = SearchConfig(dense_weight=0.6, lexical_candidates=6, dense_candidates=4)
     text = plain.write(tmp_path).read_text()
     assert "companion" not in text
-    mixing = SearchConfig(
-        dense_weight=0.6,
-        lexical_candidates=6,
-        dense_candidates=4,
-        companion="wordllama",
-        companion_weight=0.25,
-    )
-    mixing.write(tmp_path)
+    replace(MIXED, companion="wordllama", companion_weight=0.25).write(tmp_path)
     read = SearchConfig.read(tmp_path)
     assert (read.companion, read.companion_weight) == ("wordllama", 0.25)
     assert read.fusion["companion_weight"] == 0.25
@@ -209,3 +186,20 @@ def test_mixed_one_is_mixed_for_a_full_row() -> None:
             )
     flat = np.full(5, -2.0, np.float32)
     np.testing.assert_array_equal(mixed_one(flat, flat, 0.5), mixed(flat[None], flat[None], 0.5)[0])
+
+
+def test_explain_shares_add_up_to_the_mixed_score() -> None:
+    """What explain reports: α times the dense share (the companion mixed in) plus
+    (1 - α) times BM25's is the fused score."""
+    index, x, bm25 = _world()
+    encoder = tiny_encoder()
+    search = HybridSearch(
+        index, MIXED, bm25=bm25, texts=TEXTS, companion=Companion(encoder, encoder.documents(TEXTS))
+    )
+    for i in (0, 7, 19):
+        ranking = search.rank([TEXTS[i]], lambda i=i: x[i : i + 1], 5)
+        rows = ranking.rows[0]
+        dense_share, lexical_share = search.shares(TEXTS[i], x[i : i + 1], rows, 5, None)
+        np.testing.assert_allclose(
+            0.6 * dense_share + 0.4 * lexical_share, ranking.scores[0], atol=1e-6
+        )

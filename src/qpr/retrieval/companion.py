@@ -99,17 +99,18 @@ def load_encoder(name: str) -> StaticEncoder:
     files. CompanionError for an unknown name or a package that is not installed."""
     if name != "wordllama":
         raise CompanionError(f"unknown companion {name!r}; known: {', '.join(COMPANIONS)}")
-    try:
-        import wordllama
-    except ImportError as exc:
+    import importlib.util
+
+    # Only the wheel's files are read: the package itself is not imported.
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:
         raise CompanionError(
-            "the wordllama companion needs the `wordllama` package (the transformer extra: "
-            "pip install -e .[transformer])"
-        ) from exc
+            "the wordllama companion needs the `wordllama` package (a dependency of qpr)"
+        )
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
-    package = Path(wordllama.__file__).parent
+    package = Path(next(iter(spec.submodule_search_locations)))
     tokenizer = Tokenizer.from_file(str(package / _WORDLLAMA_TOKENIZER))
     tokenizer.no_padding()
     tokenizer.no_truncation()

@@ -84,13 +84,8 @@ def fuse(
 ) -> Ranking:
     """Step 2 for a batch: the top k of the candidates fused at α = dense_weight, the
     companion's cosine mixed into the dense term at companion_weight (0: none)."""
-    sims = -candidates.distances
-    if companion_weight:
-        if candidates.companion is None:
-            raise ValueError("a companion weight, but the candidates have no companion cosines")
-        sims = mixed(sims, candidates.companion, companion_weight)
     scores, rows = fuse_union(
-        sims,
+        dense_term(candidates, companion_weight),
         candidates.union,
         candidates.lexical_scores,
         candidates.lexical_rows,
@@ -98,6 +93,17 @@ def fuse(
         k,
     )
     return Ranking(rows, values_at(candidates.union, candidates.distances, rows), scores)
+
+
+def dense_term(candidates: Candidates, companion_weight: float = 0.0) -> np.ndarray:
+    """float32 [Q, U]: what fusion takes as the dense side of each union row, higher =
+    closer: minus the exact distance, the companion's cosine mixed in at companion_weight
+    (`qpr.retrieval.companion.mixed`; 0: none)."""
+    if not companion_weight:
+        return -candidates.distances
+    if candidates.companion is None:
+        raise ValueError("a companion weight, but the candidates have no companion cosines")
+    return mixed(-candidates.distances, candidates.companion, companion_weight)
 
 
 def answered(ranking: Ranking, threshold: float | None) -> np.ndarray:
@@ -265,7 +271,7 @@ class HybridSearch:
         found = self._candidates([text], vector, lexical, k, allowed, None)
         union = found.union[0]
         valid = union >= 0
-        sims = self._dense_term(found)[0]
+        sims = dense_term(found, self._companion_weight)[0]
         dense_share = scaled_at(sims[valid], union[valid], rows)
         return dense_share, scaled_at(lexical[0][0], lexical[1][0], rows)
 
@@ -280,13 +286,6 @@ class HybridSearch:
     @property
     def _companion_weight(self) -> float:
         return self.config.companion_weight or 0.0
-
-    def _dense_term(self, found: Candidates) -> np.ndarray:
-        """float32 [Q, U]: the dense term fused with BM25, the companion mixed in."""
-        if not self._companion_weight:
-            return -found.distances
-        assert found.companion is not None
-        return mixed(-found.distances, found.companion, self._companion_weight)
 
     def _lexical_depth(self, k: int) -> int:
         lexical_candidates = self.config.lexical_candidates
