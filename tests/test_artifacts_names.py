@@ -38,6 +38,8 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("searcher.py", "questions.parquet"): "a temporary shard for the indexer",
     ("serve/sources.py", "qpr-kept.json"): "the service's note beside a kept registry "
     "version in its own cache",
+    ("retrieval/companion.py", "l2_supercat_tokenizer_config.json"): "a file of a "
+    "pretrained model package (the wordllama wheel's tokenizer)",
     ("text/pretrained.py", "config.json"): "a file of a pretrained model package",
     ("text/wordpiece.py", "tokenizer.json"): "a file of a pretrained model package",
     ("training/loop.py", "last.pt"): "a trainer's checkpoint, read back only by the trainer",

@@ -3,7 +3,7 @@
 The served ranking scores each candidate by the bundle's dense distance and by BM25
 (`qpr.retrieval.hybrid`). A companion adds a third, cheap score to the dense term: the
 cosine of the question and the candidate under another encoder, one whose vectors are
-the mean of fixed token vectors. With weight w the dense term becomes
+sums of fixed token vectors. With weight w the dense term becomes
 
     (1 - w) · unit(-distance) + w · unit(companion cosine)
 
@@ -13,7 +13,7 @@ re-scores the union both retrievers found, so it adds no index search.
 
 Why: two encoders trained on different data err on different questions. On Quora,
 WordLlama's vectors beside the product default's static student raised validation P@1
-(docs/models.md, "A companion encoder").
+from 0.857 to 0.870 (docs/models.md, "A companion encoder").
 
 Companions (``index.companion``): ``wordllama``, the 256-d token vectors of the
 ``wordllama`` wheel (l2_supercat), read from the wheel's own files; nothing is
@@ -21,8 +21,8 @@ downloaded. A question's vector is the sum of its tokens' vectors, unit length: 
 same for a question alone or in a batch, and on any CPU the same float32 bits up to
 the last rounding of its norm (each sum adds rows in order).
 
-Arrays: float32 query vectors [Q, D], float16 document vectors [N, D], int64 rows
-(-1 = empty slot); no framework code.
+Arrays: float32 query vectors [Q, D]; document vectors float16 [N, D] on file, float32
+in memory; int64 rows (-1 = empty slot); no framework code.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from qpr.retrieval.fusion import unit_range
 __all__ = ["COMPANIONS", "Companion", "StaticEncoder", "load_encoder", "mixed", "mixed_one"]
 
 COMPANIONS = ("wordllama",)
-# The wheel's files: the tokenizer (Llama 3's, as a `tokenizers` file) and the token
-# vectors, cut to 256 of their 1,024 dimensions (the model is trained so: Matryoshka).
+# The wheel's files: the tokenizer (Llama 2's 32,000 tokens, as a `tokenizers` file) and
+# the token vectors in the 256-dimension cut the wheel ships (trained so that the first
+# dimensions stand alone: Matryoshka).
 _WORDLLAMA_TOKENIZER = Path("tokenizers") / "l2_supercat_tokenizer_config.json"
 _WORDLLAMA_WEIGHTS = Path("weights") / "l2_supercat_256.safetensors"
 _BATCHED = 64  # texts from which `encode` tokenizes in one call
@@ -72,7 +73,7 @@ class StaticEncoder:
         out = np.zeros((len(texts), self.dim), np.float32)
         if not len(texts):
             return out
-        if len(texts) < _BATCHED:  # a query: the batch call's thread pool costs more
+        if len(texts) < _BATCHED:  # a query or a few: no thread pool to start
             encoded = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         else:
             encoded = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
