@@ -43,7 +43,10 @@ try:
 except ImportError:
     from qpr.serve.bundle import Bundle
 models, questions_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-fold = sys.argv[4:] == ["fold"]
+fold, faiss_threads = sys.argv[4] == "fold", int(sys.argv[5])
+if faiss_threads:
+    import faiss
+    faiss.omp_set_num_threads(faiss_threads)
 questions = [line.strip() for line in open(questions_file, encoding="utf-8") if line.strip()][:n]
 bundle = Bundle.load(models, threads=1, fold_encoder=True) if fold else Bundle.load(models)
 for q in questions[:50]:
@@ -63,9 +66,12 @@ print(json.dumps({
 """
 
 
-def run_side(python: str, models: str, questions: Path, n: int, fold: bool = False) -> dict:
+def run_side(
+    python: str, models: str, questions: Path, n: int, fold: bool = False, faiss_threads: int = 1
+) -> dict:
+    fold_arg = "fold" if fold else "onnx"
     done = subprocess.run(
-        [python, "-c", PROBE, models, str(questions), str(n), *(["fold"] if fold else [])],
+        [python, "-c", PROBE, models, str(questions), str(n), fold_arg, str(faiss_threads)],
         capture_output=True,
         text=True,
         check=False,
@@ -102,6 +108,12 @@ def markdown(report: dict) -> str:
             ", loaded as the service loads (encoder folded, one thread)."
             if report.get("fold_encoder")
             else "."
+        )
+        + (
+            f" FAISS on {report['faiss_threads']} OpenMP thread(s), set before loading"
+            + (" (the service's setting)." if report["faiss_threads"] == 1 else ".")
+            if report.get("faiss_threads")
+            else " FAISS's OpenMP threads left at the process default (a Python caller's)."
         ),
         "",
         f"| side | interpreter | bundle | p50 ms (median of rounds) | p99 ms | p50 / {first} |",
@@ -136,6 +148,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="load as the service does: one ONNX thread, a CNN or static student folded",
     )
+    parser.add_argument(
+        "--faiss-threads",
+        type=int,
+        default=1,
+        help="FAISS OpenMP threads in the searching thread: 1 as the service sets it; "
+        "0 leaves the process default, as a Python caller has it",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--about", default="", help="what the sides and bundles are, in words")
     args = parser.parse_args(argv)
@@ -144,7 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in range(1, args.rounds + 1):
         for name, side in sides.items():
             result = run_side(
-                side["python"], side["models"], args.questions, args.n, args.fold_encoder
+                side["python"],
+                side["models"],
+                args.questions,
+                args.n,
+                args.fold_encoder,
+                args.faiss_threads,
             )
             side["rounds"].append(result)
             print(f"round {round_}/{args.rounds} {name}: p50 {result['p50_ms']:.3f} ms", flush=True)
@@ -158,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         "rounds": args.rounds,
         "questions": args.n,
         "fold_encoder": args.fold_encoder,
+        "faiss_threads": args.faiss_threads,
         "load_avg": [load_before, [round(v, 2) for v in os.getloadavg()]],
         "same_top10": len(digests) == 1,
         "about": args.about,

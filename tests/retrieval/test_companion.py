@@ -74,6 +74,36 @@ def test_extended_encodes_only_the_new_rows() -> None:
         base.extended(TEXTS[:9])
 
 
+def test_load_reads_the_index_stages_file_and_extends_it(tmp_path) -> None:
+    encoder = load_encoder("wordllama")
+    path = tmp_path / "companion.npy"
+    np.save(path, encoder.documents(TEXTS[:10]))
+    alone = Companion.load(path, "wordllama")
+    assert alone.rows == 10 and alone.vectors.dtype == np.float32
+    grown = Companion.load(path, "wordllama", TEXTS[:12])
+    np.testing.assert_array_equal(grown.vectors[:10], alone.vectors)
+    np.testing.assert_array_equal(grown.vectors[10:], encoder.documents(TEXTS[10:12]))
+    with pytest.raises(CompanionError, match="unknown companion"):
+        Companion.load(path, "glove")
+    with pytest.raises(OSError):
+        Companion.load(tmp_path / "missing.npy", "wordllama")
+    np.save(path, np.zeros((3, 8), np.float16))
+    with pytest.raises(ValueError, match="the encoder gives 256"):
+        Companion.load(path, "wordllama")
+
+
+def test_cosines_of_encoded_queries_are_the_similarities() -> None:
+    encoder = tiny_encoder()
+    companion = Companion(encoder, encoder.documents(TEXTS))
+    union = np.array([[3, 0, 7, -1], [1, 2, -1, -1]], np.int64)
+    queries = TEXTS[4:6]
+    got = companion.cosines(encoder.encode(queries), union)
+    np.testing.assert_array_equal(got, companion.similarities(queries, union))
+    expected = companion.vectors[[3, 0, 7]] @ encoder.encode(queries)[0]
+    np.testing.assert_allclose(got[0, :3], expected, rtol=1e-6)
+    assert np.isneginf(got[0, 3]) and np.isneginf(got[1, 2:]).all()
+
+
 def test_mixed_is_the_dense_term_at_weight_zero_and_keeps_empty_slots() -> None:
     dense = np.array([[-3.0, -1.0, -2.0, -np.inf]], np.float32)
     other = np.array([[0.9, 0.1, 0.5, -np.inf]], np.float32)

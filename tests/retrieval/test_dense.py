@@ -452,6 +452,41 @@ def test_row_distances_equal_distances_to(factory):
             one_query(queries[:2], rows)
 
 
+def test_one_query_runs_faiss_on_one_openmp_thread_and_leaves_the_callers_limit(monkeypatch):
+    # FAISS splits a search by query: for one, a second thread would only spin beside it,
+    # taking the core BM25's thread needs (docs/scale.md)
+    x, queries = _vectors(2_000, 32), _vectors(4, 32, seed=5)
+    index = build_index(x, IndexConfig("Flat", nprobe=1), seed=0, log=_quiet)
+    flat = type(faiss.downcast_index(index))
+    seen: list[tuple[str, int]] = []
+
+    def recording(name, original):
+        def method(self, *args, **kwargs):
+            seen.append((name, faiss.omp_get_max_threads()))
+            return original(self, *args, **kwargs)
+
+        return method
+
+    monkeypatch.setattr(type(index), "search", recording("search", type(index).search))
+    monkeypatch.setattr(
+        flat,
+        "compute_distance_subset",
+        recording("distances", flat.compute_distance_subset),
+    )
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        one = search(index, queries[:1], 5)
+        batch = search(index, queries, 5)
+        distances = RowDistances(index)(queries[:1], np.array([3, 1, 4]))
+        assert seen == [("search", 1), ("search", 2), ("distances", 1)]
+        assert faiss.omp_get_max_threads() == 2
+    finally:
+        faiss.omp_set_num_threads(before)
+    np.testing.assert_array_equal(one[1], batch[1][:1])
+    np.testing.assert_array_equal(distances, distances_to(index, queries[:1], [[3, 1, 4]])[0])
+
+
 def test_per_query_scan_is_set_on_fast_scan_indexes_and_finds_the_same_rows(tmp_path):
     x, queries = _vectors(3_000, 32), _vectors(64, 32, seed=8)
     index = build_index(x, IndexConfig("IVF16,PQ16x4fs", nprobe=6), seed=0, log=_quiet)

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from qpr.artifacts import BM25_FILE, COMPANION_FILE, IDS_FILE, INDEX_FILE, QUESTIONS_FILE
@@ -108,12 +107,11 @@ def load_served(paths: ProjectPaths, settings):
 def load_companion(paths: ProjectPaths, name: str | None):
     """`qpr.retrieval.companion.Companion` `name` over the index's rows (its vectors as
     the index stage wrote them), or None when params name none."""
-    from qpr.retrieval.companion import Companion, load_encoder
+    from qpr.retrieval.companion import Companion
 
     if name is None:
         return None
-    path = _require(paths.models_dir / COMPANION_FILE, "index")
-    return Companion(load_encoder(name), np.load(path))
+    return Companion.load(_require(paths.models_dir / COMPANION_FILE, "index"), name)
 
 
 def read_evaluate_metrics(paths: ProjectPaths) -> dict[str, Any]:

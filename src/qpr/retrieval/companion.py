@@ -137,6 +137,15 @@ class Companion:
                 f"companion vectors {self.vectors.shape}, the encoder gives {self.encoder.dim}"
             )
 
+    @classmethod
+    def load(cls, path: Path, name: str, texts: Sequence[str] | None = None) -> Companion:
+        """The companion `name` with the vectors the index stage wrote at `path` (float16
+        [N, D]), extended over `texts` (the rows' texts, a delta's after the index's; None:
+        the file's rows only). OSError for an unreadable file; ValueError (CompanionError
+        among them) for an unknown name, a missing package or vectors that do not fit."""
+        companion = cls(load_encoder(name), np.load(path))
+        return companion if texts is None else companion.extended(texts)
+
     @property
     def rows(self) -> int:
         return int(self.vectors.shape[0])
@@ -154,8 +163,12 @@ class Companion:
     def similarities(self, texts: Sequence[str], union: np.ndarray) -> np.ndarray:
         """float32 [Q, U]: each query's cosine with each of its union's rows (int64 [Q, U]),
         -inf at empty (-1) slots."""
+        return self.cosines(self.encoder.encode(texts), union)
+
+    def cosines(self, queries: np.ndarray, union: np.ndarray) -> np.ndarray:
+        """`similarities` from the queries' vectors (float32 [Q, D], `encoder.encode`), so
+        that a search can encode its question while it waits for BM25."""
         union = np.asarray(union, np.int64)
-        queries = self.encoder.encode(texts)
         rows = self.vectors[np.maximum(union, 0)]
         cosines = np.matmul(rows, queries[:, :, None])[:, :, 0]
         return np.where(union >= 0, cosines, np.float32(-np.inf))

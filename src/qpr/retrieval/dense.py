@@ -819,17 +819,37 @@ def search(
     ask = k + 1 if exclude is not None else k
     if allowed is not None:
         allowed = _checked_mask(allowed, index.ntotal)
-        if int(allowed.sum()) <= EXACT_SCAN_ROWS or _is_gpu_index(index):
+    with _threads_for(queries.shape[0]):
+        if allowed is not None and (int(allowed.sum()) <= EXACT_SCAN_ROWS or _is_gpu_index(index)):
             distances, rows = _scan_allowed(index, queries, ask, allowed)
             return _finished(distances, rows, exclude, k)
-    selector = None if allowed is None else RowSelector(allowed)
-    refine = _refine(index)
-    if refine is None:
-        params = None if selector is None else selector.params(index)
-        distances, rows = index.search(queries, ask, params=params)
-    else:
-        distances, rows = _refined_search(refine, queries, ask, selector)
+        selector = None if allowed is None else RowSelector(allowed)
+        refine = _refine(index)
+        if refine is None:
+            params = None if selector is None else selector.params(index)
+            distances, rows = index.search(queries, ask, params=params)
+        else:
+            distances, rows = _refined_search(refine, queries, ask, selector)
     return _finished(distances, rows, exclude, k)
+
+
+@contextlib.contextmanager
+def _threads_for(queries: int) -> Iterator[None]:
+    """FAISS on one OpenMP thread of the calling thread for a single query, as the service
+    runs it (`qpr.serve.openmp`; libgomp keeps the limit per thread).
+
+    Why: FAISS splits a search by query, so one query runs on one thread whatever the
+    limit, and a second thread only spins after it. In a fused search that spinning took
+    the core BM25's worker needed: 0.06-0.1 ms a Quora question (docs/scale.md)."""
+    before = faiss.omp_get_max_threads() if queries == 1 else 1
+    if before == 1:
+        yield
+        return
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def _finished(
@@ -972,7 +992,8 @@ class RowDistances:
         query = np.ascontiguousarray(query, dtype=np.float32)
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if self._flat is None:
-            return distances_to(self._index, query, rows[None])[0]
+            with _threads_for(1):
+                return distances_to(self._index, query, rows[None])[0]
         if query.shape != (1, self._flat.d) or rows.ndim != 1:
             raise ValueError(
                 f"query must be float32 [1, {self._flat.d}] and rows int64 [n], got "
@@ -984,9 +1005,10 @@ class RowDistances:
         out = np.empty(rows.size, dtype=np.float32)
         if not rows.size:  # FAISS asserts k > 0
             return out
-        self._flat.compute_distance_subset(
-            1, faiss.swig_ptr(query), rows.size, faiss.swig_ptr(out), faiss.swig_ptr(rows)
-        )
+        with _threads_for(1):  # over 100 rows, a second thread cost 4 times the distances
+            self._flat.compute_distance_subset(
+                1, faiss.swig_ptr(query), rows.size, faiss.swig_ptr(out), faiss.swig_ptr(rows)
+            )
         return out
 
 

@@ -345,14 +345,16 @@ class HybridSearch:
         vector = embed()
         wanted = min(max(k, self.config.dense_candidates), self.size)
         _, dense_rows = search(self.index, vector, wanted, allowed=allowed)
+        # BM25 takes longer than the dense search: the companion encodes meanwhile.
+        companion = self.companion if self._companion_weight else None
+        query = None if companion is None else companion.encoder.encode([text])
         lexical_scores, lexical_rows = lexical.result()
         union = candidate_union(dense_rows, lexical_rows[None])[0]
         union = union[union >= 0]
         distances = self._row_distances(vector, union)
         sims = -distances
-        if self._companion_weight:
-            assert self.companion is not None
-            cosines = self.companion.similarities([text], union[None])[0]
+        if companion is not None:
+            cosines = companion.cosines(query, union[None])[0]
             sims = mixed_one(sims, cosines, self._companion_weight)
         scores, slots = fuse_union_one(sims, union, lexical_scores, lexical_rows, self._weight, k)
         out = _empty(1, k)

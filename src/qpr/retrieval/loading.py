@@ -67,7 +67,7 @@ from qpr.deltas.format import DeltaError, delta_files, load_parts
 from qpr.errors import QPRError
 from qpr.io import file_sha256, text_sha256
 from qpr.retrieval.bm25 import BM25Index
-from qpr.retrieval.companion import Companion, load_encoder
+from qpr.retrieval.companion import Companion
 from qpr.retrieval.dense import IdMap, load_index
 from qpr.retrieval.encoders import embedding_dim, load_session, probe_cosine
 from qpr.retrieval.folded import FoldedCNN, checked_fold
@@ -280,8 +280,7 @@ def _load_companion(root: Path, config: SearchConfig, texts: list[str]) -> Compa
         return None
     path = root / COMPANION_FILE
     try:
-        vectors = np.load(path)
-        return Companion(load_encoder(config.companion), vectors).extended(texts)
+        return Companion.load(path, config.companion, texts)
     except (OSError, ValueError) as exc:  # CompanionError is a ValueError
         raise BundleError(f"{path}: {exc}") from exc
 
