@@ -259,7 +259,7 @@ class LexicalSettings(_Section):
     """BM25 beside the dense index, fused per query (qpr.retrieval.bm25)."""
 
     enabled: bool = True
-    candidates: int = Field(100, ge=1)  # BM25's top candidates taken before fusion
+    candidates: int = Field(50, ge=1)  # BM25's top candidates taken before fusion
     # The dense index's top max(k, dense_candidates) added to BM25's; every candidate is then
     # scored by its exact distance (qpr.retrieval.fusion.candidate_union), so few are needed.
     dense_candidates: int = Field(20, ge=1)
