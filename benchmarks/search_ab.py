@@ -6,8 +6,9 @@ Python interpreter (a checkout's .venv/bin/python, which imports that checkout's
 a bundle directory. Every round runs each side once, in turn, as a fresh process: load the
 bundle, warm up on 50 questions, then time `Bundle.search(question, k=10)` one question at
 a time, FAISS on one OpenMP thread as the service runs it (--faiss-threads 0: the process
-default, as a Python caller has it). The result names each side's p50 and p99 per round, their medians over the rounds,
-the ratio of medians, and whether every side returned the same top 10 for every question.
+default, as a Python caller has it). The result names each side's p50 and p99 per round,
+their medians over the rounds, the ratio of medians, and whether every side returned the
+same top 10 for every question.
 
     .venv/bin/python benchmarks/search_ab.py \\
         --side old=/tmp/old/.venv/bin/python:/tmp/old/models \\

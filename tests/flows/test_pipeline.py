@@ -15,6 +15,7 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     from flows.pipeline import pipeline_flow
     from flows.stage import STAGES
     from qpr.artifacts import SearchConfig
+    from qpr.config import load_settings
     from qpr.retrieval.bundle import Bundle
 
     root = tiny_params_file.parent
@@ -55,9 +56,10 @@ def test_pipeline_end_to_end(prefect_harness, tiny_params_file):
     stored = SearchConfig.read(root / "models")
     # A corpus this small gets a flat index (qpr.retrieval.dense.fit_factory): no depth.
     depth = {"nprobe": fusion["served"]["nprobe"]} if fusion["served"]["nprobe"] else {}
+    lexical = load_settings(tiny_params_file).index.lexical
     assert stored.fusion == {
         "dense_weight": fusion["dense_weight"],
-        "candidates": 100,
+        "candidates": lexical.candidates,
         "dense_candidates": 20,
         **depth,
     }

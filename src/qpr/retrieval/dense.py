@@ -840,7 +840,7 @@ def _threads_for(queries: int) -> Iterator[None]:
 
     Why: FAISS splits a search by query, so one query runs on one thread whatever the
     limit, and a second thread only spins after it. In a fused search that spinning took
-    the core BM25's worker needed: 0.06-0.1 ms a Quora question (docs/scale.md)."""
+    the core BM25's worker needed: about 0.1 ms a Quora question (docs/scale.md)."""
     before = faiss.omp_get_max_threads() if queries == 1 else 1
     if before == 1:
         yield
