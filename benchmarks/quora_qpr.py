@@ -482,14 +482,11 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
     p50 / p99 in ms over real questions, and which kernel encoded them."""
     import statistics
 
-    import faiss
-
     from qpr.retrieval.bundle import Bundle
+    from qpr.retrieval.dense import faiss_threads
 
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
     load_before = os.getloadavg()
-    try:
+    with faiss_threads(1):
         bundle = Bundle.load(models_dir, threads=1, fold_encoder=True)
         for question in questions[:50]:  # warm-up
             bundle.search(question, k=10)
@@ -498,8 +495,6 @@ def query_latency(models_dir: Path, questions: list[str]) -> dict[str, float]:
             t0 = time.perf_counter()
             bundle.search(question, k=10)
             times.append(time.perf_counter() - t0)
-    finally:
-        faiss.omp_set_num_threads(threads)
     times.sort()
     return {
         "p50_ms": round(statistics.median(times) * 1e3, 3),

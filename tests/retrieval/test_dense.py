@@ -16,6 +16,7 @@ from qpr.retrieval.dense import (
     ef_search_of,
     exact_recall_at_k,
     exact_twin,
+    faiss_threads,
     fit_factory,
     gpu_available,
     higher_is_better,
@@ -485,6 +486,24 @@ def test_one_query_runs_faiss_on_one_openmp_thread_and_leaves_the_callers_limit(
         faiss.omp_set_num_threads(before)
     np.testing.assert_array_equal(one[1], batch[1][:1])
     np.testing.assert_array_equal(distances, distances_to(index, queries[:1], [[3, 1, 4]])[0])
+
+
+def test_faiss_threads_sets_the_limit_meanwhile_and_puts_the_callers_back_on_error():
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        with faiss_threads(1):
+            assert faiss.omp_get_max_threads() == 1
+        assert faiss.omp_get_max_threads() == 2
+        with pytest.raises(RuntimeError, match="inside"), faiss_threads(3):
+            assert faiss.omp_get_max_threads() == 3
+            raise RuntimeError("inside")
+        assert faiss.omp_get_max_threads() == 2
+        with faiss_threads(0):  # never below one thread
+            assert faiss.omp_get_max_threads() == 1
+        assert faiss.omp_get_max_threads() == 2
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def test_per_query_scan_is_set_on_fast_scan_indexes_and_finds_the_same_rows(tmp_path):

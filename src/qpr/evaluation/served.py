@@ -226,18 +226,14 @@ def median_ms(search: Callable[[str], object], texts: Sequence[str]) -> float | 
     FAISS runs on one OpenMP thread meanwhile, the service's default (serve
     faiss_threads): with every core, a one-question IVF search wakes threads that spin
     and took 40 ms instead of 0.6 ms on 2 shared cores."""
-    import faiss
+    from qpr.retrieval.dense import faiss_threads
 
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
     times = []
-    try:
+    with faiss_threads(1):
         for text in list(texts)[:TIMED_QUERIES]:
             started = time.perf_counter()
             search(text)
             times.append((time.perf_counter() - started) * 1000.0)
-    finally:
-        faiss.omp_set_num_threads(before)
     return statistics.median(times) if times else None
 
 

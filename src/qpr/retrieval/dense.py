@@ -562,10 +562,10 @@ def _built(
     if not index.is_trained:
         index.train(training(nlist_of(index)))
     trained = time.perf_counter()
-    threads = faiss.omp_get_max_threads()
-    if graph is not None:
-        faiss.omp_set_num_threads(1)
-    try:
+    # A graph is inserted on one thread: parallel insertion links in thread order, and the
+    # same command must give the same graph
+    one = faiss_threads(1) if graph is not None else contextlib.nullcontext()
+    with one:
         for chunk in chunks():
             if graph is not None:
                 _add_with_progress(index, chunk, log)
@@ -573,8 +573,6 @@ def _built(
                 index.add(chunk)
             if n > chunk.shape[0]:
                 log(f"  added {index.ntotal:,} / {n:,} vectors")
-    finally:
-        faiss.omp_set_num_threads(threads)
     added = time.perf_counter()
     timing = f"train {trained - started:.2f} s, add {added - trained:.2f} s"
     finish_index(index, config, fitted, log, where="GPU" if on_gpu else "CPU", timing=timing)
@@ -834,22 +832,30 @@ def search(
 
 
 @contextlib.contextmanager
-def _threads_for(queries: int) -> Iterator[None]:
-    """FAISS on one OpenMP thread of the calling thread for a single query, as the service
-    runs it (`qpr.serve.openmp`; libgomp keeps the limit per thread).
-
-    Why: FAISS splits a search by query, so one query runs on one thread whatever the
-    limit, and a second thread only spins after it. In a fused search that spinning took
-    the core BM25's worker needed: about 0.1 ms a Quora question (docs/scale.md)."""
-    before = faiss.omp_get_max_threads() if queries == 1 else 1
-    if before == 1:
+def faiss_threads(n: int) -> Iterator[None]:
+    """FAISS's OpenMP limit of the calling thread set to `n` (at least 1) meanwhile, the
+    caller's own put back after. libgomp keeps the limit per thread, so a service's request
+    threads and a build's workers each set their own (`qpr.serve.openmp`)."""
+    before = faiss.omp_get_max_threads()
+    n = max(1, int(n))
+    if before == n:
         yield
         return
-    faiss.omp_set_num_threads(1)
+    faiss.omp_set_num_threads(n)
     try:
         yield
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def _threads_for(queries: int) -> contextlib.AbstractContextManager[None]:
+    """One OpenMP thread for a single query, as the service runs it; a batch keeps the
+    caller's limit.
+
+    Why: FAISS splits a search by query, so one query runs on one thread whatever the
+    limit, and a second thread only spins after it. In a fused search that spinning took
+    the core BM25's worker needed: about 0.1 ms a Quora question (docs/scale.md)."""
+    return faiss_threads(1) if queries == 1 else contextlib.nullcontext()
 
 
 def _finished(
@@ -1005,7 +1011,7 @@ class RowDistances:
         out = np.empty(rows.size, dtype=np.float32)
         if not rows.size:  # FAISS asserts k > 0
             return out
-        with _threads_for(1):  # over 100 rows, a second thread cost 4 times the distances
+        with _threads_for(1):  # one row set: a second thread would only spin
             self._flat.compute_distance_subset(
                 1, faiss.swig_ptr(query), rows.size, faiss.swig_ptr(out), faiss.swig_ptr(rows)
             )

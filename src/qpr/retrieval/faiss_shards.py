@@ -33,11 +33,10 @@ driver, with a log line that says why.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from qpr.retrieval.dense import (
     VectorShards,
     build_index_from_shards,
     checked_finite,
+    faiss_threads,
     finish_index,
     gpu_available,
     new_index,
@@ -101,16 +101,6 @@ class AddTask:
     threads: int = 1
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(before)
-
-
 def _quiet(_: str) -> None:
     pass
 
@@ -120,7 +110,7 @@ def train_index(task: TrainTask) -> Path:
     if task.out.is_file():
         return task.out
     shards = VectorShards(task.vectors)
-    with _threads(task.threads):
+    with faiss_threads(task.threads):
         index, _ = new_index(task.config, len(shards), shards.dim, seed=task.seed, log=_quiet)
         if not index.is_trained:
             index.train(training_sample(shards, nlist_of(index), task.seed))
@@ -135,7 +125,7 @@ def add_shard(task: AddTask) -> Path:
         return task.out
     vectors = checked_finite(np.ascontiguousarray(np.load(task.vectors), dtype=np.float32))
     index = faiss.read_index(str(task.trained))
-    with _threads(task.threads):
+    with faiss_threads(task.threads):
         index.add(vectors)
     task.out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=task.out.parent, prefix=f".{task.out.name}."))
