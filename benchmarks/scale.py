@@ -215,6 +215,7 @@ def build(work: Path, model: Path, factory: str, engine: str, vectors: Path) -> 
         VOCAB_FILE,
         SearchConfig,
     )
+    from qpr.config import LexicalSettings
     from qpr.retrieval.dense import IdMap, IndexConfig, save_index
     from qpr.retrieval.indexer import Indexer
 
@@ -240,8 +241,14 @@ def build(work: Path, model: Path, factory: str, engine: str, vectors: Path) -> 
     if made.bm25 is not None:
         made.bm25.save(bundle / BM25_FILE)
     write_questions(shards, bundle / QUESTIONS_FILE)
-    # The fusion as the pipeline serves it; α 0.5, not tuned here (cost, not quality)
-    SearchConfig(dense_weight=0.5, lexical_candidates=100, dense_candidates=20).write(bundle)
+    # The fusion as the pipeline serves it, at the product's depths; α 0.5, not tuned here
+    # (cost, not quality)
+    lexical = LexicalSettings()
+    SearchConfig(
+        dense_weight=0.5,
+        lexical_candidates=lexical.candidates,
+        dense_candidates=lexical.dense_candidates,
+    ).write(bundle)
     made.seconds["write"] = time.perf_counter() - started
     return {
         "factory": factory,
@@ -426,16 +433,18 @@ def _rss_gb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def lexical(work: Path, k: int = 100, blocks: int = 5) -> dict[str, Any]:
+def lexical(work: Path, k: int | None = None, blocks: int = 5) -> dict[str, Any]:
     """Our BM25 + MaxScore against bm25s's numba kernel on the same weights (bm25s given
     our term-major matrix, its own layout: CSC data / indices / indptr), top k as the fused
-    search asks, the queries' blocks alternated side by side."""
+    search asks (None: the product's depth), the queries' blocks alternated side by side."""
     import bm25s
 
     from qpr.artifacts import BM25_FILE
+    from qpr.config import LexicalSettings
     from qpr.retrieval.bm25 import BM25Index
     from qpr.text.words import tokenize
 
+    k = LexicalSettings().candidates if k is None else k
     ours = BM25Index.load(work / "models" / BM25_FILE)
     theirs = bm25s.BM25(k1=ours.k1, b=ours.b, method="lucene", backend="numba")
     theirs.scores = {
@@ -475,6 +484,7 @@ def lexical(work: Path, k: int = 100, blocks: int = 5) -> dict[str, Any]:
            for name, t in times.items()}  # fmt: skip
     out["ratio_p50_ours_to_bm25s"] = out["ours"]["p50_ms"] / out["bm25s"]["p50_ms"]
     out["same_top10_share"] = float(same)
+    out["k"] = k
     out["shape"] = posting_shape(ours)
     return out
 
