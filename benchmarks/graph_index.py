@@ -19,8 +19,10 @@ one query at a time on one thread, k 20, at a grid of depths:
 For each: build seconds, bytes (its serialised size), and per depth the dense recall@20
 against exact search and p50 / p99. Then the IVF and each kept FAISS graph as served:
 `Bundle.search` fused with BM25, served recall@20 and fused p50 / p99 at each depth
-(`served`). Each candidate's result is kept under `<size>/graph/<name>.json`, the served
-pass's under `served.json`: a killed run resumes at the first one without its file.
+(`served`), at each BM25 depth of --lexical-depths (default: the bundle's own), each
+against the same fusion over an exact dense search. Each candidate's result is kept under
+`<size>/graph/<name>.json`, each served pass's under `served-L<depth>.json`: a killed run
+resumes at the first one without its file.
 Results: docs/results/graph_index_<label>.{json,md,png}. usearch comes from the `bench`
 extra (`pip install -e .[bench]`).
 """
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine_info import describe  # noqa: E402
 
-from qpr.io import write_text_atomic  # noqa: E402
+from qpr.io import save_numpy_atomic, write_text_atomic  # noqa: E402
 
 DEFAULT = "ivf,faiss:HNSW32,Flat:40,faiss:HNSW32,SQ8:40,faiss:HNSW32,Flat:200,usearch:f16:32"
 NPROBES = (64, 128, 256, 384, 512, 768, 1024, 1536)
@@ -285,10 +287,50 @@ def graph_bundle(size: Path, spec: str) -> Path:
     return folder
 
 
-def served(size: Path, results: list[dict], log: Any) -> dict[str, Any]:
-    """The fused search as the service runs it (`Bundle.search`, folded encoder, BM25 on a
-    second thread) over the IVF and over each kept FAISS graph: served recall@20 against
-    the fusion over an exact dense search (`scale.py`'s fused_truth.npy) at each depth of
+def at_depth(folder: Path, lexical: int, dest: Path) -> Path:
+    """`folder`'s bundle fusing BM25's top `lexical`: links to its files, but for a
+    search.json that says so."""
+    if not dest.is_dir():
+        for path in folder.rglob("*"):
+            target = dest / path.relative_to(folder)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.relative_to(folder) != Path("search.json"):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(path.resolve())
+        search = json.loads((folder / "search.json").read_text())
+        write_text_atomic(
+            dest / "search.json", json.dumps(search | {"lexical_candidates": lexical})
+        )
+    return dest
+
+
+def fused_reference(size: Path, folder: Path, qv: np.ndarray, texts: list[str]) -> np.ndarray:
+    """int64 [Q, 20]: the fusion `folder`'s search config serves, over an exact dense
+    search (IndexFlatL2 of the float32 vectors) and the bundle's BM25: what served recall
+    is measured against (scale.py's fused_truth.npy, at any BM25 depth). Cached."""
+    import faiss
+
+    from qpr.artifacts import BM25_FILE, SearchConfig
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.retrieval.hybrid import HybridSearch
+
+    config = SearchConfig.read(folder)
+    cached = size / "graph" / f"fused_truth_L{config.lexical_candidates}.npy"
+    if not cached.is_file():
+        exact = faiss.IndexFlatL2(qv.shape[1])
+        exact.add(vectors(size))
+        search = HybridSearch(exact, config, bm25=BM25Index.load(size / "models" / BM25_FILE))
+        save_numpy_atomic(cached, search.rank(texts, lambda: qv, 20).rows)
+    return np.load(cached)
+
+
+def served(
+    size: Path, results: list[dict], qv: np.ndarray, lexical: int, log: Any
+) -> dict[str, Any]:
+    """The fused search as the service runs it (`Bundle.search`, folded encoder, BM25's
+    top `lexical` on a second thread) over the IVF and over each kept FAISS graph: served
+    recall@20 against the same fusion over an exact dense search at each depth of
     SERVED_DEPTHS, and fused p50 / p99 (k 10). Then each at its fastest depth keeping
     SERVED_TARGET, timed in alternated blocks."""
     import faiss
@@ -296,17 +338,22 @@ def served(size: Path, results: list[dict], log: Any) -> dict[str, Any]:
 
     from qpr.retrieval.bundle import Bundle
 
-    faiss.omp_set_num_threads(1)
     texts = pd.read_parquet(size / "queries.parquet")["question"].tolist()
-    reference = [set(rows[rows >= 0].tolist()) for rows in np.load(size / "fused_truth.npy")]
-    folders = {"ivf": (size / "models", "nprobe")}
+    bundles = {"ivf": size / "models"}
     for r in results:
         if r["candidate"].startswith("faiss:") and saved(size, r["candidate"]).is_file():
-            folders[r["candidate"]] = (graph_bundle(size, r["candidate"]), "ef_search")
+            bundles[r["candidate"]] = graph_bundle(size, r["candidate"])
+    folders = {
+        name: (at_depth(folder, lexical, size / "graph" / f"served-L{lexical}-{i}"),
+               "nprobe" if name == "ivf" else "ef_search")
+        for i, (name, folder) in enumerate(bundles.items())
+    }  # fmt: skip
+    faiss.omp_set_num_threads(2)  # the exact reference: a batch
+    rows = fused_reference(size, folders["ivf"][0], qv, texts)
+    reference = [set(r[r >= 0].tolist()) for r in rows]
+    faiss.omp_set_num_threads(1)  # one question at a time, as served
     out: dict[str, Any] = {}
     chosen: dict[str, Any] = {}
-    search = json.loads((size / "models" / "search.json").read_text())
-    lexical_candidates = search["lexical_candidates"]
     for name, (folder, knob) in folders.items():
         out[name] = {"knob": knob, "curve": {}}
         for depth in SERVED_DEPTHS[knob]:
@@ -316,23 +363,23 @@ def served(size: Path, results: list[dict], log: Any) -> dict[str, Any]:
                                     for g, r in zip(got, reference, strict=True)]))  # fmt: skip
             ms = timed_search(bundle, texts)
             out[name]["curve"][depth] = {"served_recall_at_20": recall, **ms}
-            log(f"served {name} {knob} {depth}: recall {recall:.4f}, p50 {ms['p50_ms']:.3f} ms")
+            log(f"served, BM25 top {lexical}, {name} {knob} {depth}: recall {recall:.4f}, "
+                f"p50 {ms['p50_ms']:.3f} ms")  # fmt: skip
             if recall >= SERVED_TARGET and name not in chosen:
                 chosen[name] = (depth, bundle)
     times: dict[str, list[float]] = {name: [] for name in chosen}
     for b, block in enumerate(np.array_split(np.arange(len(texts)), 10)):
         for name in sorted(chosen, reverse=bool(b % 2)):
             times[name] += timed_search(chosen[name][1], [texts[i] for i in block])["all"]
+    for name in out:
+        for point in out[name]["curve"].values():
+            point.pop("all")
     out["side_by_side"] = {
         name: {"depth": chosen[name][0], "p50_ms": float(np.median(t)),
                "p99_ms": float(np.percentile(t, 99))}
         for name, t in times.items()
     }  # fmt: skip
-    out["lexical_candidates"] = lexical_candidates
-    for name in out:
-        if name not in ("side_by_side", "load", "lexical_candidates"):
-            for point in out[name]["curve"].values():
-                point.pop("all")
+    out["lexical_candidates"] = lexical
     return out
 
 
@@ -420,27 +467,26 @@ def write(out_dir: Path, label: str, payload: dict[str, Any]) -> None:
         for name, v in sides.items():
             lines.append(f"| {target} | `{name}` | {v['depth']} | {v['p50_ms']:.3f} | "
                          f"{v['p99_ms']:.3f} |")  # fmt: skip
-    sv = payload["served"]
-    lines += ["", "## As served: fused with BM25", "",
-              "`Bundle.search` as the service runs it (folded encoder, BM25's top "
-              f"{sv.get('lexical_candidates', 100)} on a second thread, k 10), the graph in "
-              "place of the IVF. Served recall@20 is "
-              "against the same fusion over an exact dense search.", "",
-              "| index | depth | served recall@20 | fused p50 ms | fused p99 ms |",
-              "|---|---:|---:|---:|---:|"]  # fmt: skip
-    for name, entry in sv.items():
-        if name in ("side_by_side", "load", "lexical_candidates"):
-            continue
-        for depth, v in entry["curve"].items():
-            lines.append(f"| `{name}` | {entry['knob']} {depth} | "
-                         f"{v['served_recall_at_20']:.4f} | {v['p50_ms']:.3f} | "
-                         f"{v['p99_ms']:.3f} |")  # fmt: skip
-    lines += ["", f"Each at its fastest depth keeping served recall {SERVED_TARGET}, "
-              f"alternated in blocks (load {sv['load'][0]} → {sv['load'][1]}):", "",
-              "| index | depth | fused p50 ms | fused p99 ms |",
-              "|---|---:|---:|---:|"]  # fmt: skip
-    for name, v in sv["side_by_side"].items():
-        lines.append(f"| `{name}` | {v['depth']} | {v['p50_ms']:.3f} | {v['p99_ms']:.3f} |")
+    for lexical, sv in payload["served"].items():
+        lines += ["", f"## As served: fused with BM25's top {lexical}", "",
+                  "`Bundle.search` as the service runs it (folded encoder, BM25's top "
+                  f"{lexical} on a second thread, k 10), the graph in place of the IVF. "
+                  "Served recall@20 is against the same fusion over an exact dense search.",
+                  "", "| index | depth | served recall@20 | fused p50 ms | fused p99 ms |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for name, entry in sv.items():
+            if name in ("side_by_side", "load", "lexical_candidates"):
+                continue
+            for depth, v in entry["curve"].items():
+                lines.append(f"| `{name}` | {entry['knob']} {depth} | "
+                             f"{v['served_recall_at_20']:.4f} | {v['p50_ms']:.3f} | "
+                             f"{v['p99_ms']:.3f} |")  # fmt: skip
+        lines += ["", f"Each at its fastest depth keeping served recall {SERVED_TARGET}, "
+                  f"alternated in blocks (load {sv['load'][0]} → {sv['load'][1]}):", "",
+                  "| index | depth | fused p50 ms | fused p99 ms |",
+                  "|---|---:|---:|---:|"]  # fmt: skip
+        for name, v in sv["side_by_side"].items():
+            lines.append(f"| `{name}` | {v['depth']} | {v['p50_ms']:.3f} | {v['p99_ms']:.3f} |")
     lines += ["", f"![recall against time](graph_index_{label}.png)", "", "## Every depth", ""]
     for r in payload["results"]:
         lines += [f"`{r['candidate']}`, {r['knob']}:", "",
@@ -459,6 +505,8 @@ def main() -> None:
     parser.add_argument("--candidates", default=DEFAULT)
     parser.add_argument("--label")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--lexical-depths", help="BM25 depths served, e.g. 50,100 "
+                        "(default: the bundle's search.json)")  # fmt: skip
     args = parser.parse_args()
 
     def log(line: str) -> None:
@@ -478,14 +526,19 @@ def main() -> None:
         pass
     load = [round(v, 2) for v in os.getloadavg()]
     paired = {str(t): side_by_side(args.size, results, qv, t) for t in SIDE_BY_SIDE}
-    served_path = args.size / "graph" / "served.json"
-    if not served_path.is_file():
-        before = [round(v, 2) for v in os.getloadavg()]
-        result = served(args.size, results, log)
-        result["load"] = [before, [round(v, 2) for v in os.getloadavg()]]
-        write_text_atomic(served_path, json.dumps(result, indent=1))
+    own = json.loads((args.size / "models" / "search.json").read_text())["lexical_candidates"]
+    depths = [int(d) for d in args.lexical_depths.split(",")] if args.lexical_depths else [own]
+    passes = {}
+    for lexical in depths:
+        served_path = args.size / "graph" / f"served-L{lexical}.json"
+        if not served_path.is_file():
+            before = [round(v, 2) for v in os.getloadavg()]
+            result = served(args.size, results, qv, lexical, log)
+            result["load"] = [before, [round(v, 2) for v in os.getloadavg()]]
+            write_text_atomic(served_path, json.dumps(result, indent=1))
+        passes[str(lexical)] = json.loads(served_path.read_text())
     payload = {
-        "served": json.loads(served_path.read_text()),
+        "served": passes,
         "neighbourhood": neighbourhood(vectors(args.size), qv, truth),
         "side_by_side": paired,
         "side_by_side_load": [load, [round(v, 2) for v in os.getloadavg()]],
