@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["Searcher", "registry_bundle"]
 
 REGISTRY_SCHEME = "models:/"
-# Candidates per query of a fused index built here when the encoder's bundle names none:
-# the evaluate stage's usual choice.
-_LEXICAL_CANDIDATES = 100
-_DENSE_CANDIDATES = 20
 
 
 class Searcher:
@@ -344,15 +340,18 @@ def _search_config(source: SearchConfig | None, fused: bool) -> SearchConfig:
     (the same encoders, so the same distances), and the index file's own depth (a new
     index)."""
     from qpr.artifacts import SearchConfig
+    from qpr.config import LexicalSettings
 
     queries = _query_encoder(source)
     if source is None:
         return SearchConfig(chosen_on="none", query_encoder=queries)
+    # A bundle that names no depths fuses at the pipeline's defaults (params index.lexical)
+    lexical = LexicalSettings()
     return SearchConfig(
         threshold=source.threshold,
         dense_weight=source.dense_weight if fused else None,
-        lexical_candidates=(source.lexical_candidates or _LEXICAL_CANDIDATES) if fused else None,
-        dense_candidates=(source.dense_candidates or _DENSE_CANDIDATES) if fused else None,
+        lexical_candidates=(source.lexical_candidates or lexical.candidates) if fused else None,
+        dense_candidates=(source.dense_candidates or lexical.dense_candidates) if fused else None,
         target_precision=source.target_precision,
         chosen_on=source.chosen_on,
         spelling=source.spelling,  # corrected against the new questions' own words

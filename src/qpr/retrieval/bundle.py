@@ -308,9 +308,10 @@ class Bundle:
 
         threads: ONNX Runtime intra-op threads. 1 is best for one question at a time (a
             thread pool costs more to wake than a single small CNN call takes); raise it
-            for large search_batch calls. FAISS's OpenMP threads are left as the
-            calling thread has them (libgomp keeps the limit per thread; the service
-            sets it in each of its threads, `qpr.serve.openmp`).
+            for large search_batch calls. FAISS runs a one-question search on one
+            OpenMP thread and a batch on the calling thread's limit, which is put back
+            after either (`qpr.retrieval.dense.faiss_threads`; the service sets it in
+            each of its threads, `qpr.serve.openmp`).
         nprobe: inverted lists visited per query for an IVF index; None: the search
             config's (`qpr.artifacts.SearchConfig`, which documents the precedence), else
             the value stored in the index file. Ignored for indexes without inverted lists.
