@@ -616,6 +616,9 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
         "query p50 ms | paper P@1 / P@10 / MRR |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [header]
+    # Each row stores its own baselines; rows measured on the same split with the same BM25
+    # settings repeat the same figures, so a baseline line is printed once, where first met.
+    printed: set[str] = set()
     for name, row in results["rows"].items():
         ev = row["evaluate"]
         train = row["train"]
@@ -647,10 +650,13 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
                     if transformer
                     else "untrained CNN"
                 )
-            lines.append(
+            line = (
                 f"| {label} | {values['success_1']:.4f} | {values['success_10']:.4f} | "
                 f"{values['recip_rank']:.4f} | {values['ndcg_cut_10']:.4f} | | | | | |"
             )
+            if line not in printed:
+                printed.add(line)
+                lines.append(line)
     fused = [(name, row) for name, row in results["rows"].items() if "fusion" in row["evaluate"]]
     if fused:
         lines += [
@@ -710,7 +716,9 @@ def table(results: dict[str, Any], protocol: dict[str, Any]) -> str:
         "P@N is trec_eval's success@N (a paraphrase among the first N), as in the paper. "
         "The paper's figures are on the full Quora release (537k-question index); this copy "
         "holds about a quarter of it, so absolute figures are easier here — compare rows "
-        "with each other. Sweep rows train for fewer epochs (see the epochs column).",
+        "with each other. Sweep rows train for fewer epochs (see the epochs column). A "
+        "baseline several rows measured with the same figures is listed once, after the "
+        "first of them.",
         "",
         *lines,
         "",
