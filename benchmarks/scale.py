@@ -17,7 +17,8 @@ growth exponent of each cost).
 
 Every step writes `<work>/<size>/<step>.json`; a killed run resumes at the first step
 without one. The encoders are CNNs trained here on 300k synthetic questions and on Quora
-(train.time_budget_s 240 each), exported and served folded, as the pipeline does.
+(two epochs each, the same weights on any host), exported and served folded, as the
+pipeline does.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def train_model(work: Path, source: str) -> dict[str, Any]:
         logs = work / "logs"
         write_scale_corpus(ScaleSpec(300_000, seed=99, shard_rows=100_000), logs, log=log)
         raw["data"].update(source="logs", path=str(logs))
-    raw["train"].update(time_budget_s=240, max_epochs=4)
+    # Two whole epochs, no time budget: a budget cut where the machine's speed put it, so
+    # another host trained another encoder and built another corpus of vectors
+    raw["train"].update(time_budget_s=None, max_epochs=2)
     raw["model"].update(output_dim=DIM)
     settings = settings_from_dict(raw)
     paths = ProjectPaths(work)
@@ -260,9 +263,12 @@ def build(work: Path, model: Path, factory: str, engine: str, vectors: Path) -> 
 
 
 def write_questions(shards: list[Path], path: Path) -> None:
-    """questions.parquet (question_id = row, text, cluster_id), one shard at a time."""
+    """questions.parquet (question_id = row, text, cluster_id, and answer_id where the
+    shards have one, so hits carry it as served), one shard at a time."""
+    answers = "answer_id" in pq.read_schema(shards[0]).names
     schema = pa.schema(
         [("question_id", pa.int64()), ("text", pa.string()), ("cluster_id", pa.int64())]
+        + ([("answer_id", pa.string())] if answers else [])
     )
     row = 0
     with pq.ParquetWriter(path, schema) as writer:
@@ -275,11 +281,14 @@ def write_questions(shards: list[Path], path: Path) -> None:
                 clusters = np.asarray(
                     [cluster_number(a) for a in table.column("answer_id").to_pylist()]
                 )
-            writer.write_table(pa.table({
+            columns = {
                 "question_id": np.arange(row, row + n, dtype=np.int64),
                 "text": table.column("question"),
                 "cluster_id": clusters.astype(np.int64),
-            }, schema=schema))  # fmt: skip
+            }
+            if answers:
+                columns["answer_id"] = table.column("answer_id").cast(pa.string())
+            writer.write_table(pa.table(columns, schema=schema))
             row += n
 
 
