@@ -85,11 +85,9 @@ def bundles_at(models: Path, depths: list[int]) -> tuple[dict[int, Any], np.ndar
 def served_ms(bundles: dict[int, Any], texts: list[str]) -> dict[int, dict[str, float]]:
     """Each depth's p50 / p99 ms of one `Bundle.search` (k 10), the depths taking turns
     per question, after 50 warm-up questions each."""
-    import faiss
+    from qpr.retrieval.dense import faiss_threads
 
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # as the service runs FAISS (qpr.serve.openmp)
-    try:
+    with faiss_threads(1):  # as the service runs FAISS (qpr.serve.openmp)
         for bundle in bundles.values():
             for text in texts[:50]:
                 bundle.search(text, k=10)
@@ -99,8 +97,6 @@ def served_ms(bundles: dict[int, Any], texts: list[str]) -> dict[int, dict[str, 
                 started = time.perf_counter()
                 bundle.search(text, k=10)
                 times[depth].append(1000 * (time.perf_counter() - started))
-    finally:
-        faiss.omp_set_num_threads(before)
     return {
         depth: {
             "p50_ms": round(float(np.median(t)), 3),
