@@ -58,11 +58,16 @@ experiments: install ## Compare DVC experiments: headline metrics and the params
 ui: install ## See the runs: Prefect and MLflow UIs on 127.0.0.1 (Ctrl-C stops both)
 	$(BIN)/qpr ui
 
+# Two worker processes, each given whole test files (a file's tests share its module
+# fixtures and run in order). Most tests keep one core busy at a time (pytest, or a child
+# it waits for), so two workers use both cores of a small machine (docs/architecture.md).
+# TEST_WORKERS=0 runs every test in the pytest process, one after the other.
+TEST_WORKERS ?= 2
 test: install ## Every test except those needing a GPU
-	$(BIN)/python -m pytest -m "not gpu" -q
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install ## Every test not marked slow or gpu
-	$(BIN)/python -m pytest -m "not gpu and not slow" -q
+	$(BIN)/python -m pytest -m "not gpu and not slow" -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: install ## ruff
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -4,6 +4,8 @@ lightning-hydra-template shrinks its configs), never copied from params.yaml."""
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,27 @@ def isolated_tracking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
     os.environ["QPR_MLFLOW_ARTIFACTS"] = (store / "artifacts").as_uri()
     return store
+
+
+_EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_ID"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_active_experiment_after_the_file() -> Iterator[None]:
+    """A file's `mlflow.set_experiment` ends with the file. MLflow keeps it for the rest of
+    the process (a module global, and MLFLOW_EXPERIMENT_ID in os.environ for children), so
+    a later file would log into an experiment its own store may not hold, depending on
+    which files ran before it in that process (`make test` spreads files over workers)."""
+    before = os.environ.get(_EXPERIMENT_VARIABLE)
+    active = getattr(sys.modules.get("mlflow.tracking.fluent"), "_active_experiment_id", None)
+    yield
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        fluent._active_experiment_id = active  # MLflow has no public way to unset it
+    if before is None:
+        os.environ.pop(_EXPERIMENT_VARIABLE, None)
+    else:
+        os.environ[_EXPERIMENT_VARIABLE] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,6 +8,9 @@ killed (their process group first, when one of them leads it), listed with pid, 
 command line, and the session fails. The mark is read from /proc/PID/environ, which shows
 a process's environment as it started: another session's processes, or the user's own,
 never carry this mark and are never touched. Linux only; elsewhere the check is skipped.
+
+Under pytest-xdist (`make test`) each worker is a session with a mark of its own; it
+checks its processes and hands what it found to the controller, which fails the run.
 """
 
 from __future__ import annotations
@@ -35,9 +38,14 @@ ENDS_WITH_PYTEST = (
     b"from multiprocessing.forkserver import main",
 )
 
+# Under pytest-xdist each worker is a session with its own mark; it hands what it found
+# to the controller in its `workeroutput` under this key.
+WORKER_KEY = "qpr_leftovers"
+
 _mark = pytest.StashKey[str]()
 _previous = pytest.StashKey["str | None"]()
-_left = pytest.StashKey["list[Leftover]"]()
+_left = pytest.StashKey["list[str]"]()  # described
+_from_workers = pytest.StashKey["list[str]"]()
 
 
 @dataclass(frozen=True)
@@ -138,11 +146,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ[SESSION_VARIABLE] = previous
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on its controller
+def pytest_testnodedown(node, error) -> None:
+    """What a worker found left running counts for the whole run: a worker's own exit
+    status never reaches the controller's."""
+    found = getattr(node, "workeroutput", {}).get(WORKER_KEY, [])
+    node.config.stash.setdefault(_from_workers, []).extend(found)
+
+
 @pytest.hookimpl(trylast=True)  # after the runner's hook has torn every fixture down
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not Path("/proc/self/environ").is_file():
         return
-    found = leftovers(session.config.stash[_mark])
+    found = [leftover.describe() for leftover in leftovers(session.config.stash[_mark])]
+    worker_output = getattr(session.config, "workeroutput", None)  # set on an xdist worker
+    if worker_output is not None:
+        worker_output[WORKER_KEY] = found
+    found += session.config.stash.get(_from_workers, [])
     session.config.stash[_left] = found
     if found and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -154,8 +174,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         return
     count = f"{len(found)} process" + ("es" if len(found) > 1 else "")
     terminalreporter.write_sep("=", f"{count} left running", red=True)
-    for leftover in found:
-        terminalreporter.write_line(leftover.describe())
+    for described in found:
+        terminalreporter.write_line(described)
     terminalreporter.write_line(
         "Started by this test session, still running after its last test: killed now. "
         "A test stops what it starts, in its teardown."

@@ -23,12 +23,16 @@ def subsession(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> py
     return pytester
 
 
-def _run(pytester: pytest.Pytester, test: str) -> pytest.RunResult:
+def _run(pytester: pytest.Pytester, test: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test)
-    return pytester.runpytest_subprocess("-p", "tests.leftovers", "-p", "no:cacheprovider")
+    return pytester.runpytest_subprocess("-p", "tests.leftovers", "-p", "no:cacheprovider", *args)
 
 
-def test_a_session_that_leaves_a_child_running_fails_and_the_child_is_gone(subsession, tmp_path):
+# `make test` runs on pytest-xdist's workers: a worker's leftovers must fail the run too.
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "two-workers"])
+def test_a_session_that_leaves_a_child_running_fails_and_the_child_is_gone(
+    subsession, tmp_path, workers
+):
     pid_file = tmp_path / "pid"
     result = _run(
         subsession,
@@ -40,12 +44,13 @@ def test_a_session_that_leaves_a_child_running_fails_and_the_child_is_gone(subse
         def test_leaves_one_in_the_sessions_own_group():
             subprocess.Popen(["sleep", "301"])
         """,
+        *workers,
     )
     pid = int(pid_file.read_text())
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    result.stdout.fnmatch_lines(
-        ["*2 processes left running*", f"pid {pid}, running * s: sleep 300", "*: sleep 301"]
-    )
+    # One line each, in the order the workers reported them.
+    for line in (f"pid {pid}, running * s: sleep 300", "pid *, running * s: sleep 301"):
+        result.stdout.fnmatch_lines(["*2 processes left running*", line])
     result.assert_outcomes(passed=2)
     assert not pid_alive(pid)
 
