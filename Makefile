@@ -63,11 +63,12 @@ ui: install ## See the runs: Prefect and MLflow UIs on 127.0.0.1 (Ctrl-C stops b
 # it waits for), so two workers use both cores of a small machine (docs/architecture.md).
 # TEST_WORKERS=0 runs every test in the pytest process, one after the other.
 TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: install ## Every test except those needing a GPU
-	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST) -m "not gpu"
 
 test-fast: install ## Every test not marked slow or gpu
-	$(BIN)/python -m pytest -m "not gpu and not slow" -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST) -m "not gpu and not slow"
 
 lint: install ## ruff
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
