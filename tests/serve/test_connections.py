@@ -171,6 +171,22 @@ def test_an_idle_keep_alive_client_outlasts_held_connections(bundle_dir: Path) -
             sock.close()
 
 
+def test_started_means_listening(bundle_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`started` waits for the gate: uvicorn sets it before the gate exists, and a busy
+    machine (two test workers on 2 cores) once found `started` true and no port."""
+    from qpr.serve import connections
+
+    class SlowGate(connections.AcceptGate):
+        def __init__(self, *args, **kwargs) -> None:
+            time.sleep(0.5)  # the window a busy machine opened, made wide
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(connections, "AcceptGate", SlowGate)
+    with serving(bundle_dir, SETTINGS) as (url, server), httpx.Client() as client:
+        assert isinstance(server.gate, SlowGate)
+        assert search_ok(client, url)
+
+
 def test_accepted_connections_send_small_writes_at_once(bundle_dir: Path) -> None:
     """TCP_NODELAY on every accepted socket: without it a keep-alive answer waits for the
     client's delayed ACK (40 ms on Linux)."""

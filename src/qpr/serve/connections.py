@@ -415,6 +415,9 @@ class CappedServer(uvicorn.Server):
         except BaseException:
             listener.close()
             raise
+        # uvicorn says started here, but nothing listens until the gate is up: a caller
+        # waiting on `started` would find no port yet.
+        self.started = False
         protocol_class = config.http_protocol_class
         if not (isinstance(protocol_class, type) and issubclass(protocol_class, _GuardedH11)):
             listener.close()
@@ -434,6 +437,7 @@ class CappedServer(uvicorn.Server):
             ssl=config.ssl,
         )
         self.gate.start()
+        self.started = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.gate is not None:
