@@ -4,7 +4,6 @@ lightning-hydra-template shrinks its configs), never copied from params.yaml."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from qpr import environment
 from tests.paraphrases import tiny_paraphrases  # noqa: F401  (a fixture for every test)
+from tests.session_experiment import active_experiment_kept
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUORA_TSV = REPO_ROOT.parent / "shared" / "data" / "quora" / "quora_duplicate_questions.tsv"
@@ -31,25 +31,12 @@ def isolated_tracking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
-_EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_ID"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def no_active_experiment_after_the_file() -> Iterator[None]:
-    """A file's `mlflow.set_experiment` ends with the file. MLflow keeps it for the rest of
-    the process (a module global, and MLFLOW_EXPERIMENT_ID in os.environ for children), so
-    a later file would log into an experiment its own store may not hold, depending on
-    which files ran before it in that process (`make test` spreads files over workers)."""
-    before = os.environ.get(_EXPERIMENT_VARIABLE)
-    active = getattr(sys.modules.get("mlflow.tracking.fluent"), "_active_experiment_id", None)
-    yield
-    fluent = sys.modules.get("mlflow.tracking.fluent")
-    if fluent is not None:
-        fluent._active_experiment_id = active  # MLflow has no public way to unset it
-    if before is None:
-        os.environ.pop(_EXPERIMENT_VARIABLE, None)
-    else:
-        os.environ[_EXPERIMENT_VARIABLE] = before
+    """A file that sets MLflow's active experiment by itself (not through
+    `tests.session_experiment.session_experiment`) still leaves it to no later file."""
+    with active_experiment_kept():
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -167,15 +167,15 @@ def test_no_public_function_takes_more_than_eight_parameters() -> None:
     assert not wide
 
 
-# Test files about the repository as a whole, not one module.
-# tools/ and the repository itself, not a module of the package.
-# Tests of the repository as a whole; test_leftovers.py tests the suite's own plugin.
+# Test files about the repository as a whole (tools/ included), not one module of the
+# package; test_leftovers.py and test_session_experiment.py test the suite's own helpers.
 REPOSITORY_TESTS = {
     "test_architecture.py",
     "test_dvc.py",
     "test_hash_lock.py",
     "test_leftovers.py",
     "test_readme.py",
+    "test_session_experiment.py",
 }
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import os
 from pathlib import Path
 
 import mlflow
@@ -51,6 +50,7 @@ from qpr.retrieval.dense import IdMap, IndexConfig, build_index, save_index
 from qpr.retrieval.encoders import encode, load_session
 from qpr.retrieval.selection import FilterError
 from qpr.text.vocab import Vocabulary
+from tests.session_experiment import session_experiment
 
 NAME = "qpr-pyfunc-test"
 QUESTIONS = [
@@ -160,15 +160,10 @@ def model(models: Path, tmp_path_factory: pytest.TempPathFactory) -> QPRSearchMo
 
 @pytest.fixture(scope="module")
 def registered(models: Path) -> registry.VersionInfo:
-    # Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them).
-    if mlflow.get_experiment_by_name("qpr-pyfunc-tests") is None:
-        mlflow.create_experiment(
-            "qpr-pyfunc-tests", artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"]
+    with session_experiment("qpr-pyfunc-tests"):
+        return registry.register_bundle(
+            models, {"val": {"recip_rank": 0.7}}, name=NAME, metric="val.recip_rank"
         )
-    mlflow.set_experiment("qpr-pyfunc-tests")
-    return registry.register_bundle(
-        models, {"val": {"recip_rank": 0.7}}, name=NAME, metric="val.recip_rank"
-    )
 
 
 def _model_dir(info: registry.VersionInfo, dst: Path) -> Path:

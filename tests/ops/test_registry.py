@@ -9,7 +9,7 @@ policy itself is tested on plain data in tests/ops/test_promotion.py.
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from qpr.artifacts import LEGACY_SEARCH_FILE, REQUIRED_FILES, SEARCH_FILE
 from qpr.ops import registry
 from qpr.ops.registry import _measures, _stage_bundle, bundle_files
+from tests.session_experiment import session_experiment
 
 METRICS = {"success_1": 0.8, "recip_rank": 0.85, "val": {"recip_rank": 0.9, "success_1": 0.88}}
 
@@ -97,11 +98,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def experiment() -> None:
-    """Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them)."""
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        mlflow.create_experiment(EXPERIMENT, artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"])
-    mlflow.set_experiment(EXPERIMENT)
+def experiment() -> Iterator[str]:
+    with session_experiment(EXPERIMENT) as experiment_id:
+        yield experiment_id
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -38,6 +39,7 @@ from qpr.ops.pyfunc import (
 from qpr.retrieval.bundle import Bundle, BundleError
 from qpr.serve.sources import SourceError
 from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+from tests.session_experiment import session_experiment
 
 METRICS = {"success_1": 0.5, "val": {"recip_rank": 0.6}}
 EXPERIMENT = "qpr-registry-storage-tests"
@@ -46,11 +48,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
-def experiment() -> None:
+def experiment() -> Iterator[str]:
     """Artifacts in the session's file store, where a version's stored bytes can be read."""
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        mlflow.create_experiment(EXPERIMENT, artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"])
-    mlflow.set_experiment(EXPERIMENT)
+    with session_experiment(EXPERIMENT) as experiment_id:
+        yield experiment_id
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ unseen question whose right answer a person named, the challenger's (only it is 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
 from pathlib import Path
 
-import mlflow
 import pytest
 
 from qpr.artifacts import SearchConfig
@@ -26,6 +25,7 @@ from qpr.querylog import QueryLog
 from qpr.querylog.log_writer import LogLimits
 from qpr.retrieval.bundle import Bundle
 from tests.serve.test_app import QIDS, QUESTIONS, build_bundle
+from tests.session_experiment import session_experiment
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,9 @@ UNSEEN = [
 
 
 @pytest.fixture
-def experiment() -> None:
-    """Artifacts in the session's store, not ./mlruns (where a plain set_experiment puts them)."""
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        mlflow.create_experiment(EXPERIMENT, artifact_location=os.environ["QPR_MLFLOW_ARTIFACTS"])
-    mlflow.set_experiment(EXPERIMENT)
+def experiment() -> Iterator[str]:
+    with session_experiment(EXPERIMENT) as experiment_id:
+        yield experiment_id
 
 
 def _champion(tmp: Path, name: str) -> Bundle:
@@ -109,7 +107,7 @@ def _served_project(tmp: Path, name: str) -> ProjectPaths:
 
 
 def test_the_shadow_figures_are_on_the_new_version_and_can_hold_the_champion(
-    tmp_path: Path, experiment: None
+    tmp_path: Path, experiment: str
 ) -> None:
     name = "qpr-shadow-held"
     paths = _served_project(tmp_path, name)
@@ -147,7 +145,7 @@ def test_the_shadow_figures_are_on_the_new_version_and_can_hold_the_champion(
 
 
 def test_without_a_requirement_the_figures_are_recorded_and_the_measure_decides(
-    tmp_path: Path, experiment: None
+    tmp_path: Path, experiment: str
 ) -> None:
     name = "qpr-shadow-recorded"
     paths = _served_project(tmp_path, name)
