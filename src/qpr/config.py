@@ -230,8 +230,12 @@ class StudentSettings(_Section):
     # Share of words given a typo in a seeded copy of each question; half of a step's
     # queries are read typo'd (qpr.training.distill). 0: queries as typed only.
     noise: float = Field(0.0, ge=0.0, le=1.0)
+    # static: the teacher's word-piece vectors, centred and weighted by a / (a + frequency)
+    # before training (qpr.model.static.sif_table); 0: as the teacher gives them.
+    sif: float = Field(1e-3, ge=0.0)
     batch_size: int = Field(256, ge=2)
-    lr: float = Field(2e-3, gt=0.0)
+    # 5e-4 keeps what the SIF table starts with (2e-3 lost it on the embedded logs).
+    lr: float = Field(5e-4, gt=0.0)
     max_epochs: int = Field(10, ge=1)
     patience: int = Field(2, ge=1)  # epochs without a better validation MRR
     val_queries: int = Field(2000, ge=1)  # validation questions searched each epoch
@@ -273,7 +277,8 @@ class LexicalSettings(_Section):
     k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation
     b: float = Field(0.75, ge=0.0, le=1.0)  # BM25 length normalisation
     # Dense weights α tried on the validation split; the best P@1 is served (1.0 = dense).
-    dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    # 1.0 is left out: in-domain validation cannot see what BM25 is worth out of domain.
+    dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
     @field_validator("stemmer")
     @classmethod

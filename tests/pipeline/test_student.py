@@ -52,7 +52,7 @@ def asymmetric(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.slow
-def test_the_student_moves_toward_the_document_encoder_and_is_served(asymmetric) -> None:
+def test_the_student_lies_in_the_document_space_and_is_served(asymmetric) -> None:
     from qpr.pipeline.evaluate import run_evaluate
 
     settings, paths, metrics = asymmetric
@@ -62,8 +62,10 @@ def test_the_student_moves_toward_the_document_encoder_and_is_served(asymmetric)
     # The record travels with the bundle: no wall-clock figure, so a rerun writes the same bytes
     record = (paths.models_dir / "student" / "student.json").read_text()
     assert "seconds" not in record and "_per_s" not in record
-    assert metrics["val_cosine"] > metrics["initial_val_cosine"] + 0.01
+    # Started from the SIF table (student.sif), training is kept only where it ranks no worse;
+    # the contrastive term may trade some cosine for ranking.
     assert metrics["val_mrr"] >= metrics["initial_val_mrr"]
+    assert metrics["val_cosine"] > 0.5 and metrics["probe_cosine"] > 0.5
     assert metrics["parity_max_abs_diff"] < settings.export.parity_tolerance
     assert served_query_encoder(paths.models_dir) == paths.models_dir / STUDENT_FILE
 
@@ -159,24 +161,23 @@ def test_the_registry_stores_the_student_with_the_bundle(asymmetric, tmp_path: P
 
 @pytest.mark.slow
 def test_a_student_stopped_by_its_budget_says_so(asymmetric, tmp_path: Path) -> None:
-    """A budget is a safety stop, never silent: the cut run warns before its gate, and a
-    student cut after one batch is far from the document space, so the gate refuses it."""
+    """A budget is a safety stop, never silent: the cut run warns, and the student it
+    publishes records that it was cut, in the stage's metrics and beside its weights."""
     from qpr.pipeline.student import run_student
-    from qpr.quality.gate import GateFailed
 
     _, paths, _ = asymmetric
     root = tmp_path / "project"
     for part in ("artifacts/cluster", "models"):
         shutil.copytree(paths.root / part, root / part)
-    served = (root / "models" / STUDENT_FILE).read_bytes()
     settings = _settings(root, time_budget_s=1e-6, max_epochs=5)
     lines: list[str] = []
-    with pytest.raises(GateFailed, match="probe_cosine"):
-        run_student(settings, ProjectPaths(root), log=lines.append)
+    metrics = run_student(settings, ProjectPaths(root), log=lines.append)
     warning = [line for line in lines if "student.time_budget_s" in line]
     assert warning and warning[0].startswith("WARNING") and "after epoch 1" in warning[0]
     assert "another model" in warning[0]
-    assert (root / "models" / STUDENT_FILE).read_bytes() == served  # nothing replaced
+    assert metrics["stopped_by_budget"] == 1 and metrics["epochs"] == 1
+    record = json.loads((root / "models" / "student" / "student.json").read_text())
+    assert record["metrics"]["stopped_by_budget"] == 1
 
 
 def test_the_service_loads_a_student_bundle_and_refuses_a_foreign_index(

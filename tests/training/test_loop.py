@@ -20,7 +20,7 @@ from qpr.training.checkpoint import (
     seed_everything,
 )
 from qpr.training.embed import encode_texts
-from qpr.training.loop import TrainResult
+from qpr.training.loop import LoopConfig, TrainResult, fit
 from qpr.training.train_config import TrainConfig, resolve_device
 from qpr.training.validation import ValidationSet, mean_reciprocal_rank, roc_auc
 from tests.paraphrases import train_tiny
@@ -333,3 +333,63 @@ def test_train_or_restart_sets_another_runs_checkpoint_aside() -> None:
     assert train_or_restart(train, StudentConfig(), said.append) == "trained afresh"
     assert tried == [True, False]
     assert said == ["not resuming: last.pt belongs to another run; training from scratch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScriptedConfig(LoopConfig):
+    MONITORS = ("val_mrr",)
+
+    monitor: str = "val_mrr"
+    progress: bool = False
+
+
+class _Scripted:
+    """A family whose validation reads from a script: the start, then each epoch."""
+
+    unit = "items"
+    scheduler = None
+
+    def __init__(self, script: list[float]) -> None:
+        self.counts: dict[str, int] = {}
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(2, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.script = list(script)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {}
+
+    def batches(self, epoch: int) -> list[int]:
+        return [0]
+
+    def batch_loss(self, batch: int) -> tuple[torch.Tensor, int]:
+        return self.model(torch.ones(1, 2)).sum(), 1  # every step moves the weights
+
+    def evaluate(self) -> dict[str, float]:
+        return {"val_mrr": self.script.pop(0)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def best_extras(self) -> dict[str, Any]:
+        return {}
+
+
+def test_a_start_no_epoch_beats_is_kept_when_it_is_a_candidate(tmp_path: Path) -> None:
+    """keep_start: the model as built is epoch 0 of the race. Epochs that rank worse count
+    against patience, and the run ends holding the start's weights."""
+    family = _Scripted([0.9, 0.5, 0.6, 0.7])
+    start = {k: v.clone() for k, v in family.model.state_dict().items()}
+    config = _ScriptedConfig(max_epochs=3, patience=2, keep_start=True)
+    result = fit(family, config, tmp_path / "kept")
+    assert (result.best_epoch, result.last_epoch, result.stopped_early) == (0, 2, True)
+    assert result.best == {"val_mrr": 0.9}
+    for name, value in family.model.state_dict().items():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0)
+    # Without it, the first epoch is the best by definition, however it ranks.
+    family = _Scripted([0.9, 0.5, 0.6, 0.7])
+    result = fit(family, dataclasses.replace(config, keep_start=None), tmp_path / "plain")
+    assert (result.best_epoch, result.best) == (3, {"val_mrr": 0.7})

@@ -102,7 +102,7 @@ def run_student(
         data = dataclasses.replace(data, noisy=noisy)
     # The teacher's word-piece vectors: torch math as in training (threads, pinned backends).
     with torch_math(cfg.threads):
-        student = _build(settings, teacher, vocab, documents.shape[1], log)
+        student = _build(settings, teacher, vocab, documents.shape[1], log, data)
     del teacher
     result = _train(settings, paths, student, data, log)
     if result.stopped_by_budget:
@@ -221,14 +221,21 @@ def _noisy_tokens(
 
 
 def _build(
-    settings: Settings, teacher: nn.Module, vocab: Any, dim: int, log: Callable[[str], None]
+    settings: Settings,
+    teacher: nn.Module,
+    vocab: Any,
+    dim: int,
+    log: Callable[[str], None],
+    data: Any,
 ):
     """The student, its word-piece table started from the teacher's own vectors of each
-    piece when the teacher reads word pieces (a transformer), else at random."""
+    piece when the teacher reads word pieces (a transformer), else at random. A static
+    student's table is then centred and weighted by the pieces' frequencies in the
+    questions it aligns (student.sif; `data`: qpr.training.distill.StudentData)."""
     import torch
 
     from qpr.model.cnn import CNNEncoder
-    from qpr.model.static import StaticEncoder, token_vectors
+    from qpr.model.static import StaticEncoder, sif_table, token_vectors
 
     cfg = settings.student
     torch.manual_seed(settings.seed)
@@ -253,9 +260,13 @@ def _build(
     if getattr(teacher, "name", "") == "transformer":
         started = time.perf_counter()
         table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+        if cfg.kind == "static" and cfg.sif > 0:
+            counts = np.bincount(data.tokens[data.align_rows].ravel(), minlength=vocab.size)
+            table = sif_table(table, counts, cfg.sif)
         student.embedding.weight.data.copy_(table)
+        weighted = f", SIF a={cfg.sif:g}" if cfg.kind == "static" and cfg.sif > 0 else ""
         log(
-            f"word-piece table from the teacher: {vocab.size:,} pieces in "
+            f"word-piece table from the teacher{weighted}: {vocab.size:,} pieces in "
             f"{time.perf_counter() - started:.0f} s"
         )
     return student

@@ -55,10 +55,15 @@ class StudentConfig(LoopConfig):
 
     seed: int = fingerprint_field(13)
     batch_size: int = fingerprint_field(256)
-    lr: float = fingerprint_field(2e-3)
+    lr: float = fingerprint_field(5e-4)
+    # How the static student's table started (qpr.model.static.sif_table): another start
+    # is another run, never resumed.
+    sif: float = fingerprint_field(0.0)
     max_epochs: int = 10
     patience: int = 2
     monitor: str = "val_mrr"
+    # The start (the SIF table for a static student) is kept unless an epoch ranks better.
+    keep_start: bool | None = fingerprint_field(True)
     threads: int | None = 2
     # A safety stop (qpr.training.loop): a cut run says so (TrainResult.stopped_by_budget).
     time_budget_s: float | None = fingerprint_field(None)
@@ -71,6 +76,7 @@ class StudentConfig(LoopConfig):
             seed=settings.seed,
             batch_size=student.batch_size,
             lr=student.lr,
+            sif=student.sif if student.kind == "static" else 0.0,
             max_epochs=student.max_epochs,
             patience=student.patience,
             threads=student.threads,

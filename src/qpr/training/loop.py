@@ -89,7 +89,8 @@ class LoopConfig:
     """The knobs every family's run has (qpr.training.loop).
 
     max_epochs: at most this many epochs; patience: epochs without a gain above min_delta
-    in the validation `monitor` (one of the family's MONITORS) before stopping. resume:
+    in the validation `monitor` (one of the family's MONITORS) before stopping. keep_start:
+    the model as built is a candidate too (epoch 0), kept unless an epoch beats it. resume:
     continue last.pt of the same run. threads: torch intra-op threads for the run (None
     keeps torch's). progress: a tqdm bar; progress_every_s: how often on_progress hears
     inside an epoch. seed: every generator is seeded with it at a fresh start.
@@ -103,6 +104,8 @@ class LoopConfig:
     patience: int = 3
     min_delta: float = 0.0
     monitor: str = ""
+    # None (not False) when off: a fingerprint leaves it out, so older checkpoints resume.
+    keep_start: bool | None = fingerprint_field(None)
     resume: bool = True
     device: str = "cpu"
     threads: int | None = None
@@ -319,9 +322,9 @@ def _resume_or_start(run: _Run) -> _State:
         seed_everything(config.seed)
         initial = _measures(run, run.family.evaluate())
         best = {"epoch": 0, **{name: float("nan") for name in config.MONITORS}}
-        if config.max_epochs == 0:
-            # No training asked for: the model as built (a pretrained one as packaged) is
-            # the model, kept as epoch 0.
+        if config.max_epochs == 0 or config.keep_start:
+            # No training asked for, or the start is a candidate: the model as built (a
+            # pretrained one as packaged) is kept as epoch 0 until an epoch beats it.
             best = {"epoch": 0, **initial}
             _save_best(run, 0, initial)
         state = _State(epoch=0, history=[], initial=initial, best=best, bad_epochs=0)
@@ -504,7 +507,8 @@ def _checkpoint_epoch(run: _Run, state: _State, metrics: dict[str, float]) -> No
     rewrites the same best.pt; the other order could leave last.pt naming a best epoch
     that best.pt does not hold."""
     config, epoch, family = run.config, state.epoch, run.family
-    so_far = state.best[config.monitor] if state.best["epoch"] > 0 else float("-inf")
+    started = state.best["epoch"] > 0 or config.keep_start
+    so_far = state.best[config.monitor] if started else float("-inf")
     if metrics[config.monitor] > so_far + config.min_delta:
         state.best = {"epoch": epoch, **metrics, "monitor": config.monitor}
         state.bad_epochs = 0
