@@ -126,11 +126,16 @@ def markdown(report: dict) -> str:
             f"| {name} | `{side['python']}` | `{side['models']}` | {side['p50_ms']:.3f} | "
             f"{side['p99_ms']:.3f} | {side['p50_ms'] / sides[first]['p50_ms']:.3f} |"
         )
-    same = "the same" if report["same_top10"] else "NOT the same"
     if report.get("load_avg"):
         before, after = report["load_avg"]
         lines += ["", f"Load average (1, 5, 15 min): {before} before, {after} after."]
-    lines += ["", f"Every side returned {same} top 10 for every question.", ""]
+    same = (
+        "Every side returned the same top 10 for every question."
+        if report["same_top10"]
+        else "The sides returned different top 10s for some questions: expected only when "
+        "their bundles differ."
+    )
+    lines += ["", same, ""]
     lines += [
         "Per round p50 ms: "
         + "; ".join(_per_round(name, side) for name, side in sides.items())
