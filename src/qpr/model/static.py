@@ -12,7 +12,7 @@ alone by the teacher), and training then aligns whole questions
 
 A pooled teacher gives every piece a unit vector, all near one common direction (what
 [CLS] and [SEP] add to each). Their plain mean hardly tells questions apart: on the
-embedded logs it ranked a paraphrase first at validation MRR 0.11. `sif_table` removes
+embedded logs its validation MRR was 0.11 before any training. `sif_table` removes
 the common direction and scales each piece by a / (a + its frequency), the smooth inverse
 frequency of Arora et al. (2017), which Model2Vec approximates by its PCA and Zipf
 weights. So started, the same mean scored 0.92 before any training.
