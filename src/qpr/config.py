@@ -252,6 +252,12 @@ class StudentSettings(_Section):
             raise ValueError(f"windows must be a non-empty list of sizes >= 1, got {value}")
         return value
 
+    @property
+    def sif_start(self) -> float:
+        """The SIF weight a the student's table starts from: `sif` for a static student,
+        0.0 (the teacher's piece vectors as they are) for the others."""
+        return self.sif if self.kind == "static" else 0.0
+
 
 class ExportSettings(_Section):
     opset: int = Field(17, ge=13)
@@ -276,9 +282,13 @@ class LexicalSettings(_Section):
     ngram: int = Field(3, ge=2)  # characters per gram, chars only
     k1: float = Field(0.9, ge=0.0)  # BM25 term-frequency saturation
     b: float = Field(0.75, ge=0.0, le=1.0)  # BM25 length normalisation
-    # Dense weights α tried on the validation split; the best P@1 is served (1.0 = dense).
-    # 1.0 is left out: in-domain validation cannot see what BM25 is worth out of domain.
+    # Dense weights α tried on the validation split (1.0 = dense alone). 1.0 is left out:
+    # in-domain validation cannot see what BM25 is worth out of domain.
     dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    # How (α, companion w) is chosen (qpr.evaluation.fusion_tuning): one_se, within one
+    # standard error of the best validation P@1, the least weight on the trained encoder;
+    # best: the best validation P@1.
+    rule: Literal["one_se", "best"] = "one_se"
 
     @field_validator("stemmer")
     @classmethod

@@ -124,6 +124,11 @@ def test_the_config_comes_from_the_settings() -> None:
     assert config.time_budget_s is None  # no budget unless asked for
     budgeted = settings_from_dict({"student": {"time_budget_s": 900}})
     assert StudentConfig.from_settings(budgeted).time_budget_s == 900
+    # The SIF start is the static student's alone: another kind starts from the teacher's
+    # vectors as they are, and its fingerprint says so.
+    assert config.sif == settings.student.sif == 1e-3
+    cnn = settings_from_dict({"student": {"kind": "cnn", "sif": 0.01}})
+    assert cnn.student.sif_start == 0.0 and StudentConfig.from_settings(cnn).sif == 0.0
 
 
 def test_negatives_skip_self_cluster_and_forbidden_rows() -> None:

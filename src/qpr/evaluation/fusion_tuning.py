@@ -1,8 +1,10 @@
 """Fusion tuning: how the served search mixes the dense ranking with BM25, chosen on the
 validation split.
 
-- `choose_dense_weight`: the fusion weight α with the best validation P@1, over an exact
-  dense search (α is the model's, not the index's);
+- `choose_dense_weight`: the fusion weight α (and the companion's w) chosen on validation
+  P@1, over an exact dense search (α is the model's, not the index's): by default the
+  setting that leans least on the trained model among those within one standard error of
+  the best (`lean_choice`);
 - `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
   target recall of that exact ranking.
 
@@ -21,21 +23,51 @@ from qpr.evaluation.queries import QuerySet, score_system
 from qpr.retrieval.hybrid import Candidates, fuse
 
 
-def val_success_1(
+def val_hits(
     candidates: Candidates,
     dense_weight: float,
     queries: QuerySet,
     row_to_qid: np.ndarray,
     k: int,
     companion_weight: float = 0.0,
-) -> float:
-    """success@1 of the candidates fused at α = dense_weight, the companion mixed in at
-    companion_weight (ties as the service breaks them: by row)."""
+) -> np.ndarray:
+    """float64 [Q] (queries' order): 1 where the candidates fused at α = dense_weight, the
+    companion mixed in at companion_weight, rank a paraphrase first (ties as the service
+    breaks them: by row), else 0."""
     ranking = fuse(candidates, dense_weight, k, companion_weight)
     result = score_system(
         "model", queries, ranking.rows, ranking.scores, row_to_qid, higher_is_better=True, seconds=0
     )
-    return result.summary["success_1"]
+    per_query = result.per_query
+    return np.array(
+        [per_query.get(str(q), {}).get("success_1", 0.0) for q in queries.query_ids], np.float64
+    )
+
+
+def trained_share(dense_weight: float, companion_weight: float) -> float:
+    """How much of the fused score the trained query encoder holds: α, less the share of
+    the dense term the packaged companion takes (BM25 and the companion learn nothing
+    from the training split)."""
+    return dense_weight * (1.0 - companion_weight)
+
+
+def lean_choice(hits: dict[tuple[float, float], np.ndarray]) -> tuple[tuple[float, float], float]:
+    """((w, α), the standard error) by the one-standard-error rule (Hastie, Tibshirani and
+    Friedman, §7.10). hits: per (w, α), float64 [Q] success@1 on the same queries.
+
+    Validation is in domain: it rewards the trained encoder for what it learnt of this
+    domain's wording, which another domain does not share. Settings within one standard
+    error of the best P@1 cannot be told apart on Q queries, so the one that leans least on
+    the trained encoder (`trained_share`) is kept; ties go to the better P@1, then the
+    smaller w, then the larger α. The error is the best's, sqrt(p (1 - p) / Q)."""
+    best = max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
+    p, q = float(hits[best].mean()), len(hits[best])
+    error = float(np.sqrt(p * (1.0 - p) / q)) if q else 0.0
+    near = [wa for wa in hits if hits[wa].mean() >= p - error]
+    chosen = min(
+        near, key=lambda wa: (trained_share(wa[1], wa[0]), -hits[wa].mean(), wa[0], -wa[1])
+    )
+    return chosen, error
 
 
 def choose_dense_weight(
@@ -46,24 +78,41 @@ def choose_dense_weight(
     k: int,
     plot: Path,
     companion_weights: Sequence[float] = (0.0,),
+    rule: str = "one_se",
 ) -> dict:
-    """The α of `weights` with the best validation success@1 (ties: the larger α, the
-    ranking closer to the dense one); the curve is plotted. val: the validation queries'
+    """The α of `weights` (and w of `companion_weights`) served, chosen on validation
+    success@1; the curve at the chosen w is plotted. val: the validation queries'
     candidates from an exact dense search.
 
-    companion_weights: with a companion (its cosines in `val`), every (w, α) pair is
-    tried; ties go to the smaller w (0: the companion is left out), then the larger α.
-    The result then holds "companion_weight" and each w's best P@1
-    ("val_success_1_by_companion"); "val_success_1" is the α curve at the chosen w."""
-    grid = {
-        (float(w), float(a)): val_success_1(val, a, queries, row_to_qid, k, w)
+    rule "best": the best P@1 (ties: the smaller w, 0 leaving the companion out, then the
+    larger α). rule "one_se": among the settings within one standard error of the best, the
+    one that leans least on the trained encoder (`lean_choice`).
+
+    Returns "dense_weight", "val_success_1" (the α curve at the chosen w), "rule",
+    "best" (the best setting and its P@1) and "standard_error"; with a companion also
+    "companion_weight" and each w's best P@1 ("val_success_1_by_companion")."""
+    if rule not in ("one_se", "best"):
+        raise ValueError(f"unknown fusion rule {rule!r}: one_se or best")
+    hits = {
+        (float(w), float(a)): val_hits(val, a, queries, row_to_qid, k, w)
         for w in sorted(set(companion_weights))
         for a in sorted(set(weights))
     }
-    (chosen_w, chosen_a), _ = max(grid.items(), key=lambda item: (item[1], -item[0][0], item[0][1]))
+    grid = {wa: float(h.mean()) for wa, h in hits.items()}
+    best = max(grid, key=lambda wa: (grid[wa], -wa[0], wa[1]))
+    lean, error = lean_choice(hits)
+    chosen_w, chosen_a = lean if rule == "one_se" else best
     by_weight = {str(a): p1 for (w, a), p1 in grid.items() if w == chosen_w}
-    plot_fusion_curve(by_weight, chosen_a, plot)
-    out = {"dense_weight": chosen_a, "val_success_1": by_weight, "chosen_on": "val"}
+    floor = grid[best] - error if rule == "one_se" else None
+    plot_fusion_curve(by_weight, chosen_a, plot, floor)
+    out = {
+        "dense_weight": chosen_a,
+        "val_success_1": by_weight,
+        "chosen_on": "val",
+        "rule": rule,
+        "best": {"dense_weight": best[1], "companion_weight": best[0], "val_success_1": grid[best]},
+        "standard_error": error,
+    }
     if set(companion_weights) != {0.0}:
         out["companion_weight"] = chosen_w
         out["val_success_1_by_companion"] = {
@@ -156,8 +205,12 @@ def choose_served_depth(
     }
 
 
-def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: Path) -> Path:
-    """Validation P@1 against α; without fusion (empty by_weight) a figure that says so."""
+def plot_fusion_curve(
+    by_weight: dict[str, float], chosen: float | None, path: Path, floor: float | None = None
+) -> Path:
+    """Validation P@1 against α; floor: one standard error below the best, where the
+    one-standard-error rule draws its line. Without fusion (empty by_weight) a figure
+    that says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,6 +221,8 @@ def plot_fusion_curve(by_weight: dict[str, float], chosen: float | None, path: P
     if by_weight and chosen is not None:
         ax.plot([float(w) for w in by_weight], list(by_weight.values()), marker="o")
         ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen α = {chosen:g}")
+        if floor is not None:
+            ax.axhline(floor, color="tab:red", linestyle=":", label="best - 1 standard error")
         ax.legend()
     else:
         ax.text(

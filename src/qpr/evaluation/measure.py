@@ -252,7 +252,14 @@ def tune_fusion(
     )
     companion_weights = (0.0,) if served.companion is None else settings.index.companion_weights
     fusion = choose_dense_weight(
-        exact, lexical.dense_weights, val.queries, served.ids.qids, k, plot, companion_weights
+        exact,
+        lexical.dense_weights,
+        val.queries,
+        served.ids.qids,
+        k,
+        plot,
+        companion_weights,
+        rule=lexical.rule,
     )
     if served.companion is not None:
         log(f"companion {settings.index.companion}: weight {fusion['companion_weight']} chosen "
@@ -369,3 +376,11 @@ def _log_fusion(
         f"{results['val']['model'].summary['success_1']:.4f} as served, against "
         f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
     )
+    best = fusion["best"]
+    if fusion["rule"] == "one_se":
+        log(
+            f"fusion rule one_se: the best val success@1 was {best['val_success_1']:.4f} at "
+            f"α {best['dense_weight']:g}, companion {best['companion_weight']:g}; within one "
+            f"standard error ({fusion['standard_error']:.4f}) the setting that leans least on "
+            f"the trained encoder is served"
+        )

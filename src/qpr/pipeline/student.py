@@ -260,11 +260,11 @@ def _build(
     if getattr(teacher, "name", "") == "transformer":
         started = time.perf_counter()
         table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
-        if cfg.kind == "static" and cfg.sif > 0:
+        if cfg.sif_start > 0:
             counts = np.bincount(data.tokens[data.align_rows].ravel(), minlength=vocab.size)
-            table = sif_table(table, counts, cfg.sif)
+            table = sif_table(table, counts, cfg.sif_start)
         student.embedding.weight.data.copy_(table)
-        weighted = f", SIF a={cfg.sif:g}" if cfg.kind == "static" and cfg.sif > 0 else ""
+        weighted = f", SIF a={cfg.sif_start:g}" if cfg.sif_start > 0 else ""
         log(
             f"word-piece table from the teacher{weighted}: {vocab.size:,} pieces in "
             f"{time.perf_counter() - started:.0f} s"

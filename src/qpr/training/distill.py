@@ -57,7 +57,8 @@ class StudentConfig(LoopConfig):
     batch_size: int = fingerprint_field(256)
     lr: float = fingerprint_field(5e-4)
     # How the static student's table started (qpr.model.static.sif_table): another start
-    # is another run, never resumed.
+    # is another run, never resumed. 0.0 here, the teacher's vectors as they are: params
+    # set it through `StudentSettings.sif_start`.
     sif: float = fingerprint_field(0.0)
     max_epochs: int = 10
     patience: int = 2
@@ -76,7 +77,7 @@ class StudentConfig(LoopConfig):
             seed=settings.seed,
             batch_size=student.batch_size,
             lr=student.lr,
-            sif=student.sif if student.kind == "static" else 0.0,
+            sif=student.sif_start,
             max_epochs=student.max_epochs,
             patience=student.patience,
             threads=student.threads,
