@@ -107,6 +107,24 @@ def test_auto_keys_take_the_encoder_family_values() -> None:
     assert mine.train.lr == 1e-4 and mine.model.normalize
 
 
+def test_the_student_lr_follows_its_kind_unless_set() -> None:
+    """student.lr auto (params.yaml) or absent: the rate each kind was measured at; -S
+    student.kind=cnn alone gets the CNN student's 2e-3, and an explicit rate wins."""
+    from qpr.config import STUDENT_LR
+
+    raw = yaml.safe_load(REPO_PARAMS.read_text())
+    assert raw["student"]["lr"] == "auto"
+    for kind, lr in STUDENT_LR.items():
+        raw["student"]["kind"] = kind
+        assert settings_from_dict(raw).student.lr == lr, kind
+    assert STUDENT_LR == {"static": 5e-4, "cnn": 2e-3, "transformer": 5e-5}
+    assert settings_from_dict({}).student.lr == 5e-4  # the typed default kind: static
+    mine = settings_from_dict({"student": {"kind": "cnn", "lr": 1e-3}})
+    assert mine.student.lr == 1e-3
+    with pytest.raises(SettingsError, match=r"student\.kind"):
+        settings_from_dict({"student": {"kind": "rnn"}})
+
+
 def _get(settings, dotted: str):
     value = settings
     for name in dotted.split("."):

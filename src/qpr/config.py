@@ -42,6 +42,13 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# The learning rate an `auto` (or absent) student.lr takes, by student.kind, each the rate
+# its kind was measured at (docs/models.md: Query students). static: 5e-4 keeps what the SIF
+# table starts with (2e-3 lost it on the embedded logs); cnn: trained from random words'
+# vectors at 2e-3; transformer: MiniLM's lower layers fine-tuned at 5e-5.
+STUDENT_LR: dict[str, float] = {"static": 5e-4, "cnn": 2e-3, "transformer": 5e-5}
+
+
 def resolve_family_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a params tree with every absent or `auto` key of FAMILY_DEFAULTS set to
     its model.encoder's value (the typed default encoder when model.encoder is absent)."""
@@ -234,8 +241,8 @@ class StudentSettings(_Section):
     # before training (qpr.model.static.sif_table); 0: as the teacher gives them.
     sif: float = Field(1e-3, ge=0.0)
     batch_size: int = Field(256, ge=2)
-    # 5e-4 keeps what the SIF table starts with (2e-3 lost it on the embedded logs).
-    lr: float = Field(5e-4, gt=0.0)
+    # Absent or auto: the kind's rate (STUDENT_LR).
+    lr: float = Field(STUDENT_LR["static"], gt=0.0)
     max_epochs: int = Field(10, ge=1)
     patience: int = Field(2, ge=1)  # epochs without a better validation MRR
     val_queries: int = Field(2000, ge=1)  # validation questions searched each epoch
@@ -244,6 +251,16 @@ class StudentSettings(_Section):
     # A safety stop, not a schedule: a run cut by it records stopped_by_budget in
     # metrics/student.json and says its model depends on the machine's speed.
     time_budget_s: float | None = Field(None, gt=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_lr(cls, values: Any) -> Any:
+        """An absent or `auto` lr takes its kind's rate (STUDENT_LR)."""
+        if isinstance(values, Mapping) and values.get("lr", AUTO) == AUTO:
+            kind = values.get("kind", cls.model_fields["kind"].default)
+            if kind in STUDENT_LR:  # else the kind's own validation names it
+                values = {**values, "lr": STUDENT_LR[kind]}
+        return values
 
     @field_validator("windows")
     @classmethod
@@ -286,7 +303,7 @@ class LexicalSettings(_Section):
     # in-domain validation cannot see what BM25 is worth out of domain.
     dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     # How (α, companion w) is chosen (qpr.evaluation.fusion_tuning): one_se, within one
-    # standard error of the best validation P@1, the least weight on the trained encoder;
+    # paired standard error of the best validation P@1, the least weight on the trained encoder;
     # best: the best validation P@1.
     rule: Literal["one_se", "best"] = "one_se"
 

@@ -149,7 +149,7 @@ def test_with_a_companion_the_stage_chooses_its_weight_and_measures_the_mix(
     fusion = metrics["fusion"]
     by_weight = fusion["val_success_1_by_companion"]
     assert set(by_weight) == {"0.0", "0.5"}
-    # one_se: the chosen w's best is within one standard error of the best of every w
+    # one_se: the chosen w's best is within one paired standard error of the best
     floor = fusion["best"]["val_success_1"] - fusion["standard_error"]
     assert fusion["best"]["val_success_1"] == max(by_weight.values())
     assert by_weight[str(fusion["companion_weight"])] >= floor

@@ -3,8 +3,8 @@ validation split.
 
 - `choose_dense_weight`: the fusion weight α (and the companion's w) chosen on validation
   P@1, over an exact dense search (α is the model's, not the index's): by default the
-  setting that leans least on the trained model among those within one standard error of
-  the best (`lean_choice`);
+  setting that leans least on the trained model among those within one paired standard
+  error of the best (`lean_choice`);
 - `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
   target recall of that exact ranking.
 
@@ -51,23 +51,32 @@ def trained_share(dense_weight: float, companion_weight: float) -> float:
     return dense_weight * (1.0 - companion_weight)
 
 
+def paired_error(hits: np.ndarray, best: np.ndarray) -> float:
+    """The standard error of mean(hits - best), two float64 [Q] success@1 vectors on the
+    same queries: the settings are judged on the same Q queries, so their difference is
+    known far better than either P@1 alone."""
+    diff = hits - best
+    return float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+
+
 def lean_choice(hits: dict[tuple[float, float], np.ndarray]) -> tuple[tuple[float, float], float]:
-    """((w, α), the standard error) by the one-standard-error rule (Hastie, Tibshirani and
-    Friedman, §7.10). hits: per (w, α), float64 [Q] success@1 on the same queries.
+    """((w, α), its paired standard error against the best) by the one-standard-error rule
+    (Hastie, Tibshirani and Friedman, §7.10). hits: per (w, α), float64 [Q] success@1 on
+    the same queries.
 
     Validation is in domain: it rewards the trained encoder for what it learnt of this
-    domain's wording, which another domain does not share. Settings within one standard
-    error of the best P@1 cannot be told apart on Q queries, so the one that leans least on
-    the trained encoder (`trained_share`) is kept; ties go to the better P@1, then the
-    smaller w, then the larger α. The error is the best's, sqrt(p (1 - p) / Q)."""
+    domain's wording, which another domain does not share. A setting whose P@1 is within
+    one paired standard error (`paired_error`) of the best cannot be told from it on these
+    queries, so the one that leans least on the trained encoder (`trained_share`) is kept;
+    ties go to the better P@1, then the smaller w, then the larger α."""
     best = max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
-    p, q = float(hits[best].mean()), len(hits[best])
-    error = float(np.sqrt(p * (1.0 - p) / q)) if q else 0.0
-    near = [wa for wa in hits if hits[wa].mean() >= p - error]
+    top = hits[best]
+    errors = {wa: paired_error(h, top) for wa, h in hits.items()}
+    near = [wa for wa, h in hits.items() if h.mean() >= top.mean() - errors[wa]]
     chosen = min(
         near, key=lambda wa: (trained_share(wa[1], wa[0]), -hits[wa].mean(), wa[0], -wa[1])
     )
-    return chosen, error
+    return chosen, errors[chosen]
 
 
 def choose_dense_weight(
@@ -85,7 +94,7 @@ def choose_dense_weight(
     candidates from an exact dense search.
 
     rule "best": the best P@1 (ties: the smaller w, 0 leaving the companion out, then the
-    larger α). rule "one_se": among the settings within one standard error of the best, the
+    larger α). rule "one_se": among the settings within one paired standard error of the best, the
     one that leans least on the trained encoder (`lean_choice`).
 
     Returns "dense_weight", "val_success_1" (the α curve at the chosen w), "rule",
@@ -103,15 +112,20 @@ def choose_dense_weight(
     lean, error = lean_choice(hits)
     chosen_w, chosen_a = lean if rule == "one_se" else best
     by_weight = {str(a): p1 for (w, a), p1 in grid.items() if w == chosen_w}
-    floor = grid[best] - error if rule == "one_se" else None
-    plot_fusion_curve(by_weight, chosen_a, plot, floor)
+    # the α whose P@1 at the chosen w is within one paired error of the best
+    near = [
+        str(a)
+        for (w, a), h in hits.items()
+        if w == chosen_w and h.mean() >= grid[best] - paired_error(h, hits[best])
+    ]
+    plot_fusion_curve(by_weight, chosen_a, plot, near if rule == "one_se" else None)
     out = {
         "dense_weight": chosen_a,
         "val_success_1": by_weight,
         "chosen_on": "val",
         "rule": rule,
         "best": {"dense_weight": best[1], "companion_weight": best[0], "val_success_1": grid[best]},
-        "standard_error": error,
+        "standard_error": error,  # the served setting's paired error against the best
     }
     if set(companion_weights) != {0.0}:
         out["companion_weight"] = chosen_w
@@ -206,10 +220,13 @@ def choose_served_depth(
 
 
 def plot_fusion_curve(
-    by_weight: dict[str, float], chosen: float | None, path: Path, floor: float | None = None
+    by_weight: dict[str, float],
+    chosen: float | None,
+    path: Path,
+    near: Sequence[str] | None = None,
 ) -> Path:
-    """Validation P@1 against α; floor: one standard error below the best, where the
-    one-standard-error rule draws its line. Without fusion (empty by_weight) a figure
+    """Validation P@1 against α; near: the α (keys of by_weight) within one paired
+    standard error of the best, drawn filled. Without fusion (empty by_weight) a figure
     that says so."""
     import matplotlib
 
@@ -221,8 +238,14 @@ def plot_fusion_curve(
     if by_weight and chosen is not None:
         ax.plot([float(w) for w in by_weight], list(by_weight.values()), marker="o")
         ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen α = {chosen:g}")
-        if floor is not None:
-            ax.axhline(floor, color="tab:red", linestyle=":", label="best - 1 standard error")
+        if near:
+            ax.plot(
+                [float(w) for w in near],
+                [by_weight[w] for w in near],
+                "o",
+                color="tab:orange",
+                label="within 1 paired SE of the best",
+            )
         ax.legend()
     else:
         ax.text(

@@ -380,7 +380,7 @@ def _log_fusion(
     if fusion["rule"] == "one_se":
         log(
             f"fusion rule one_se: the best val success@1 was {best['val_success_1']:.4f} at "
-            f"α {best['dense_weight']:g}, companion {best['companion_weight']:g}; within one "
-            f"standard error ({fusion['standard_error']:.4f}) the setting that leans least on "
-            f"the trained encoder is served"
+            f"α {best['dense_weight']:g}, companion {best['companion_weight']:g}; served: the "
+            f"setting within one paired standard error of it that leans least on the trained "
+            f"encoder ({fusion['standard_error']:.4f} from the best)"
         )
