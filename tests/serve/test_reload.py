@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import socket
@@ -728,3 +729,28 @@ def test_canaries_without_words_are_skipped_and_the_rest_checked(
         check_bundle(bundle, [(999_999, "?!"), (999_998, "...")])
     with pytest.raises(ReloadRefused, match="not built by this encoder"):
         check_bundle(_load(bundles["wrong_index"]), [(int(IDS2[i]), Q2[i]) for i in range(3)])
+
+
+def test_the_canaries_look_in_the_dense_index_whatever_the_fusion_weights(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """A bundle that serves BM25 alone (α 0) over a question and the same words in another
+    order: BM25 ties them, and the reordered one, first by row, comes first. The canary
+    still finds the question itself at distance ~0: it checks the index, not the fusion."""
+    from qpr.artifacts import BM25_FILE
+    from qpr.retrieval.bm25 import BM25Index
+    from qpr.serve.reload import check_bundle
+
+    canary = Q1[0]  # "how do i install my printer"
+    questions = [" ".join(reversed(canary.split())), *Q1]
+    qids = [999, *IDS1]
+    models = build_bundle(tmp_path / "bm25_heavy", questions, qids, seed=0)
+    BM25Index.build(questions).save(models / BM25_FILE)
+    config = SearchConfig(
+        threshold=1e-6, target_precision=0.9, dense_weight=0.0, lexical_candidates=10
+    )
+    config.write(models)
+    bundle = _load(models)
+    served = bundle.search(canary, k=3, threshold=math.inf).hits
+    assert served[0].question_id == 999 and served[0].distance > 1e-3  # the fusion's pick
+    assert check_bundle(bundle, [(IDS1[0], canary)]) == 1

@@ -377,10 +377,16 @@ def _log_fusion(
         f"{results['val']['dense'].summary['success_1']:.4f} dense alone"
     )
     best = fusion["best"]
-    if fusion["rule"] == "one_se":
+    if fusion["rule"] != "one_se":
+        return
+    chosen = (fusion["dense_weight"], fusion.get("companion_weight") or 0.0)
+    if chosen == (best["dense_weight"], best["companion_weight"]):
+        log("fusion rule one_se: the best is served (none within one paired standard error of "
+            "it leans less on the trained encoder)")  # fmt: skip
+    else:
         log(
             f"fusion rule one_se: the best val success@1 was {best['val_success_1']:.4f} at "
-            f"α {best['dense_weight']:g}, companion {best['companion_weight']:g}; served: the "
-            f"setting within one paired standard error of it that leans least on the trained "
-            f"encoder ({fusion['standard_error']:.4f} from the best)"
+            f"α {best['dense_weight']:g}, companion {best['companion_weight']:g}; served: "
+            f"α {chosen[0]:g}, companion {chosen[1]:g}, within one paired standard error "
+            f"({fusion['standard_error']:.4f}) and leaning less on the trained encoder"
         )

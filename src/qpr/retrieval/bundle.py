@@ -545,16 +545,22 @@ class Bundle:
         self, questions: Sequence[str], k: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """(distances float32 [N, k], question ids int64 [N, k]; -1: none) of `questions`
-        encoded by the document encoder (encoder.onnx) and looked up in the dense index
-        alone, the deleted questions left out. An indexed question comes back at distance
-        ~0 when the index was built by that encoder: the service's canary check of a
-        bundle whose queries go through a student, which lands near, never on, it."""
+        encoded by the document encoder and looked up in the dense index alone, the
+        deleted questions left out. An indexed question comes back at distance ~0 when the
+        index was built by that encoder: the service's canary check. Neither BM25 nor the
+        fusion weights take part (with BM25 weighing most, a shorter question sharing the
+        words can rank first). A bundle whose queries go through a student loads the
+        document encoder (encoder.onnx; the student lands near, never on, a question);
+        another encodes as it serves (`embed`: its folded kernel when it has one)."""
         from qpr.artifacts import ENCODER_FILE
         from qpr.retrieval.dense import search
         from qpr.retrieval.encoders import encode, load_session
 
-        session = load_session(self._models_dir / ENCODER_FILE)
-        vectors = encode(session, self._vocab, list(questions), max_len=self._max_len)
+        if self.asymmetric:
+            session = load_session(self._models_dir / ENCODER_FILE)
+            vectors = encode(session, self._vocab, list(questions), max_len=self._max_len)
+        else:
+            vectors = self.embed(questions)
         distances, rows = search(
             self._index, vectors, min(k, int(self._index.ntotal)), allowed=self._live_rows
         )

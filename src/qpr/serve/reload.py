@@ -194,35 +194,26 @@ def _canary_neighbours(
     bundle: Bundle, canaries: list[tuple[int, str]]
 ) -> list[tuple[int, str, list[float], list[int]]]:
     """(question id, text, distances, question ids) of each usable canary's nearest
-    questions, as served; a canary whose text has no words for this vocabulary is left
-    out. A bundle whose queries go through a student is looked up through its document
-    encoder (the student's vectors land near their questions, never on them, so only the
-    document encoder can show the index is its own; the student's own fit is checked at
-    load, `qpr.retrieval.loading`): one call for every canary, as that loads the encoder."""
+    questions in the dense index (`Bundle.document_neighbours`: the served fusion would let
+    BM25 rank a shorter question sharing the words first); a canary whose text has no
+    words for this vocabulary is left out. One call for every canary, as a student's
+    bundle loads its document encoder for it."""
+    try:
+        found = [bundle.document_neighbours([text for _, text in canaries], _CANARY_K)]
+        batches = [canaries]
+    except ValueError:  # a canary with no words: each one alone, to skip only it
+        found, batches = [], []
+        for canary in canaries:
+            try:
+                found.append(bundle.document_neighbours([canary[1]], _CANARY_K))
+                batches.append([canary])
+            except ValueError:
+                continue
     out = []
-    if bundle.asymmetric:
-        try:
-            found = [bundle.document_neighbours([text for _, text in canaries], _CANARY_K)]
-            batches = [canaries]
-        except ValueError:  # a canary with no words: each one alone, to skip only it
-            found, batches = [], []
-            for canary in canaries:
-                try:
-                    found.append(bundle.document_neighbours([canary[1]], _CANARY_K))
-                    batches.append([canary])
-                except ValueError:
-                    continue
-        for (distances, ids), batch in zip(found, batches, strict=True):
-            for i, (qid, text) in enumerate(batch):
-                kept = ids[i] >= 0
-                out.append((qid, text, distances[i][kept].tolist(), ids[i][kept].tolist()))
-        return out
-    for qid, text in canaries:
-        try:
-            hits = bundle.search(text, k=_CANARY_K, threshold=math.inf).hits
-        except ValueError:  # e.g. a question of punctuation only: nothing to check with it
-            continue
-        out.append((qid, text, [h.distance for h in hits], [h.question_id for h in hits]))
+    for (distances, ids), batch in zip(found, batches, strict=True):
+        for i, (qid, text) in enumerate(batch):
+            kept = ids[i] >= 0
+            out.append((qid, text, distances[i][kept].tolist(), ids[i][kept].tolist()))
     return out
 
 
