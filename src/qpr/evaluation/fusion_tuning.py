@@ -59,6 +59,12 @@ def paired_error(hits: np.ndarray, best: np.ndarray) -> float:
     return float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
 
 
+def within_reach(hits: np.ndarray, best: np.ndarray) -> bool:
+    """Whether a setting's success@1 (float64 [Q]) is within one paired standard error
+    of the best's, on the same queries."""
+    return bool(hits.mean() >= best.mean() - paired_error(hits, best))
+
+
 def lean_choice(hits: dict[tuple[float, float], np.ndarray]) -> tuple[tuple[float, float], float]:
     """((w, α), its paired standard error against the best) by the one-standard-error rule
     (Hastie, Tibshirani and Friedman, §7.10). hits: per (w, α), float64 [Q] success@1 on
@@ -70,13 +76,11 @@ def lean_choice(hits: dict[tuple[float, float], np.ndarray]) -> tuple[tuple[floa
     queries, so the one that leans least on the trained encoder (`trained_share`) is kept;
     ties go to the better P@1, then the smaller w, then the larger α."""
     best = max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
-    top = hits[best]
-    errors = {wa: paired_error(h, top) for wa, h in hits.items()}
-    near = [wa for wa, h in hits.items() if h.mean() >= top.mean() - errors[wa]]
+    near = [wa for wa, h in hits.items() if within_reach(h, hits[best])]
     chosen = min(
         near, key=lambda wa: (trained_share(wa[1], wa[0]), -hits[wa].mean(), wa[0], -wa[1])
     )
-    return chosen, errors[chosen]
+    return chosen, paired_error(hits[chosen], hits[best])
 
 
 def choose_dense_weight(
@@ -112,12 +116,7 @@ def choose_dense_weight(
     lean, error = lean_choice(hits)
     chosen_w, chosen_a = lean if rule == "one_se" else best
     by_weight = {str(a): p1 for (w, a), p1 in grid.items() if w == chosen_w}
-    # the α whose P@1 at the chosen w is within one paired error of the best
-    near = [
-        str(a)
-        for (w, a), h in hits.items()
-        if w == chosen_w and h.mean() >= grid[best] - paired_error(h, hits[best])
-    ]
+    near = [str(a) for (w, a), h in hits.items() if w == chosen_w and within_reach(h, hits[best])]
     plot_fusion_curve(by_weight, chosen_a, plot, near if rule == "one_se" else None)
     out = {
         "dense_weight": chosen_a,
