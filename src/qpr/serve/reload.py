@@ -10,10 +10,12 @@ The sequence for every change the source reports (`Reloader.check`):
    vs index width, id map and question table vs index).
 3. `check_bundle`: the checks a file-level cross-check cannot make. A few questions of the
    bundle's own index (evenly spaced rows) must each retrieve themselves first, at a
-   distance of about 0, through the full query path (tokenise → ONNX → FAISS). This
-   catches an index built by another encoder of the same width, a model whose vectors
-   collapsed, NaNs, a vocabulary that tokenises differently. The query vectors must have
-   the index's width and finite distances.
+   distance of about 0, from the dense index alone (tokenise → the encoder as served, ONNX
+   or folded, or a student bundle's document encoder → FAISS): with BM25 weighing most the
+   fused ranking may put a question sharing the words first. This catches an index built
+   by another encoder of the same width, a model whose vectors collapsed, NaNs, a
+   vocabulary that tokenises differently. The query vectors must have the index's width
+   and finite distances.
 4. `warm_up`: searches of several lengths and a batch, so the first real requests do not
    pay ONNX Runtime's and FAISS's first-call allocations.
 5. The swap: one reference assignment under a lock (`ModelHolder.swap`). A request reads
