@@ -302,10 +302,10 @@ class LexicalSettings(_Section):
     # Dense weights α tried on the validation split (1.0 = dense alone). 1.0 is left out:
     # in-domain validation cannot see what BM25 is worth out of domain.
     dense_weights: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    # How (α, companion w) is chosen (qpr.evaluation.fusion_tuning): one_se, within one
-    # paired standard error of the best validation P@1, the least weight on the trained encoder;
-    # best: the best validation P@1.
-    rule: Literal["one_se", "best"] = "one_se"
+    # How (α, companion w) is chosen (qpr.evaluation.fusion_tuning): best, the best
+    # validation P@1; one_se, within one paired standard error of it, the least weight on
+    # the trained encoder (it cost P@1 in domain on small validation sets: docs/models.md).
+    rule: Literal["best", "one_se"] = "best"
 
     @field_validator("stemmer")
     @classmethod

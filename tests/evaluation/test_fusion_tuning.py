@@ -154,8 +154,8 @@ def test_the_rule_decides_what_is_served(tmp_path) -> None:
         qrels={str(10_000 + i): {str(int(r)): 1} for i, r in enumerate(relevant)},
     )
     weights = (0.0, 0.5, 1.0)
-    best = choose_dense_weight(exact, weights, queries, qids, 10, tmp_path / "a.png", rule="best")
-    lean = choose_dense_weight(exact, weights, queries, qids, 10, tmp_path / "b.png")
+    best = choose_dense_weight(exact, weights, queries, qids, 10, tmp_path / "a.png")
+    lean = choose_dense_weight(exact, weights, queries, qids, 10, tmp_path / "b.png", rule="one_se")
     assert (best["rule"], best["dense_weight"]) == ("best", 1.0)
     assert best["val_success_1"]["1.0"] == best["val_success_1"]["0.5"] + 1 / 60
     assert (

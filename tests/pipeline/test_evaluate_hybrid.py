@@ -41,9 +41,9 @@ def test_fused_evaluation_is_what_the_bundle_serves(tmp_path: Path) -> None:
     from qpr.text import load_tokenizer
 
     # The default list stops at 0.9 (BM25 keeps a share); with 1.0, the dense ranking alone,
-    # among those tried, fusion never loses on validation. Rule "best": on this tiny split
-    # the default one_se rule leans on BM25 (tests/evaluation/test_fusion_tuning.py), and
-    # the off-topic probes below were written for the dense-led weights.
+    # among those tried, fusion never loses on validation. Rule "best", the default, named:
+    # on this tiny split one_se leans on BM25, and the off-topic probes below were written
+    # for the dense-led weights.
     weights = [w / 10 for w in range(11)]
     paths, metrics = _pipeline(
         tmp_path, enabled=True, candidates=30, dense_weights=weights, rule="best"

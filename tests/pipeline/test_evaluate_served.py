@@ -128,7 +128,7 @@ def test_with_a_companion_the_stage_chooses_its_weight_and_measures_the_mix(
     """index.companion: the index stage keeps the companion's vectors of every row; the
     evaluate stage tries each weight on val (0: left out), declares the one chosen in
     search.json, and what it measures with the companion mixed in is what the bundle
-    serves."""
+    serves. Under rule one_se (the served (α, w) within one paired error of the best)."""
     import numpy as np
     import pandas as pd
 
@@ -136,7 +136,7 @@ def test_with_a_companion_the_stage_chooses_its_weight_and_measures_the_mix(
     from qpr.pipeline.evaluate import run_evaluate
 
     index = {
-        "lexical": {"enabled": True, "candidates": 30},
+        "lexical": {"enabled": True, "candidates": 30, "rule": "one_se"},
         "companion": "wordllama",
         "companion_weights": [0.0, 0.5],
     }
@@ -149,7 +149,8 @@ def test_with_a_companion_the_stage_chooses_its_weight_and_measures_the_mix(
     fusion = metrics["fusion"]
     by_weight = fusion["val_success_1_by_companion"]
     assert set(by_weight) == {"0.0", "0.5"}
-    # one_se: the chosen w's best is within one paired standard error of the best
+    # the chosen w's best is within one paired standard error of the best
+    assert fusion["rule"] == "one_se"
     floor = fusion["best"]["val_success_1"] - fusion["standard_error"]
     assert fusion["best"]["val_success_1"] == max(by_weight.values())
     assert by_weight[str(fusion["companion_weight"])] >= floor

@@ -2,9 +2,9 @@
 validation split.
 
 - `choose_dense_weight`: the fusion weight α (and the companion's w) chosen on validation
-  P@1, over an exact dense search (α is the model's, not the index's): by default the
+  P@1, over an exact dense search (α is the model's, not the index's): the best, or the
   setting that leans least on the trained model among those within one paired standard
-  error of the best (`lean_choice`);
+  error of it (`lean_choice`);
 - `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
   target recall of that exact ranking.
 
@@ -91,7 +91,7 @@ def choose_dense_weight(
     k: int,
     plot: Path,
     companion_weights: Sequence[float] = (0.0,),
-    rule: str = "one_se",
+    rule: str = "best",
 ) -> dict:
     """The α of `weights` (and w of `companion_weights`) served, chosen on validation
     success@1; the curve at the chosen w is plotted. val: the validation queries'

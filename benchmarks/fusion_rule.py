@@ -1,0 +1,238 @@
+"""The fusion rule on small validation sets: `index.lexical.rule` best against one_se.
+
+Why: a team's own logs start small. With a few hundred validation queries the best
+validation P@1 is a noisy pick, and the evaluate stage's `one_se` rule serves the setting
+that leans least on the trained query encoder within one paired standard error of it
+(`qpr.evaluation.fusion_tuning.lean_choice`). This script asks, on a built project, what
+each rule would serve from validation sets of a given size, and what that setting scores
+on the project's whole test split.
+
+For each --project (a folder `dvc repro` built): the evaluate stage's own steps give the
+validation and test queries (spelling corrected as served), their vectors and their
+candidates from an exact dense search with BM25 (as `qpr.evaluation.measure.tune_fusion`
+finds them); every (companion w, α) of params is fused and judged per query
+(`val_hits`). Then --draws seeded samples of --sizes validation queries each choose a
+setting by each rule; the chosen setting's test P@1 is read from the whole test split.
+The row "all" is the stage's own choice on the whole validation split.
+
+    PYTHONPATH=src:. .venv/bin/python benchmarks/fusion_rule.py \\
+        --project quora=/path/to/quora-checkout --sizes 250,500,1000 --draws 200
+
+Writes docs/results/fusion_rule.{json,md} (or --out DIR). Rows already in the JSON are
+kept unless --fresh or --redo names their project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+STEM = "fusion_rule"
+RULES = ("best", "one_se")
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def per_query_hits(project: Path) -> dict[str, Any]:
+    """{"val", "test": {(w, α): float64 [Q] success@1}, "weights", "companion_weights"}
+    of a built project, through the evaluate stage's own steps."""
+    from qpr.config import load_settings
+    from qpr.evaluation.fusion_tuning import val_hits
+    from qpr.evaluation.measure import dense_splits, fused_config
+    from qpr.evaluation.queries import judged_questions, query_set
+    from qpr.paths import ProjectPaths
+    from qpr.pipeline.evaluate import search_config
+    from qpr.pipeline.handoff import load_served, read_cluster_outputs
+    from qpr.retrieval.dense import exact_twin
+    from qpr.text.spelling import Speller
+
+    settings = load_settings(project / "params.yaml")
+    paths = ProjectPaths(project)
+    served, indexed = load_served(paths, settings)
+    if served.bm25 is None:
+        raise SystemExit(f"{project}: index.lexical.enabled is false, there is no fusion to tune")
+    questions, _ = read_cluster_outputs(paths)
+    judged = judged_questions(questions, indexed)
+    base = search_config(paths, settings, None, None)
+    k = settings.evaluate.k
+    queries = {name: query_set(judged, name) for name in ("val", "test")}
+    if base.spelling:  # as `measure_served` searches them
+        speller = Speller.from_texts(served.texts)
+        queries = {n: replace(q, texts=speller.correct_all(q.texts)) for n, q in queries.items()}
+    splits = dense_splits(served, queries, k)
+    probe = fused_config(base, settings, 1.0)
+    searcher = served.searcher(probe)
+    exact_searcher = served.searcher(probe, exact_twin(served.index))
+    weights = sorted(set(settings.index.lexical.dense_weights))
+    companions = (
+        sorted(set(settings.index.companion_weights)) if served.companion is not None else [0.0]
+    )
+    out: dict[str, Any] = {"weights": weights, "companion_weights": companions}
+    for name, split in splits.items():
+        texts = split.queries.texts
+        bm25 = searcher.lexical(texts, k, exclude=split.rows)
+        exact = exact_searcher.candidates(texts, split.vectors, k, exclude=split.rows, lexical=bm25)
+        out[name] = {
+            (float(w), float(a)): val_hits(exact, a, split.queries, served.ids.qids, k, w)
+            for w in companions
+            for a in weights
+        }
+        log(f"{project.name}: {name}, {len(texts):,} queries, {len(out[name])} settings")
+    return out
+
+
+def choose(hits: dict[tuple[float, float], np.ndarray], rule: str) -> tuple[float, float]:
+    """(w, α) by `rule` over per-query hits, as `choose_dense_weight` chooses."""
+    from qpr.evaluation.fusion_tuning import lean_choice
+
+    if rule == "one_se":
+        return lean_choice(hits)[0]
+    return max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
+
+
+def measure(name: str, project: Path, sizes: list[int], draws: int, seed: int) -> dict:
+    """One project's rows: per validation size and rule, the chosen settings' test P@1."""
+    from qpr.evaluation.fusion_tuning import trained_share
+
+    started = time.perf_counter()
+    hits = per_query_hits(project)
+    val, test = hits["val"], hits["test"]
+    test_p1 = {wa: float(h.mean()) for wa, h in test.items()}
+    n_val = len(next(iter(val.values())))
+    rows = []
+    for size in [*sorted(s for s in sizes if s < n_val), n_val]:
+        rng = np.random.default_rng(seed)
+        samples = (
+            [np.arange(n_val)]
+            if size == n_val
+            else [rng.choice(n_val, size, replace=False) for _ in range(draws)]
+        )
+        for rule in RULES:
+            chosen = [choose({wa: h[s] for wa, h in val.items()}, rule) for s in samples]
+            p1 = np.array([test_p1[wa] for wa in chosen])
+            share = np.array([trained_share(a, w) for w, a in chosen])
+            rows.append(
+                {
+                    "project": name,
+                    "val_queries": size,
+                    "draws": len(samples),
+                    "rule": rule,
+                    "test_p1_mean": float(p1.mean()),
+                    "test_p1_std": float(p1.std()),
+                    "test_p1_p10": float(np.percentile(p1, 10)),
+                    "test_p1_min": float(p1.min()),
+                    "trained_share_mean": float(share.mean()),
+                    "bm25_alone_share": float(np.mean([a == 0.0 for _, a in chosen])),
+                    "chosen": None if size < n_val else {"dense_weight": chosen[0][1],
+                                                          "companion_weight": chosen[0][0]},
+                }
+            )  # fmt: skip
+            log(
+                f"{name}: {size:,} val queries, {rule}: test P@1 {p1.mean():.4f} ± "
+                f"{p1.std():.4f} (10th percentile {np.percentile(p1, 10):.4f})"
+            )
+    best_test = max(test_p1.values())
+    return {
+        "rows": rows,
+        "project": name,
+        "path": str(project),
+        "val_queries": n_val,
+        "test_queries": len(next(iter(test.values()))),
+        "test_p1_best_setting": best_test,
+        "test_p1_bm25_alone": test_p1[(0.0, 0.0)],
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_avg": os.getloadavg(),
+    }
+
+
+def write(payload: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{STEM}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        "# The fusion rule on small validation sets: best against one_se",
+        "",
+        f"Written by `benchmarks/fusion_rule.py` on {payload['date']} at "
+        f"{str(payload['machine']['git_commit'])[:7]} ({payload['machine']['cpu_model']}, "
+        f"{payload['machine']['cpus_usable']} cores); never edited by hand.",
+        "",
+        "Each built project's validation and test queries are fused at every (companion w, "
+        "α) of its params, over an exact dense search with BM25, as the evaluate stage tunes "
+        "them. Seeded samples of N validation queries each choose a setting by `rule: best` "
+        "(the best validation P@1) and by `rule: one_se` (within one paired standard error "
+        "of the best, the least weight α·(1 − w) on the trained query encoder). The chosen "
+        "setting's P@1 is read on the project's whole test split. The last N of each "
+        "project is its whole validation split: the evaluate stage's own choice.",
+        "",
+    ]
+    for project in payload["projects"].values():
+        lines += [
+            f"## {project['project']}",
+            "",
+            f"`{project['path']}`: {project['val_queries']:,} validation and "
+            f"{project['test_queries']:,} test queries. Test P@1 of the best setting in "
+            f"hindsight {project['test_p1_best_setting']:.4f}; BM25 alone "
+            f"{project['test_p1_bm25_alone']:.4f}. {project['seconds']:.0f} s, load "
+            f"{project['load_avg'][0]:.1f}.",
+            "",
+            "| val queries | draws | rule | test P@1 mean | std | 10th percentile | worst "
+            "| trained share | BM25 alone chosen |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in project["rows"]:
+            lines.append(
+                f"| {r['val_queries']:,} | {r['draws']} | {r['rule']} | {r['test_p1_mean']:.4f} "
+                f"| {r['test_p1_std']:.4f} | {r['test_p1_p10']:.4f} | {r['test_p1_min']:.4f} "
+                f"| {r['trained_share_mean']:.2f} | {r['bm25_alone_share']:.0%} |"
+            )
+        lines.append("")
+    (out / f"{STEM}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--project", action="append", required=True, help="NAME=PROJECT_DIR")
+    parser.add_argument("--sizes", default="100,250,500,1000", help="validation queries a draw")
+    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--fresh", action="store_true", help="measure every project again")
+    parser.add_argument("--redo", action="append", default=[], help="a project to measure again")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    stored_path = args.out / f"{STEM}.json"
+    stored = json.loads(stored_path.read_text()) if stored_path.exists() and not args.fresh else {}
+    projects = dict(stored.get("projects", {}))
+    for spec in args.project:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise SystemExit(f"--project {spec!r}: NAME=PROJECT_DIR")
+        if name in projects and name not in args.redo:
+            log(f"{name}: kept from the JSON")
+            continue
+        projects[name] = measure(name, Path(path).resolve(), sizes, args.draws, args.seed)
+        payload = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": describe(ROOT, {"numpy": np.__version__}),
+            "projects": projects,
+        }
+        write(payload, args.out)  # after each project: a killed run keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
