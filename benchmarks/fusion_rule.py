@@ -9,8 +9,8 @@ on the project's whole test split.
 
 For each --project (a folder `dvc repro` built): the evaluate stage's own steps give the
 validation and test queries (spelling corrected as served), their vectors and their
-candidates from an exact dense search with BM25 (as `qpr.evaluation.measure.tune_fusion`
-finds them); every (companion w, α) of params is fused and judged per query
+candidates from an exact dense search with BM25 (`qpr.evaluation.measure.fusion_candidates`,
+as the stage tunes them); every (companion w, α) of params is fused and judged per query
 (`val_hits`). Then --draws seeded samples of --sizes validation queries each choose a
 setting by each rule; the chosen setting's test P@1 is read from the whole test split.
 The row "all" is the stage's own choice on the whole validation split.
@@ -29,7 +29,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,6 @@ from machine_info import describe
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 STEM = "fusion_rule"
-RULES = ("best", "one_se")
 
 
 def log(message: str) -> None:
@@ -53,13 +51,11 @@ def per_query_hits(project: Path) -> dict[str, Any]:
     of a built project, through the evaluate stage's own steps."""
     from qpr.config import load_settings
     from qpr.evaluation.fusion_tuning import val_hits
-    from qpr.evaluation.measure import dense_splits, fused_config
+    from qpr.evaluation.measure import as_searched, dense_splits, fusion_candidates
     from qpr.evaluation.queries import judged_questions, query_set
     from qpr.paths import ProjectPaths
     from qpr.pipeline.evaluate import search_config
     from qpr.pipeline.handoff import load_served, read_cluster_outputs
-    from qpr.retrieval.dense import exact_twin
-    from qpr.text.spelling import Speller
 
     settings = load_settings(project / "params.yaml")
     paths = ProjectPaths(project)
@@ -70,44 +66,28 @@ def per_query_hits(project: Path) -> dict[str, Any]:
     judged = judged_questions(questions, indexed)
     base = search_config(paths, settings, None, None)
     k = settings.evaluate.k
-    queries = {name: query_set(judged, name) for name in ("val", "test")}
-    if base.spelling:  # as `measure_served` searches them
-        speller = Speller.from_texts(served.texts)
-        queries = {n: replace(q, texts=speller.correct_all(q.texts)) for n, q in queries.items()}
-    splits = dense_splits(served, queries, k)
-    probe = fused_config(base, settings, 1.0)
-    searcher = served.searcher(probe)
-    exact_searcher = served.searcher(probe, exact_twin(served.index))
+    asked = {name: query_set(judged, name) for name in ("val", "test")}
+    splits = dense_splits(served, as_searched(served, asked, base), k)
     weights = sorted(set(settings.index.lexical.dense_weights))
     companions = (
         sorted(set(settings.index.companion_weights)) if served.companion is not None else [0.0]
     )
     out: dict[str, Any] = {"weights": weights, "companion_weights": companions}
     for name, split in splits.items():
-        texts = split.queries.texts
-        bm25 = searcher.lexical(texts, k, exclude=split.rows)
-        exact = exact_searcher.candidates(texts, split.vectors, k, exclude=split.rows, lexical=bm25)
+        exact, _ = fusion_candidates(served, split, base, settings)
         out[name] = {
             (float(w), float(a)): val_hits(exact, a, split.queries, served.ids.qids, k, w)
             for w in companions
             for a in weights
         }
-        log(f"{project.name}: {name}, {len(texts):,} queries, {len(out[name])} settings")
+        log(f"{project.name}: {name}, {len(split.queries.texts):,} queries, "
+            f"{len(out[name])} settings")  # fmt: skip
     return out
-
-
-def choose(hits: dict[tuple[float, float], np.ndarray], rule: str) -> tuple[float, float]:
-    """(w, α) by `rule` over per-query hits, as `choose_dense_weight` chooses."""
-    from qpr.evaluation.fusion_tuning import lean_choice
-
-    if rule == "one_se":
-        return lean_choice(hits)[0]
-    return max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
 
 
 def measure(name: str, project: Path, sizes: list[int], draws: int, seed: int) -> dict:
     """One project's rows: per validation size and rule, the chosen settings' test P@1."""
-    from qpr.evaluation.fusion_tuning import trained_share
+    from qpr.evaluation.fusion_tuning import RULES, choose_setting, trained_share
 
     started = time.perf_counter()
     hits = per_query_hits(project)
@@ -123,7 +103,7 @@ def measure(name: str, project: Path, sizes: list[int], draws: int, seed: int) -
             else [rng.choice(n_val, size, replace=False) for _ in range(draws)]
         )
         for rule in RULES:
-            chosen = [choose({wa: h[s] for wa, h in val.items()}, rule) for s in samples]
+            chosen = [choose_setting({wa: h[s] for wa, h in val.items()}, rule) for s in samples]
             p1 = np.array([test_p1[wa] for wa in chosen])
             share = np.array([trained_share(a, w) for w, a in chosen])
             rows.append(

@@ -10,9 +10,12 @@ import pytest
 
 from qpr.artifacts import SearchConfig
 from qpr.evaluation.fusion_tuning import (
+    best_setting,
     choose_dense_weight,
     choose_served_depth,
+    choose_setting,
     lean_choice,
+    near_best,
     paired_error,
     trained_share,
 )
@@ -110,9 +113,13 @@ def test_lean_choice_keeps_the_least_trained_setting_within_one_paired_error() -
         (0.5, 0.9): _hits(360, lost=3, gained=2),
     }
     assert paired_error(hits[(0.5, 0.8)], hits[(0.0, 1.0)]) == pytest.approx(0.005, abs=1e-4)
-    chosen, error = lean_choice(hits)
+    chosen = lean_choice(hits)
     assert chosen == (0.5, 0.9)
-    assert error == pytest.approx(np.sqrt((5 - 400 * (1 / 400) ** 2) / 399 / 400))
+    assert set(near_best(hits)) == {(0.0, 1.0), (0.5, 0.9)}
+    assert choose_setting(hits, "best") == best_setting(hits) == (0.0, 1.0)
+    assert choose_setting(hits, "one_se") == chosen
+    error = np.sqrt((5 - 400 * (1 / 400) ** 2) / 399 / 400)
+    assert paired_error(hits[chosen], hits[(0.0, 1.0)]) == pytest.approx(error)
     assert trained_share(0.8, 0.5) == pytest.approx(0.4)
 
 
@@ -121,14 +128,22 @@ def test_only_a_difference_the_queries_cannot_resolve_is_forgiven() -> None:
     and gains none, the gap is real and the best is kept; when the two trade 10 queries each
     way and the leaner nets 2 fewer, the gap is within the error and the leaner is kept."""
     consistent = {(0.0, 0.9): _hits(202), (0.0, 0.5): _hits(202, lost=2)}
-    assert lean_choice(consistent)[0] == (0.0, 0.9)
+    assert lean_choice(consistent) == (0.0, 0.9)
     traded = {(0.0, 0.9): _hits(202), (0.0, 0.5): _hits(202, lost=12, gained=10)}
-    assert lean_choice(traded)[0] == (0.0, 0.5)
+    assert lean_choice(traded) == (0.0, 0.5)
 
 
 def test_lean_choice_with_one_clear_winner_keeps_it() -> None:
     hits = {(0.0, 0.9): _hits(380), (0.0, 0.5): _hits(320), (0.25, 0.9): _hits(340, lost=5)}
-    assert lean_choice(hits) == ((0.0, 0.9), 0.0)
+    assert lean_choice(hits) == (0.0, 0.9)
+    assert near_best(hits) == [(0.0, 0.9)]
+
+
+def test_best_setting_breaks_ties_toward_no_companion_then_the_larger_alpha() -> None:
+    hits = {(0.5, 0.9): _hits(300), (0.0, 0.5): _hits(300), (0.0, 0.8): _hits(300)}
+    assert best_setting(hits) == (0.0, 0.8)
+    with pytest.raises(ValueError, match="unknown fusion rule 'x': best or one_se"):
+        choose_setting(hits, "x")
 
 
 def test_the_rule_decides_what_is_served(tmp_path) -> None:
@@ -169,6 +184,10 @@ def test_the_rule_decides_what_is_served(tmp_path) -> None:
     )
     assert (lean["rule"], lean["dense_weight"]) == ("one_se", 0.5)
     assert lean["standard_error"] > 1 / 60
+    # the best serves itself: no error against itself; both name the settings in reach
+    assert best["standard_error"] == 0.0
+    near = [{"dense_weight": a, "companion_weight": 0.0} for a in (0.5, 1.0)]
+    assert best["near_best"] == lean["near_best"] == near
     assert (tmp_path / "a.png").exists() and (tmp_path / "b.png").exists()
     with pytest.raises(ValueError, match="unknown fusion rule"):
         choose_dense_weight(exact, weights, queries, qids, 10, tmp_path / "c.png", rule="x")

@@ -2,9 +2,9 @@
 validation split.
 
 - `choose_dense_weight`: the fusion weight α (and the companion's w) chosen on validation
-  P@1, over an exact dense search (α is the model's, not the index's): the best, or the
-  setting that leans least on the trained model among those within one paired standard
-  error of it (`lean_choice`);
+  P@1, over an exact dense search (α is the model's, not the index's), by a rule
+  (`choose_setting`): the best, or the setting that leans least on the trained model
+  among those within one paired standard error of it (`lean_choice`);
 - `choose_served_depth`: then the shallowest IVF / HNSW search whose fused top k keeps the
   target recall of that exact ranking.
 
@@ -65,22 +65,49 @@ def within_reach(hits: np.ndarray, best: np.ndarray) -> bool:
     return bool(hits.mean() >= best.mean() - paired_error(hits, best))
 
 
-def lean_choice(hits: dict[tuple[float, float], np.ndarray]) -> tuple[tuple[float, float], float]:
-    """((w, α), its paired standard error against the best) by the one-standard-error rule
-    (Hastie, Tibshirani and Friedman, §7.10). hits: per (w, α), float64 [Q] success@1 on
-    the same queries.
+Setting = tuple[float, float]  # (companion weight w, dense weight α)
+
+
+def best_setting(hits: dict[Setting, np.ndarray]) -> Setting:
+    """(w, α) with the best P@1. hits: per (w, α), float64 [Q] success@1 on the same
+    queries. Ties go to the smaller w (0 leaves the companion out), then the larger α."""
+    return max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
+
+
+def near_best(hits: dict[Setting, np.ndarray]) -> list[Setting]:
+    """The settings of `hits` within one paired standard error of the best (the best
+    included): these queries cannot tell them from it."""
+    best = hits[best_setting(hits)]
+    return [wa for wa, h in hits.items() if within_reach(h, best)]
+
+
+def lean_choice(hits: dict[Setting, np.ndarray]) -> Setting:
+    """(w, α) by the one-standard-error rule (Hastie, Tibshirani and Friedman, §7.10).
+    hits: per (w, α), float64 [Q] success@1 on the same queries.
 
     Validation is in domain: it rewards the trained encoder for what it learnt of this
     domain's wording, which another domain does not share. A setting whose P@1 is within
     one paired standard error (`paired_error`) of the best cannot be told from it on these
     queries, so the one that leans least on the trained encoder (`trained_share`) is kept;
     ties go to the better P@1, then the smaller w, then the larger α."""
-    best = max(hits, key=lambda wa: (hits[wa].mean(), -wa[0], wa[1]))
-    near = [wa for wa, h in hits.items() if within_reach(h, hits[best])]
-    chosen = min(
-        near, key=lambda wa: (trained_share(wa[1], wa[0]), -hits[wa].mean(), wa[0], -wa[1])
+    return min(
+        near_best(hits),
+        key=lambda wa: (trained_share(wa[1], wa[0]), -hits[wa].mean(), wa[0], -wa[1]),
     )
-    return chosen, paired_error(hits[chosen], hits[best])
+
+
+# index.lexical.rule: how the served (w, α) is chosen from validation hits.
+RULES: dict[str, Callable[[dict[Setting, np.ndarray]], Setting]] = {
+    "best": best_setting,
+    "one_se": lean_choice,
+}
+
+
+def choose_setting(hits: dict[Setting, np.ndarray], rule: str) -> Setting:
+    """(w, α) chosen from per-setting validation hits by `rule` (one of RULES)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown fusion rule {rule!r}: {' or '.join(RULES)}")
+    return RULES[rule](hits)
 
 
 def choose_dense_weight(
@@ -94,37 +121,36 @@ def choose_dense_weight(
     rule: str = "best",
 ) -> dict:
     """The α of `weights` (and w of `companion_weights`) served, chosen on validation
-    success@1; the curve at the chosen w is plotted. val: the validation queries'
-    candidates from an exact dense search.
-
-    rule "best": the best P@1 (ties: the smaller w, 0 leaving the companion out, then the
-    larger α). rule "one_se": among the settings within one paired standard error of the best, the
-    one that leans least on the trained encoder (`lean_choice`).
+    success@1 by `rule` (`choose_setting`: "best" or "one_se"); the curve at the chosen w
+    is plotted, the α within one paired standard error of the best marked. val: the
+    validation queries' candidates from an exact dense search.
 
     Returns "dense_weight", "val_success_1" (the α curve at the chosen w), "rule",
-    "best" (the best setting and its P@1) and "standard_error"; with a companion also
-    "companion_weight" and each w's best P@1 ("val_success_1_by_companion")."""
-    if rule not in ("one_se", "best"):
-        raise ValueError(f"unknown fusion rule {rule!r}: one_se or best")
+    "best" (the best setting and its P@1), "standard_error" (the served setting's paired
+    error against the best: 0 when the best is served) and "near_best" (the settings
+    within one paired error of the best); with a companion also "companion_weight" and
+    each w's best P@1 ("val_success_1_by_companion")."""
+    if rule not in RULES:
+        raise ValueError(f"unknown fusion rule {rule!r}: {' or '.join(RULES)}")
     hits = {
         (float(w), float(a)): val_hits(val, a, queries, row_to_qid, k, w)
         for w in sorted(set(companion_weights))
         for a in sorted(set(weights))
     }
     grid = {wa: float(h.mean()) for wa, h in hits.items()}
-    best = max(grid, key=lambda wa: (grid[wa], -wa[0], wa[1]))
-    lean, error = lean_choice(hits)
-    chosen_w, chosen_a = lean if rule == "one_se" else best
+    best = best_setting(hits)
+    chosen_w, chosen_a = choose_setting(hits, rule)
+    near = near_best(hits)
     by_weight = {str(a): p1 for (w, a), p1 in grid.items() if w == chosen_w}
-    near = [str(a) for (w, a), h in hits.items() if w == chosen_w and within_reach(h, hits[best])]
-    plot_fusion_curve(by_weight, chosen_a, plot, near if rule == "one_se" else None)
+    plot_fusion_curve(by_weight, chosen_a, plot, [str(a) for w, a in near if w == chosen_w])
     out = {
         "dense_weight": chosen_a,
         "val_success_1": by_weight,
         "chosen_on": "val",
         "rule": rule,
         "best": {"dense_weight": best[1], "companion_weight": best[0], "val_success_1": grid[best]},
-        "standard_error": error,  # the served setting's paired error against the best
+        "standard_error": paired_error(hits[(chosen_w, chosen_a)], hits[best]),
+        "near_best": [{"dense_weight": a, "companion_weight": w} for w, a in near],
     }
     if set(companion_weights) != {0.0}:
         out["companion_weight"] = chosen_w

@@ -39,7 +39,7 @@ from qpr.evaluation.no_answer import (
 from qpr.evaluation.queries import QuerySet, SearchTask, SystemResult, query_set, score_system
 from qpr.retrieval.dense import exact_twin
 from qpr.retrieval.encoders import query_vectors
-from qpr.retrieval.hybrid import HybridSearch, Ranking, dense, fuse
+from qpr.retrieval.hybrid import Candidates, HybridSearch, Ranking, dense, fuse
 from qpr.text.spelling import Speller
 
 if TYPE_CHECKING:
@@ -126,14 +126,12 @@ def measure_served(
     then judges them."""
     k = settings.evaluate.k
     asked = {name: query_set(questions, name) for name in SPLITS}
-    queries = asked
-    if base.spelling:  # the texts the bundle searches with (`Bundle.search_batch`)
-        speller = Speller.from_texts(served.texts)
-        queries = {n: replace(q, texts=speller.correct_all(q.texts)) for n, q in asked.items()}
+    queries = as_searched(served, asked, base)
+    if base.spelling:
         changed = sum(
             a != b for n in SPLITS for a, b in zip(asked[n].texts, queries[n].texts, strict=True)
         )
-        log(f"spelling: {changed:,} queries corrected against {len(speller):,} known words")
+        log(f"spelling: {changed:,} queries corrected against the index's words")
     held = held_out(queries, questions, served.ids, settings)
     splits = dense_splits(served, queries, k)
     fusion = depth = None
@@ -162,6 +160,17 @@ def measure_served(
         name: unanswerable(held[name][0], rankings[name]["no_paraphrase"]) for name in SPLITS
     }
     return Measured(splits, results, config, fusion, depth, no_paraphrase)
+
+
+def as_searched(
+    served: Served, queries: dict[str, QuerySet], base: SearchConfig
+) -> dict[str, QuerySet]:
+    """The queries as the bundle searches them (`Bundle.search_batch`): spelling corrected
+    against the index's words when `base.spelling` is on, else as asked."""
+    if not base.spelling:
+        return queries
+    speller = Speller.from_texts(served.texts)
+    return {n: replace(q, texts=speller.correct_all(q.texts)) for n, q in queries.items()}
 
 
 def baselines(
@@ -243,13 +252,7 @@ def tune_fusion(
     model's, not the index's: chosen over an exact dense search; then the fewest lists
     that reproduce that ranking closely enough are served (and set on the index)."""
     lexical, k = settings.index.lexical, settings.evaluate.k
-    probe = fused_config(base, settings, 1.0)  # step 1 does not depend on α
-    searcher = served.searcher(probe)
-    texts = val.queries.texts
-    bm25 = searcher.lexical(texts, k, exclude=val.rows)
-    exact = served.searcher(probe, exact_twin(served.index)).candidates(
-        texts, val.vectors, k, exclude=val.rows, lexical=bm25
-    )
+    exact, served_candidates = fusion_candidates(served, val, base, settings)
     companion_weights = (0.0,) if served.companion is None else settings.index.companion_weights
     fusion = choose_dense_weight(
         exact,
@@ -267,7 +270,7 @@ def tune_fusion(
     depth = choose_served_depth(
         served.index,
         exact,
-        lambda: searcher.candidates(texts, val.vectors, k, exclude=val.rows, lexical=bm25),
+        served_candidates,
         fusion["dense_weight"],
         k,
         lexical.served_recall,
@@ -285,6 +288,24 @@ def tune_fusion(
         + ("" if depth["reached"] else f", BELOW the target {depth['target']}")
     )
     return fusion, depth
+
+
+def fusion_candidates(
+    served: Served, split: Split, base: SearchConfig, settings: Settings
+) -> tuple[Candidates, Callable[[], Candidates]]:
+    """A split's candidates for tuning the fusion (`HybridSearch.candidates`, each query's
+    own row left out): found over the index's exact twin, and a function that finds them
+    over the served index at the depth it is set to when called. Neither depends on α,
+    and BM25's top k is searched once for both."""
+    k = settings.evaluate.k
+    probe = fused_config(base, settings, 1.0)
+    searcher = served.searcher(probe)
+    texts, vectors, rows = split.queries.texts, split.vectors, split.rows
+    bm25 = searcher.lexical(texts, k, exclude=rows)
+    exact = served.searcher(probe, exact_twin(served.index)).candidates(
+        texts, vectors, k, exclude=rows, lexical=bm25
+    )
+    return exact, lambda: searcher.candidates(texts, vectors, k, exclude=rows, lexical=bm25)
 
 
 def ranked_result(name: str, queries: QuerySet, ranking: Ranking, ids: IdMap) -> SystemResult:
