@@ -148,14 +148,29 @@ def tantivy_index(words: list[list[str]], where: Path, log: Any) -> Any:
     return index
 
 
+def corpus(size: Path) -> tuple[str | None, pd.Series]:
+    """(the stemmer, the questions in row order) of a size: its bundle's when built, else
+    its corpus shards' (`scale.py`'s first step) with params' stemmer. The kernels need
+    nothing else, so a size too large to build here can still be measured."""
+    if (size / "models" / BM25_FILE).exists():
+        stemmer = BM25Index.load(size / "models" / BM25_FILE).stemmer
+        return stemmer, pd.read_parquet(size / "models" / QUESTIONS_FILE, columns=["text"])["text"]
+    from qpr.config import load_settings
+
+    shards = sorted((size / "shards").glob("logs-*.parquet"))
+    if not shards:
+        raise SystemExit(f"{size}: neither a built bundle nor corpus shards")
+    texts = pd.concat([pd.read_parquet(s, columns=["question"])["question"] for s in shards])
+    stemmer = load_settings(ROOT / "params.yaml").index.lexical.stemmer
+    return stemmer, texts.reset_index(drop=True)
+
+
 def kernels(
     size: Path, depths: list[int], log: Any, pisa_python: Path | None = None
 ) -> dict[str, Any]:
     import tantivy
 
-    ours_bundle = BM25Index.load(size / "models" / BM25_FILE)
-    stemmer = ours_bundle.stemmer
-    texts = pd.read_parquet(size / "models" / QUESTIONS_FILE, columns=["text"])["text"]
+    stemmer, texts = corpus(size)
     started = time.perf_counter()
     ours = BM25Index.build(texts.tolist(), k1=TANTIVY_K1, b=TANTIVY_B, stemmer=stemmer)
     build_ours = time.perf_counter() - started
