@@ -178,6 +178,17 @@ def texts_digest(texts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
+def module_parts(module: Any) -> list[object]:
+    """A torch module's weights as `digest` parts: each state-dict entry's name, then its
+    values (numpy, on the CPU). Two modules give the same parts when their weights match
+    bit for bit."""
+    return [
+        part
+        for name, tensor in module.state_dict().items()
+        for part in (name, tensor.detach().cpu().contiguous().numpy())
+    ]
+
+
 def digest(*parts: object) -> str:
     """One key from several parts: a Path counts by its file's bytes, a str or a number by
     its text, a list or tuple of str by texts_digest, a numpy array by its bytes. 32 hex

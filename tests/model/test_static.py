@@ -11,6 +11,7 @@ import torch
 
 from qpr.model.onnx import export_onnx, parity_check
 from qpr.model.static import StaticEncoder, sif_table, token_vectors
+from tests.model.piece_teacher import PieceTeacher
 
 
 def test_padding_changes_nothing() -> None:
@@ -45,22 +46,9 @@ def test_onnx_gives_torchs_vectors(tmp_path: Path) -> None:
     assert parity_check(encoder, path, batches)["max_abs_diff"] < 1e-5
 
 
-class _Teacher(torch.nn.Module):
-    """Mean of a fixed table over the sequence: a stand-in of a sentence encoder."""
-
-    output_dim = 4
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table = torch.nn.Embedding(30, 4)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.table(ids).mean(dim=1)
-
-
 def test_token_vectors_encode_each_piece_alone() -> None:
     torch.manual_seed(0)
-    teacher = _Teacher()
+    teacher = PieceTeacher()
     table = token_vectors(teacher, 30, cls_id=1, sep_id=2)
     assert table.shape == (30, 4) and torch.all(table[0] == 0)
     expected = teacher(torch.tensor([[1, 17, 2]]))[0]

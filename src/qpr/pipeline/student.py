@@ -46,7 +46,15 @@ from qpr.artifacts import (
     VOCAB_SHA256_KEY,
 )
 from qpr.config import Settings
-from qpr.io import file_sha256, replace_dir, split_timings, write_json_atomic
+from qpr.io import (
+    VectorCache,
+    digest,
+    file_sha256,
+    module_parts,
+    replace_dir,
+    split_timings,
+    write_json_atomic,
+)
 from qpr.paths import ProjectPaths
 from qpr.pipeline.handoff import (
     load_dense_index,
@@ -58,6 +66,7 @@ from qpr.pipeline.handoff import (
 from qpr.quality.checks import Check, require
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from qpr.training.loop import TrainResult
@@ -101,8 +110,9 @@ def run_student(
         noisy = _noisy_tokens(settings, vocab, questions, width=tokens.shape[1])
         data = dataclasses.replace(data, noisy=noisy)
     # The teacher's word-piece vectors: torch math as in training (threads, pinned backends).
+    table_cache = VectorCache(paths.student_train_dir / "token-table", keep_one=True)
     with torch_math(cfg.threads):
-        student = _build(settings, teacher, vocab, documents.shape[1], log, data)
+        student = _build(settings, teacher, vocab, documents.shape[1], log, data, table_cache)
     del teacher
     result = _train(settings, paths, student, data, log)
     if result.stopped_by_budget:
@@ -227,15 +237,17 @@ def _build(
     dim: int,
     log: Callable[[str], None],
     data: Any,
+    table_cache: VectorCache | None = None,
 ):
     """The student, its word-piece table started from the teacher's own vectors of each
-    piece when the teacher reads word pieces (a transformer), else at random. A static
-    student's table is then centred and weighted by the pieces' frequencies in the
-    questions it aligns (student.sif; `data`: qpr.training.distill.StudentData)."""
+    piece when the teacher reads word pieces (a transformer; `token_table`, read from
+    `table_cache` when there), else at random. A static student's table is then centred
+    and weighted by the pieces' frequencies in the questions it aligns (student.sif;
+    `data`: qpr.training.distill.StudentData)."""
     import torch
 
     from qpr.model.cnn import CNNEncoder
-    from qpr.model.static import StaticEncoder, sif_table, token_vectors
+    from qpr.model.static import StaticEncoder, sif_table
 
     cfg = settings.student
     torch.manual_seed(settings.seed)
@@ -259,7 +271,7 @@ def _build(
         )
     if getattr(teacher, "name", "") == "transformer":
         started = time.perf_counter()
-        table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+        table = token_table(teacher, vocab, table_cache, log)
         if cfg.sif_start > 0:
             counts = np.bincount(data.tokens[data.align_rows].ravel(), minlength=vocab.size)
             table = sif_table(table, counts, cfg.sif_start)
@@ -270,6 +282,43 @@ def _build(
             f"{time.perf_counter() - started:.0f} s"
         )
     return student
+
+
+def token_table(
+    teacher: nn.Module, vocab: Any, cache: VectorCache | None, log: Callable[[str], None]
+) -> torch.Tensor:
+    """float32 [vocab.size, D]: each word piece encoded alone by the teacher
+    (`qpr.model.static.token_vectors`), read from `cache` when this teacher (its weights),
+    this vocabulary and this torch release made it before, else encoded and stored there.
+
+    Why a cache: 30k pieces through a 6-layer teacher take about 40 s on 2 cores, most of
+    the static student's stage, and a `dvc exp run` that changes only student.* params
+    runs the stage again over the same teacher. A stored table has the bits a new one
+    would have (the same weights, the same pinned math)."""
+    import torch
+
+    from qpr.model.static import token_vectors
+
+    key = None
+    if cache is not None:
+        key = digest(
+            *module_parts(teacher),
+            vocab.checksum,
+            vocab.size,
+            vocab.cls_id,
+            vocab.sep_id,
+            torch.__version__,
+        )
+        found = cache.get(key)
+        if found is not None:
+            log(f"word-piece table read from {cache.path(key)} (the same teacher and pieces)")
+            return torch.from_numpy(np.array(found[0], dtype=np.float32))
+    started = time.perf_counter()
+    table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+    if cache is not None and key is not None:
+        seconds = round(time.perf_counter() - started, 1)
+        cache.put(key, table.numpy(), {"pieces": vocab.size, "seconds": seconds})
+    return table
 
 
 def _train(

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from qpr.io import VectorCache, digest
+from qpr.io import VectorCache, digest, module_parts
 from qpr.training.embed import embed_with_progress, torch_math
 from qpr.training.pairs import select_training_pairs
 
@@ -142,12 +142,7 @@ def negative_texts(
 def pool_key(encoder: nn.Module, vocab_checksum: str, max_len: int, texts: list[str]) -> str:
     """The pool's vectors' cache key: the encoder's weights, the tokenizer (its checksum),
     max_len and the texts in order. Nothing is tokenised to find the file."""
-    weights = [
-        part
-        for name, tensor in encoder.state_dict().items()
-        for part in (name, tensor.detach().cpu().contiguous().numpy())
-    ]
-    return digest(*weights, vocab_checksum, max_len, texts)
+    return digest(*module_parts(encoder), vocab_checksum, max_len, texts)
 
 
 def mined_negative_texts(
