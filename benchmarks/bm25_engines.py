@@ -96,6 +96,7 @@ class Pisa:
 
     def __init__(self, python: Path, log: Path) -> None:
         self.log = log
+        self.info: dict[str, Any] = {}  # what the build answered
         with log.open("w") as stderr:
             self.process = subprocess.Popen(
                 [str(python), str(ROOT / "benchmarks" / "pisa_worker.py")],
@@ -250,7 +251,7 @@ PISA_ALGORITHMS = ("maxscore", "block_max_maxscore", "block_max_wand")
 
 def pisa_start(
     python: Path, size: Path, words: list[list[str]], query_words: list[list[str]], log: Any
-) -> Any:
+) -> Pisa:
     """A PISA worker holding an index of the documents' words (row = docno; built once in
     `size`/pisa-index, kept for the next run) and the queries' word counts. Its build
     time is that of the first build."""
@@ -279,7 +280,7 @@ def pisa_start(
     return pisa
 
 
-def pisa_agreement(ours: BM25Index, queries: list[str], pisa: Any) -> dict[str, float]:
+def pisa_agreement(ours: BM25Index, queries: list[str], pisa: Pisa) -> dict[str, float]:
     """On 200 queries: the share of our top 10 rows in PISA's top 10, and the share of
     queries whose top-1 scores agree within 1 %. PISA's BM25 keeps the (k1 + 1) factor,
     divided out here. Its idf is Robertson and Spärck Jones's, without Lucene's "1 +"
