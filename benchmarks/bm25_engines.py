@@ -428,9 +428,44 @@ def pisa_lines(k: dict[str, Any]) -> list[str]:
     return lines
 
 
+def plot(out_dir: Path, labels: list[str], k: int = 50) -> Path:
+    """p50 and p99 against N, one line per engine (PISA: its fastest algorithm at each N),
+    from the results of `labels`, at top k: docs/results/bm25_engines_sizes.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads((out_dir / f"bm25_engines_{lb}.json").read_text()) for lb in labels]
+    rows.sort(key=lambda r: r["kernels"]["documents"])
+    sizes = [r["kernels"]["documents"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharex=True)
+    for name, pick in (
+        ("ours", lambda row: row["ours"]),
+        ("PISA (fastest)", lambda row: row[f"pisa_{row['pisa_fastest']}"]),
+        ("tantivy", lambda row: row["tantivy"]),
+    ):
+        for ax, stat in zip(axes, ("p50_ms", "p99_ms"), strict=True):
+            ms = [pick(r["kernels"][f"k{k}"])[stat] for r in rows]
+            ax.plot(sizes, ms, marker="o", label=name)
+    for ax, stat in zip(axes, ("p50", "p99"), strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("questions indexed")
+        ax.set_ylabel(f"{stat} ms, top {k}, one thread")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("BM25 kernels side by side: ours, PISA, tantivy")
+    fig.tight_layout()
+    path = out_dir / "bm25_engines_sizes.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=Path, required=True, help="a scale.py size folder")
+    parser.add_argument("--size", type=Path, help="a scale.py size folder")
     parser.add_argument("--depths", default="10,20,50,100")
     parser.add_argument("--label")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
@@ -443,7 +478,16 @@ def main() -> None:
     parser.add_argument(
         "--rewrite", action="store_true", help="the Markdown again from the JSON, no run"
     )
+    parser.add_argument(
+        "--plot",
+        help="labels of earlier runs (comma-separated): their kernels' p50 / p99 against N",
+    )
     args = parser.parse_args()
+    if args.plot:
+        print(plot(args.out, args.plot.split(",")))
+        return
+    if args.size is None:
+        parser.error("--size is needed, unless --plot")
     depths = [int(d) for d in args.depths.split(",")]
     label = args.label or args.size.name
     if args.rewrite:
