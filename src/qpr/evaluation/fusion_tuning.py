@@ -130,8 +130,6 @@ def choose_dense_weight(
     error against the best: 0 when the best is served) and "near_best" (the settings
     within one paired error of the best); with a companion also "companion_weight" and
     each w's best P@1 ("val_success_1_by_companion")."""
-    if rule not in RULES:
-        raise ValueError(f"unknown fusion rule {rule!r}: {' or '.join(RULES)}")
     hits = {
         (float(w), float(a)): val_hits(val, a, queries, row_to_qid, k, w)
         for w in sorted(set(companion_weights))

@@ -299,25 +299,24 @@ def token_table(
 
     from qpr.model.static import token_vectors
 
-    key = None
-    if cache is not None:
-        key = digest(
-            *module_parts(teacher),
-            vocab.checksum,
-            vocab.size,
-            vocab.cls_id,
-            vocab.sep_id,
-            torch.__version__,
-        )
-        found = cache.get(key)
-        if found is not None:
-            log(f"word-piece table read from {cache.path(key)} (the same teacher and pieces)")
-            return torch.from_numpy(np.array(found[0], dtype=np.float32))
+    if cache is None:
+        return token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+    key = digest(
+        *module_parts(teacher),
+        vocab.checksum,
+        vocab.size,
+        vocab.cls_id,
+        vocab.sep_id,
+        torch.__version__,
+    )
+    found = cache.get(key)
+    if found is not None:
+        log(f"word-piece table read from {cache.path(key)} (the same teacher and pieces)")
+        return torch.from_numpy(np.array(found[0], dtype=np.float32))
     started = time.perf_counter()
     table = token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
-    if cache is not None and key is not None:
-        seconds = round(time.perf_counter() - started, 1)
-        cache.put(key, table.numpy(), {"pieces": vocab.size, "seconds": seconds})
+    seconds = round(time.perf_counter() - started, 1)
+    cache.put(key, table.numpy(), {"pieces": vocab.size, "seconds": seconds})
     return table
 
 
