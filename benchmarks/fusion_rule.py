@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import describe
+from built_project import fusion_inputs, measure_projects
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -49,32 +49,15 @@ def log(message: str) -> None:
 def per_query_hits(project: Path) -> dict[str, Any]:
     """{"val", "test": {(w, α): float64 [Q] success@1}, "weights", "companion_weights"}
     of a built project, through the evaluate stage's own steps."""
-    from qpr.config import load_settings
     from qpr.evaluation.fusion_tuning import val_hits
-    from qpr.evaluation.measure import as_searched, dense_splits, fusion_candidates
-    from qpr.evaluation.queries import judged_questions, query_set
-    from qpr.paths import ProjectPaths
-    from qpr.pipeline.evaluate import search_config
-    from qpr.pipeline.handoff import load_served, read_cluster_outputs
+    from qpr.evaluation.measure import fusion_candidates
 
-    settings = load_settings(project / "params.yaml")
-    paths = ProjectPaths(project)
-    served, indexed = load_served(paths, settings)
-    if served.bm25 is None:
-        raise SystemExit(f"{project}: index.lexical.enabled is false, there is no fusion to tune")
-    questions, _ = read_cluster_outputs(paths)
-    judged = judged_questions(questions, indexed)
-    base = search_config(paths, settings, None, None)
-    k = settings.evaluate.k
-    asked = {name: query_set(judged, name) for name in ("val", "test")}
-    splits = dense_splits(served, as_searched(served, asked, base), k)
-    weights = sorted(set(settings.index.lexical.dense_weights))
-    companions = (
-        sorted(set(settings.index.companion_weights)) if served.companion is not None else [0.0]
-    )
+    inputs = fusion_inputs(project)
+    served, k = inputs.served, inputs.settings.evaluate.k
+    weights, companions = inputs.weights, inputs.companion_weights
     out: dict[str, Any] = {"weights": weights, "companion_weights": companions}
-    for name, split in splits.items():
-        exact, _ = fusion_candidates(served, split, base, settings)
+    for name, split in inputs.splits.items():
+        exact, _ = fusion_candidates(served, split, inputs.base, inputs.settings, inputs.twin)
         out[name] = {
             (float(w), float(a)): val_hits(exact, a, split.queries, served.ids.qids, k, w)
             for w in companions
@@ -194,23 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redo", action="append", default=[], help="a project to measure again")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    stored_path = args.out / f"{STEM}.json"
-    stored = json.loads(stored_path.read_text()) if stored_path.exists() and not args.fresh else {}
-    projects = dict(stored.get("projects", {}))
-    for spec in args.project:
-        name, _, path = spec.partition("=")
-        if not path:
-            raise SystemExit(f"--project {spec!r}: NAME=PROJECT_DIR")
-        if name in projects and name not in args.redo:
-            log(f"{name}: kept from the JSON")
-            continue
-        projects[name] = measure(name, Path(path).resolve(), sizes, args.draws, args.seed)
-        payload = {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": describe(ROOT, {"numpy": np.__version__}),
-            "projects": projects,
-        }
-        write(payload, args.out)  # after each project: a killed run keeps what it measured
+    measure_projects(
+        args.project,
+        args.out / f"{STEM}.json",
+        fresh=args.fresh,
+        redo=args.redo,
+        measure=lambda name, path: measure(name, path, sizes, args.draws, args.seed),
+        write=lambda payload: write(payload, args.out),
+        root=ROOT,
+        log=log,
+    )
     return 0
 
 

@@ -78,6 +78,18 @@ def _exhaustive(index: BM25Index, text: str, k: int, exclude_row: int) -> list[i
     return docs[np.lexsort((docs, -acc[docs]))][:k].tolist()
 
 
+def _zipf_docs(
+    rng: np.random.Generator, words: int, docs: int
+) -> tuple[list[str], np.ndarray, list[str]]:
+    """(vocabulary, its Zipf-like probabilities, documents of 2-9 words): a few words in
+    most documents (like "how", "what"), most rare."""
+    vocab = [f"w{i}" for i in range(words)]
+    p = 1.0 / np.arange(1, words + 1)
+    p /= p.sum()
+    texts = [" ".join(rng.choice(vocab, size=rng.integers(2, 10), p=p)) for _ in range(docs)]
+    return vocab, p, texts
+
+
 def test_upper_bounds_are_each_terms_largest_weight() -> None:
     index = BM25Index.build([*DOCS, "stone"])
     for term, t in index.terms.items():
@@ -86,16 +98,11 @@ def test_upper_bounds_are_each_terms_largest_weight() -> None:
 
 
 def test_pruned_search_returns_the_exhaustive_top_k() -> None:
-    # Zipf-like words: a few in most documents (like "how", "what"), most rare.
     rng = np.random.default_rng(3)
-    vocab = [f"w{i}" for i in range(400)]
-    p = 1.0 / np.arange(1, 401)
-    docs = [
-        " ".join(rng.choice(vocab, size=rng.integers(2, 10), p=p / p.sum())) for _ in range(3000)
-    ]
+    vocab, p, docs = _zipf_docs(rng, 400, 3000)
     index = BM25Index.build(docs)
     for _i in range(300):
-        query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p / p.sum()))
+        query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p))
         query += " " + vocab[int(rng.integers(100, 400))]  # one rare word, as most questions
         for k in (1, 5, 20):
             exclude = int(rng.integers(-1, 3000))
@@ -106,6 +113,38 @@ def test_pruned_search_returns_the_exhaustive_top_k() -> None:
             assert (rows[len(want) :] == -1).all()
             unpruned = index.search(query, k, exclude_row=exclude, worth_pruning=10**9)
             assert np.array_equal(rows, unpruned[1]) and np.array_equal(scores, unpruned[0])
+
+
+def test_scores_at_gives_each_rows_search_score_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    vocab, p, docs = _zipf_docs(rng, 200, 2000)
+    index = BM25Index.build(docs)
+    for _ in range(100):
+        query = " ".join(rng.choice(vocab, size=rng.integers(1, 7), p=p))
+        scores, rows = index.search(query, 30, worth_pruning=50)
+        found = rows >= 0
+        # the search's own rows, in another order and with empty slots between them
+        order = rng.permutation(rows.size)
+        assert np.array_equal(index.scores_at(query, rows[order]), scores[order])
+        assert np.array_equal(index.scores_at(query, rows)[found], scores[found])
+        # every other row: the exhaustive sum, 0 when no word is shared
+        others = rng.integers(0, 2000, size=40)
+        acc = np.zeros(index.num_docs, np.float64)
+        for t in index.query_terms(query):
+            a, z = index.indptr[t], index.indptr[t + 1]
+            acc[index.rows[a:z]] += index.weights[a:z]
+        assert index.scores_at(query, others) == pytest.approx(acc[others], rel=1e-5, abs=0)
+
+
+def test_scores_at_without_known_words_and_bad_rows() -> None:
+    index = BM25Index.build(DOCS)
+    assert index.scores_at("zebra", np.array([0, -1, 2])).tolist() == [0.0, -np.inf, 0.0]
+    assert index.scores_at("router", np.array([2, 1, -1]))[0] == 0.0
+    assert index.scores_at("router", np.array([1]))[0] == index.search("router", 1)[0][0]
+    with pytest.raises(ValueError, match="past the 3 documents"):
+        index.scores_at("router", np.array([3]))
+    with pytest.raises(ValueError, match=r"int64 \[R\]"):
+        index.scores_at("router", np.zeros((1, 2), np.int64))
 
 
 def test_stemming_reduces_inflections_after_removing_stop_words() -> None:

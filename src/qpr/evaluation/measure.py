@@ -291,20 +291,20 @@ def tune_fusion(
 
 
 def fusion_candidates(
-    served: Served, split: Split, base: SearchConfig, settings: Settings
+    served: Served, split: Split, base: SearchConfig, settings: Settings, exact_index: Any = None
 ) -> tuple[Candidates, Callable[[], Candidates]]:
     """A split's candidates for tuning the fusion (`HybridSearch.candidates`, each query's
     own row left out): found over the index's exact twin, and a function that finds them
     over the served index at the depth it is set to when called. Neither depends on α,
-    and BM25's top k is searched once for both."""
+    and BM25's top k is searched once for both. exact_index: that twin when the caller
+    keeps one across calls (`exact_twin` copies every vector); None: built here."""
     k = settings.evaluate.k
     probe = fused_config(base, settings, 1.0)
     searcher = served.searcher(probe)
     texts, vectors, rows = split.queries.texts, split.vectors, split.rows
     bm25 = searcher.lexical(texts, k, exclude=rows)
-    exact = served.searcher(probe, exact_twin(served.index)).candidates(
-        texts, vectors, k, exclude=rows, lexical=bm25
-    )
+    twin = exact_twin(served.index) if exact_index is None else exact_index
+    exact = served.searcher(probe, twin).candidates(texts, vectors, k, exclude=rows, lexical=bm25)
     return exact, lambda: searcher.candidates(texts, vectors, k, exclude=rows, lexical=bm25)
 
 

@@ -35,7 +35,14 @@ import numpy as np
 
 from qpr.config import check_stemmer
 from qpr.io import write_atomic
-from qpr.retrieval.maxscore import Postings, Query, scan_top_k, thread_scratch, top_k
+from qpr.retrieval.maxscore import (
+    Postings,
+    Query,
+    scan_top_k,
+    scores_at,
+    thread_scratch,
+    top_k,
+)
 from qpr.text.words import analyze, char_grams, check_analyzer, tokenize
 
 FORMAT = "qpr-bm25/1"
@@ -367,6 +374,25 @@ class BM25Index:
         out_s[: scores.size] = scores
         out_r[: rows.size] = rows
         return out_s, out_r
+
+    def scores_at(self, text: str, rows: np.ndarray) -> np.ndarray:
+        """float32 [R]: the question's BM25 score of each of rows int64 [R], as `search`
+        scores it (bit for bit); 0 for a row sharing no word, -inf at -1 slots. The fusion
+        reads it for the dense side's candidates BM25's top k left out."""
+        rows = np.asarray(rows, np.int64)
+        if rows.ndim != 1:
+            raise ValueError(f"rows must be int64 [R], got {rows.shape}")
+        if rows.size and rows.max() >= self.num_docs:
+            raise ValueError(f"row {int(rows.max())} is past the {self.num_docs} documents")
+        counts = Counter(self.query_terms(text).tolist())
+        if not counts:
+            return np.where(rows >= 0, 0.0, -np.inf).astype(np.float32)
+        return scores_at(
+            self.postings,
+            Query.of(counts, self.upper_bounds),
+            rows,
+            thread_scratch(self.num_docs, len(self.terms)),
+        )
 
     # -- files ----------------------------------------------------------------------------
 
