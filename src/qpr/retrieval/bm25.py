@@ -377,8 +377,9 @@ class BM25Index:
 
     def scores_at(self, text: str, rows: np.ndarray) -> np.ndarray:
         """float32 [R]: the question's BM25 score of each of rows int64 [R], as `search`
-        scores it (bit for bit); 0 for a row sharing no word, -inf at -1 slots. The fusion
-        reads it for the dense side's candidates BM25's top k left out."""
+        scores it (bit for bit); 0 for a row sharing no word, -inf at -1 slots. The served
+        fusion does not read it: a row BM25's top k left out gets 0 there, since scoring
+        the whole union was measured and not taken (docs/pipeline.md, Hybrid search)."""
         rows = np.asarray(rows, np.int64)
         if rows.ndim != 1:
             raise ValueError(f"rows must be int64 [R], got {rows.shape}")

@@ -470,9 +470,8 @@ def scores_at(
 ) -> np.ndarray:
     """float32 [R]: the question's BM25 score of each of rows int64 [R] (0: no word shared;
     -inf at -1 slots), read from the document-major weights. Summed in the query's term
-    order, as `top_k` sums, so a row `top_k` returns gets its score bit for bit. A few
-    dozen rows cost a few microseconds: what the fusion reads for the dense side's
-    candidates BM25's top k left out. Compiled, GIL released."""
+    order, as `top_k` sums, so a row `top_k` returns gets its score bit for bit. A row
+    costs its own terms, not the lists' lengths. Compiled, GIL released."""
     return _scores_at(
         postings.doc_indptr,
         postings.doc_terms,
