@@ -1,9 +1,11 @@
-"""A built project's fusion inputs, and the resumable loop over projects, for the
-benchmarks that tune the fusion offline (`fusion_rule.py`, `fusion_lexical.py`)."""
+"""A built project's fusion inputs, the resumable loop over projects and the results page,
+for the benchmarks that tune the fusion offline (`fusion_rule.py`, `fusion_lexical.py`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,34 +66,72 @@ def fusion_inputs(project: Path) -> FusionInputs:
     )
 
 
+def project_record(name: str, project: Path, inputs: FusionInputs, started: float) -> dict:
+    """The fields every project's result carries: its name and folder, its splits' sizes,
+    the seconds since `started` (perf_counter) and the load average."""
+    return {
+        "project": name,
+        "path": str(project),
+        "val_queries": len(inputs.splits["val"].queries.texts),
+        "test_queries": len(inputs.splits["test"].queries.texts),
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_avg": os.getloadavg(),
+    }
+
+
+def add_project_arguments(parser: argparse.ArgumentParser, results: Path) -> None:
+    """--project NAME=PROJECT_DIR (repeatable), --out, --fresh and --redo NAME."""
+    parser.add_argument("--project", action="append", required=True, help="NAME=PROJECT_DIR")
+    parser.add_argument("--out", type=Path, default=results)
+    parser.add_argument("--fresh", action="store_true", help="measure every project again")
+    parser.add_argument("--redo", action="append", default=[], help="a project to measure again")
+
+
 def measure_projects(
-    specs: list[str],
-    stored_json: Path,
-    *,
-    fresh: bool,
-    redo: list[str],
+    args: argparse.Namespace,
+    stem: str,
     measure: Callable[[str, Path], dict],
-    write: Callable[[dict], None],
+    write: Callable[[dict, Path], None],
     root: Path,
     log: Callable[[str], None] = print,
 ) -> None:
-    """Each NAME=PROJECT_DIR of specs measured and written after each one, so a killed run
-    keeps what it measured; a project already in stored_json is kept unless fresh or
-    named in redo."""
-    stored = json.loads(stored_json.read_text()) if stored_json.exists() and not fresh else {}
+    """Each of args.project measured and written to args.out after each one, so a killed
+    run keeps what it measured; a project already in `<stem>.json` there is kept unless
+    args.fresh or args.redo names it."""
+    stored_json = args.out / f"{stem}.json"
+    stored = json.loads(stored_json.read_text()) if stored_json.exists() and not args.fresh else {}
     projects = dict(stored.get("projects", {}))
-    for spec in specs:
+    for spec in args.project:
         name, _, path = spec.partition("=")
         if not path:
             raise SystemExit(f"--project {spec!r}: NAME=PROJECT_DIR")
-        if name in projects and name not in redo:
+        if name in projects and name not in args.redo:
             log(f"{name}: kept from the JSON")
             continue
         projects[name] = measure(name, Path(path).resolve())
-        write(
-            {
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "machine": describe(root, {"numpy": np.__version__}),
-                "projects": projects,
-            }
-        )
+        payload = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": describe(root, {"numpy": np.__version__}),
+            "projects": projects,
+        }
+        write(payload, args.out)
+
+
+def save_page(out: Path, stem: str, payload: dict, title: str, intro: str, body: list[str]) -> None:
+    """`<stem>.json` (the payload) and `<stem>.md`: the title, who wrote it on which
+    machine, the intro, then the body's lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    machine = payload["machine"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Written by `benchmarks/{stem}.py` on {payload['date']} at "
+        f"{str(machine['git_commit'])[:7]} ({machine['cpu_model']}, "
+        f"{machine['cpus_usable']} cores); never edited by hand.",
+        "",
+        intro,
+        "",
+        *body,
+    ]
+    (out / f"{stem}.md").write_text("\n".join(lines), encoding="utf-8")

@@ -27,8 +27,6 @@ are kept unless --fresh or --redo names them.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -38,7 +36,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from built_project import fusion_inputs, measure_projects
+from built_project import (
+    add_project_arguments,
+    fusion_inputs,
+    measure_projects,
+    project_record,
+    save_page,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -112,35 +116,22 @@ def measure(name: str, project: Path, depths: list[int]) -> dict[str, Any]:
         row["test_gain_error"] = paired_error(mine, product)
     return {
         "rows": rows,
-        "project": name,
-        "path": str(project),
-        "val_queries": len(inputs.splits["val"].queries.texts),
-        "test_queries": len(inputs.splits["test"].queries.texts),
+        **project_record(name, project, inputs, started),
         "served_depth": served_depth,
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_avg": os.getloadavg(),
     }
 
 
 def write(payload: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    lines = [
-        "# BM25's side of the fusion: its depth, and the rows it missed",
-        "",
-        f"Written by `benchmarks/fusion_lexical.py` on {payload['date']} at "
-        f"{str(payload['machine']['git_commit'])[:7]} ({payload['machine']['cpu_model']}, "
-        f"{payload['machine']['cpus_usable']} cores); never edited by hand.",
-        "",
+    intro = (
         "Each built project's validation and test queries are fused at every (companion w, "
         "α) of its params over an exact dense search, at each BM25 depth, as the evaluate "
         "stage tunes them. The setting with the best validation P@1 is read on test. "
         "\"top\": the product's fusion, where a row BM25's top k left out gets 0 from BM25. "
         '"union": every row of the union scored by BM25, scaled over the union. Gain: test '
         'P@1 against what the project serves (its depth, "top"), ± the paired standard '
-        "error.",
-        "",
-    ]
+        "error."
+    )
+    lines: list[str] = []
     for project in payload["projects"].values():
         lines += [
             f"## {project['project']}",
@@ -161,28 +152,17 @@ def write(payload: dict, out: Path) -> None:
                 f"{r['test_gain_error']:.4f} | {r['test_p1_best_setting']:.4f} |"
             )
         lines.append("")
-    (out / f"{STEM}.md").write_text("\n".join(lines), encoding="utf-8")
+    title = "BM25's side of the fusion: its depth, and the rows it missed"
+    save_page(out, STEM, payload, title, intro, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--project", action="append", required=True, help="NAME=PROJECT_DIR")
+    add_project_arguments(parser, RESULTS)
     parser.add_argument("--depths", default="20,50,100", help="BM25 depths to fuse")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--fresh", action="store_true", help="measure every project again")
-    parser.add_argument("--redo", action="append", default=[], help="a project to measure again")
     args = parser.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
-    measure_projects(
-        args.project,
-        args.out / f"{STEM}.json",
-        fresh=args.fresh,
-        redo=args.redo,
-        measure=lambda name, path: measure(name, path, depths),
-        write=lambda payload: write(payload, args.out),
-        root=ROOT,
-        log=log,
-    )
+    measure_projects(args, STEM, lambda name, path: measure(name, path, depths), write, ROOT, log)
     return 0
 
 

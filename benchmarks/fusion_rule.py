@@ -25,17 +25,21 @@ kept unless --fresh or --redo names their project.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from built_project import fusion_inputs, measure_projects
+from built_project import (
+    FusionInputs,
+    add_project_arguments,
+    fusion_inputs,
+    measure_projects,
+    project_record,
+    save_page,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -46,24 +50,22 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def per_query_hits(project: Path) -> dict[str, Any]:
-    """{"val", "test": {(w, α): float64 [Q] success@1}, "weights", "companion_weights"}
-    of a built project, through the evaluate stage's own steps."""
+def per_query_hits(inputs: FusionInputs, label: str) -> dict[str, dict]:
+    """{"val", "test": {(w, α): float64 [Q] success@1}} of a built project, over the
+    evaluate stage's exact candidates."""
     from qpr.evaluation.fusion_tuning import val_hits
     from qpr.evaluation.measure import fusion_candidates
 
-    inputs = fusion_inputs(project)
     served, k = inputs.served, inputs.settings.evaluate.k
-    weights, companions = inputs.weights, inputs.companion_weights
-    out: dict[str, Any] = {"weights": weights, "companion_weights": companions}
+    out: dict[str, dict] = {}
     for name, split in inputs.splits.items():
         exact, _ = fusion_candidates(served, split, inputs.base, inputs.settings, inputs.twin)
         out[name] = {
             (float(w), float(a)): val_hits(exact, a, split.queries, served.ids.qids, k, w)
-            for w in companions
-            for a in weights
+            for w in inputs.companion_weights
+            for a in inputs.weights
         }
-        log(f"{project.name}: {name}, {len(split.queries.texts):,} queries, "
+        log(f"{label}: {name}, {len(split.queries.texts):,} queries, "
             f"{len(out[name])} settings")  # fmt: skip
     return out
 
@@ -73,7 +75,8 @@ def measure(name: str, project: Path, sizes: list[int], draws: int, seed: int) -
     from qpr.evaluation.fusion_tuning import RULES, choose_setting, trained_share
 
     started = time.perf_counter()
-    hits = per_query_hits(project)
+    inputs = fusion_inputs(project)
+    hits = per_query_hits(inputs, project.name)
     val, test = hits["val"], hits["test"]
     test_p1 = {wa: float(h.mean()) for wa, h in test.items()}
     n_val = len(next(iter(val.values())))
@@ -109,39 +112,25 @@ def measure(name: str, project: Path, sizes: list[int], draws: int, seed: int) -
                 f"{name}: {size:,} val queries, {rule}: test P@1 {p1.mean():.4f} ± "
                 f"{p1.std():.4f} (10th percentile {np.percentile(p1, 10):.4f})"
             )
-    best_test = max(test_p1.values())
     return {
         "rows": rows,
-        "project": name,
-        "path": str(project),
-        "val_queries": n_val,
-        "test_queries": len(next(iter(test.values()))),
-        "test_p1_best_setting": best_test,
+        **project_record(name, project, inputs, started),
+        "test_p1_best_setting": max(test_p1.values()),
         "test_p1_bm25_alone": test_p1[(0.0, 0.0)],
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_avg": os.getloadavg(),
     }
 
 
 def write(payload: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    lines = [
-        "# The fusion rule on small validation sets: best against one_se",
-        "",
-        f"Written by `benchmarks/fusion_rule.py` on {payload['date']} at "
-        f"{str(payload['machine']['git_commit'])[:7]} ({payload['machine']['cpu_model']}, "
-        f"{payload['machine']['cpus_usable']} cores); never edited by hand.",
-        "",
+    intro = (
         "Each built project's validation and test queries are fused at every (companion w, "
         "α) of its params, over an exact dense search with BM25, as the evaluate stage tunes "
         "them. Seeded samples of N validation queries each choose a setting by `rule: best` "
         "(the best validation P@1) and by `rule: one_se` (within one paired standard error "
         "of the best, the least weight α·(1 − w) on the trained query encoder). The chosen "
         "setting's P@1 is read on the project's whole test split. The last N of each "
-        "project is its whole validation split: the evaluate stage's own choice.",
-        "",
-    ]
+        "project is its whole validation split: the evaluate stage's own choice."
+    )
+    lines: list[str] = []
     for project in payload["projects"].values():
         lines += [
             f"## {project['project']}",
@@ -163,30 +152,22 @@ def write(payload: dict, out: Path) -> None:
                 f"| {r['trained_share_mean']:.2f} | {r['bm25_alone_share']:.0%} |"
             )
         lines.append("")
-    (out / f"{STEM}.md").write_text("\n".join(lines), encoding="utf-8")
+    title = "The fusion rule on small validation sets: best against one_se"
+    save_page(out, STEM, payload, title, intro, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--project", action="append", required=True, help="NAME=PROJECT_DIR")
+    add_project_arguments(parser, RESULTS)
     parser.add_argument("--sizes", default="100,250,500,1000", help="validation queries a draw")
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--fresh", action="store_true", help="measure every project again")
-    parser.add_argument("--redo", action="append", default=[], help="a project to measure again")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     measure_projects(
-        args.project,
-        args.out / f"{STEM}.json",
-        fresh=args.fresh,
-        redo=args.redo,
-        measure=lambda name, path: measure(name, path, sizes, args.draws, args.seed),
-        write=lambda payload: write(payload, args.out),
-        root=ROOT,
-        log=log,
-    )
+        args, STEM, lambda name, path: measure(name, path, sizes, args.draws, args.seed), write,
+        ROOT, log,
+    )  # fmt: skip
     return 0
 
 
