@@ -237,7 +237,7 @@ def _build(
     dim: int,
     log: Callable[[str], None],
     data: Any,
-    table_cache: VectorCache | None = None,
+    table_cache: VectorCache,
 ):
     """The student, its word-piece table started from the teacher's own vectors of each
     piece when the teacher reads word pieces (a transformer; `token_table`, read from
@@ -285,7 +285,7 @@ def _build(
 
 
 def token_table(
-    teacher: nn.Module, vocab: Any, cache: VectorCache | None, log: Callable[[str], None]
+    teacher: nn.Module, vocab: Any, cache: VectorCache, log: Callable[[str], None]
 ) -> torch.Tensor:
     """float32 [vocab.size, D]: each word piece encoded alone by the teacher
     (`qpr.model.static.token_vectors`), read from `cache` when this teacher (its weights),
@@ -299,8 +299,6 @@ def token_table(
 
     from qpr.model.static import token_vectors
 
-    if cache is None:
-        return token_vectors(teacher, vocab.size, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
     key = digest(
         *module_parts(teacher),
         vocab.checksum,
