@@ -15,6 +15,10 @@ one query at a time on one thread, k 20, at a grid of depths:
   the same graph every run), at a grid of efSearch.
 - `usearch:DTYPE:M`: usearch's HNSW (`f16`, `i8`), connectivity M, expansion_add 128,
   2 threads, at a grid of expansion_search.
+- `scann:LEAVES:BLOCK:REORDER`: ScaNN's partitioned search, the IVF's nearest rival: a
+  k-means tree of LEAVES leaves, 4-bit asymmetric hashing of BLOCK dimensions per code
+  (2: 64 codes for 128 dimensions, as the IVF's PQ64x4), its best REORDER re-ranked
+  exactly; trained on 2 threads, at a grid of leaves_to_search.
 
 For each: build seconds, bytes (its serialised size), and per depth the dense recall@20
 against exact search and p50 / p99. Then the IVF and each kept FAISS graph as served:
@@ -23,13 +27,17 @@ against exact search and p50 / p99. Then the IVF and each kept FAISS graph as se
 against the same fusion over an exact dense search. Each candidate's result is kept under
 `<size>/graph/<name>.json`, each served pass's under `served-L<depth>.json`: a killed run
 resumes at the first one without its file.
-Results: docs/results/graph_index_<label>.{json,md,png}. usearch comes from the `bench`
-extra (`pip install -e .[bench]`).
+`--dense-only` skips the served passes (a ScaNN index cannot stand in a bundle).
+Results: docs/results/graph_index_<label>.{json,md,png}. usearch and ScaNN come from the
+`bench` extra (`pip install -e .[bench]`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib.metadata
 import json
 import os
 import sys
@@ -58,13 +66,14 @@ SERVED_DEPTHS = {
     "ef_search": (96, 128, 192, 256, 384, 512),
 }
 SERVED_TARGET = 0.98
+LEAF_SHARES = (1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # ScaNN's depth grid
 
 
 def candidates(spec: str) -> list[str]:
     """ "ivf,faiss:HNSW32,Flat:40" → ["ivf", "faiss:HNSW32,Flat:40"] (factories hold commas)."""
     out: list[str] = []
     for part in spec.split(","):
-        if part.startswith(("ivf", "faiss:", "usearch:")) or not out:
+        if part.startswith(("ivf", "faiss:", "usearch:", "scann:")) or not out:
             out.append(part)
         else:
             out[-1] += "," + part
@@ -194,6 +203,55 @@ def measure_usearch(spec: str, x: np.ndarray, qv: np.ndarray, truth: np.ndarray,
     return out
 
 
+def scann_search(searcher: Any, spec: str, leaves: int) -> Any:
+    """rows int64 [Q, 20] of queries float32 [Q, D] through a ScaNN searcher, reading
+    `leaves` leaves and re-ranking the spec's REORDER best; one query takes the
+    single-query call, as a service would."""
+    reorder = int(spec.split(":")[3])
+
+    def search(q: np.ndarray) -> np.ndarray:
+        if q.shape[0] == 1:
+            rows, _ = searcher.search(q[0], final_num_neighbors=20,
+                                      pre_reorder_num_neighbors=reorder,
+                                      leaves_to_search=leaves)  # fmt: skip
+            return np.asarray(rows, np.int64)[None]
+        rows, _ = searcher.search_batched(q, final_num_neighbors=20,
+                                          pre_reorder_num_neighbors=reorder,
+                                          leaves_to_search=leaves)  # fmt: skip
+        return np.asarray(rows, np.int64)
+
+    return search
+
+
+def measure_scann(
+    spec: str, size: Path, x: np.ndarray, qv: np.ndarray, truth: np.ndarray, log: Any
+) -> dict:
+    import scann
+
+    leaves, block, reorder = (int(v) for v in spec.split(":")[1:])
+    started = time.perf_counter()
+    builder = scann.scann_ops_pybind.builder(x, 20, "squared_l2")
+    builder.set_n_training_threads(BUILD_THREADS)
+    sample = min(x.shape[0], 250_000)
+    builder = builder.tree(num_leaves=leaves, num_leaves_to_search=leaves // 8,
+                           training_sample_size=sample)  # fmt: skip
+    # nan: plain (not anisotropic) quantization, the form for squared L2
+    builder = builder.score_ah(block, anisotropic_quantization_threshold=float("nan"))
+    searcher = builder.reorder(reorder).build()
+    built = time.perf_counter() - started
+    log(f"{spec}: built in {built:.0f} s")
+    folder = saved(size, spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    searcher.serialize(str(folder))  # for the side-by-side pass
+    out: dict[str, Any] = {"build_s": built, "knob": "leaves_to_search", "curve": {},
+                           "bytes": sum(f.stat().st_size for f in folder.iterdir())}  # fmt: skip
+    for share in LEAF_SHARES:
+        depth = round(leaves * share)
+        out["curve"][depth] = curve(scann_search(searcher, spec, depth), qv, truth)
+        log(f"{spec} leaves_to_search {depth}: {out['curve'][depth]}")
+    return out
+
+
 def measure(spec: str, size: Path, qv: np.ndarray, truth: np.ndarray, log: Any) -> dict:
     """One candidate's result, from `<size>/graph/<spec>.json` when a run left it."""
     done = size / "graph" / (spec.replace("/", "_").replace(":", "_") + ".json")
@@ -206,6 +264,8 @@ def measure(spec: str, size: Path, qv: np.ndarray, truth: np.ndarray, log: Any) 
         x = vectors(size)
         if spec.startswith("faiss:"):
             result = measure_faiss(spec, size, x, qv, truth, log)
+        elif spec.startswith("scann:"):
+            result = measure_scann(spec, size, x, qv, truth, log)
         else:
             result = measure_usearch(spec, x, qv, truth, log)
     result |= {"candidate": spec, "load_before": load,
@@ -218,9 +278,9 @@ def measure(spec: str, size: Path, qv: np.ndarray, truth: np.ndarray, log: Any) 
 def side_by_side(
     size: Path, results: list[dict], qv: np.ndarray, target: float, rounds: int = 5
 ) -> dict[str, Any]:
-    """The IVF and each kept FAISS graph at its fastest depth reaching `target`, timed in
-    blocks of queries alternated between them (the machine is shared: load hits all
-    alike). Returns {candidate: {depth, p50_ms, p99_ms}}."""
+    """The IVF and each kept FAISS graph or ScaNN index at its fastest depth reaching
+    `target`, timed in blocks of queries alternated between them (the machine is shared:
+    load hits all alike). Returns {candidate: {depth, p50_ms, p99_ms}}."""
     import faiss
 
     from qpr.artifacts import INDEX_FILE
@@ -236,22 +296,31 @@ def side_by_side(
             index = load_index(size / "models" / INDEX_FILE, nprobe=None)
             set_refine_k_factor(index, 32)
             set_nprobe(index, int(reach[0]))
+        elif r["candidate"].startswith("scann:") and saved(size, r["candidate"]).is_dir():
+            import scann
+
+            searcher = scann.scann_ops_pybind.load_searcher(str(saved(size, r["candidate"])))
+            sides[r["candidate"]] = (
+                scann_search(searcher, r["candidate"], int(reach[0])),
+                reach[0],
+            )
+            continue
         elif saved(size, r["candidate"]).is_file():
             index = faiss.read_index(str(saved(size, r["candidate"])))
             index.hnsw.efSearch = int(reach[0])
         else:
             continue
-        sides[r["candidate"]] = (index, reach[0])
+        sides[r["candidate"]] = (functools.partial(index.search, k=20), reach[0])
     times: dict[str, list[float]] = {name: [] for name in sides}
     blocks = np.array_split(np.arange(len(qv)), 10)
     for round_ in range(rounds):
         for b, block in enumerate(blocks):
             order = sorted(sides, reverse=bool((b + round_) % 2))
             for name in order:
-                index = sides[name][0]
+                search = sides[name][0]
                 for i in block:
                     started = time.perf_counter()
-                    index.search(qv[i : i + 1], 20)
+                    search(qv[i : i + 1])
                     times[name].append((time.perf_counter() - started) * 1e3)
     return {
         name: {"depth": sides[name][1], "p50_ms": float(np.median(t)),
@@ -426,13 +495,13 @@ def write(out_dir: Path, label: str, payload: dict[str, Any]) -> None:
     plt.close(fig)
     m = payload["machine"]
     lines = [
-        f"# Dense indexes at {label}: graphs against the served IVF",
+        f"# Dense indexes at {label} against the served IVF",
         "",
         f"Measured {payload['when']} by `benchmarks/graph_index.py` on {m['cpu_model']}, "
         f"{m['cpus_usable']} cores (commit {str(m['git_commit'])[:10]}).",
         f"{payload['rows']:,} CNN vectors of {payload['dim']} dimensions (`benchmarks/scale.py`'s "
         "synthetic corpus), 1,000 queries, k 20, one query at a time on one thread.",
-        f"Graphs are built on {BUILD_THREADS} threads. Recall is against exact search.",
+        f"Graphs and ScaNN are built on {BUILD_THREADS} threads. Recall is against exact search.",
         "The queries' 20th exact neighbour lies "
         f"{payload['neighbourhood']['median_d20_over_d1']:.2f} times as far as the first "
         "(squared L2, median): flat neighbourhoods, many near-ties.",
@@ -507,6 +576,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--lexical-depths", help="BM25 depths served, e.g. 50,100 "
                         "(default: the bundle's search.json)")  # fmt: skip
+    parser.add_argument("--dense-only", action="store_true",
+                        help="measure the dense search alone, no served pass")  # fmt: skip
     args = parser.parse_args()
 
     def log(line: str) -> None:
@@ -518,16 +589,15 @@ def main() -> None:
     qv = queries(args.size)
     results = [measure(spec, args.size, qv, truth, log) for spec in candidates(args.candidates)]
     versions = {"faiss": faiss.__version__}
-    try:
-        import usearch
-
-        versions["usearch"] = usearch.__version__
-    except ImportError:
-        pass
+    for name in ("usearch", "scann"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
     load = [round(v, 2) for v in os.getloadavg()]
     paired = {str(t): side_by_side(args.size, results, qv, t) for t in SIDE_BY_SIDE}
     own = json.loads((args.size / "models" / "search.json").read_text())["lexical_candidates"]
     depths = [int(d) for d in args.lexical_depths.split(",")] if args.lexical_depths else [own]
+    if args.dense_only:
+        depths = []
     passes = {}
     for lexical in depths:
         served_path = args.size / "graph" / f"served-L{lexical}.json"
